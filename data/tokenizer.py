@@ -1,0 +1,114 @@
+"""Load a tokenizer behind one small interface, whatever its origin.
+
+Two kinds are supported, matching the ``tokenizer_path`` / ``tokenizer_is_pretrained`` keys of a
+dataset config: a ``tokenizers`` JSON file (what ``data/train_tokenizer.py`` writes), or a
+pretrained GPT-2 tokenizer loaded through ``transformers``. Both end up as a
+``tokenizers.Tokenizer`` so encoding is fast, batched and identical in behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from tokenizers import Tokenizer
+
+from data.errors import DataError
+
+EOS_TOKEN = "<|endoftext|>"
+PADDING_TOKEN = "<|padding|>"
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A ``tokenizers.Tokenizer`` plus the ids the rest of the code needs to know about."""
+
+    backend: Tokenizer
+    path: str
+    pretrained: bool
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the model's embedding must cover (added special tokens included)."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        """Id of ``<|endoftext|>``, the default document separator; None if the vocabulary lacks it."""
+        return self.backend.token_to_id(EOS_TOKEN)
+
+    @property
+    def padding_id(self) -> Optional[int]:
+        """Id of ``<|padding|>`` if the vocabulary has one, else the eos id (GPT-2 has no pad token)."""
+        padding = self.backend.token_to_id(PADDING_TOKEN)
+        return self.eos_id if padding is None else padding
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; no special tokens are added, so decode(encode(x)) == x."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        """Token ids of many texts at once (the Rust side parallelises this across cores)."""
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``, keeping special tokens so that nothing is silently lost."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def load_tokenizer(path: str, pretrained: bool = False) -> LoadedTokenizer:
+    """Load a tokenizer JSON file, or (``pretrained``) a GPT-2 tokenizer folder or hub name.
+
+    Raises DataError with a one-line message if the file is missing or unreadable, or if a
+    pretrained tokenizer is neither available locally nor downloadable.
+    """
+    if pretrained:
+        return LoadedTokenizer(_load_pretrained_backend(path), path, True)
+    if not path:
+        raise DataError("no tokenizer given: pass the path of a tokenizer json (e.g. data/tokenizers/stdlib-bpe-4096.json)")
+    if not os.path.isfile(path):
+        raise DataError(f"tokenizer file not found: {path}")
+    try:
+        backend = Tokenizer.from_file(path)
+    except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+        raise DataError(f"cannot read tokenizer json {path}: {_first_line(exc)}") from exc
+    return LoadedTokenizer(backend, path, False)
+
+
+def _load_pretrained_backend(name_or_folder: str) -> Tokenizer:
+    """Load GPT2TokenizerFast from local files; go to the hub only when it is reachable."""
+    from transformers import GPT2TokenizerFast  # heavy import, only needed on this path
+
+    name_or_folder = name_or_folder or "gpt2"
+    attempts = [True] if not _hub_reachable() else [True, False]
+    last_error: Exception | None = None
+    for local_files_only in attempts:
+        try:
+            tokenizer = GPT2TokenizerFast.from_pretrained(name_or_folder, local_files_only=local_files_only)
+            return tokenizer.backend_tokenizer
+        except Exception as exc:  # OSError / ValueError depending on what is missing
+            last_error = exc
+    raise DataError(
+        f"cannot load the pretrained GPT-2 tokenizer {name_or_folder!r} offline "
+        f"({_first_line(last_error)}); pass a local folder holding the GPT-2 tokenizer files "
+        "(vocab.json and merges.txt, or tokenizer.json)"
+    )
+
+
+def _hub_reachable(timeout_s: float = 2.0) -> bool:
+    """True if downloads are allowed and huggingface.co answers; offline machines never try."""
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "") not in ("", "0"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc).strip() if exc is not None else ""
+    return text.splitlines()[0] if text else type(exc).__name__
