@@ -1,0 +1,197 @@
+"""Estimator glue: the mesh-tensorflow model_fn for train / eval / predict, run by TPUEstimator.
+
+On GPUs and CPUs (use_tpu=False) the mesh is a placement mesh over the listed devices; with --tpu it is
+mesh-tensorflow's SIMD mesh over the TPU's cores, as in GPT-Neo. Checkpoints hold the master copy of
+every variable under its GPT-Neo name; MtfCheckpointSaverListener / MtfRestoreHook move values between
+the masters and the per-device slices.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import mesh_tensorflow as mtf
+import tensorflow.compat.v1 as tf
+from tensorflow.compat.v1 import estimator as tf_estimator
+
+from engine import flops
+from engine.optimizer import learning_rate, minimize
+from models import gpt, sampling
+from models.config import GPTConfig
+
+TRAIN, EVAL, PREDICT = tf_estimator.ModeKeys.TRAIN, tf_estimator.ModeKeys.EVAL, tf_estimator.ModeKeys.PREDICT
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the mesh runs: a list of devices (placement mesh) or a TPU (SIMD mesh)."""
+    devices: tuple = ()
+    tpu: Optional[str] = None
+
+    @property
+    def use_tpu(self) -> bool:
+        return self.tpu is not None
+
+
+def _mesh_impl(cfg: GPTConfig, placement: Placement, params: dict):
+    shape = mtf.convert_to_shape(cfg.mesh_shape)
+    layout = mtf.convert_to_layout_rules(cfg.layout)
+    if not placement.use_tpu:
+        return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout, list(placement.devices)), None
+    ctx = params["context"]
+    hosts = [ctx.tpu_host_placement_function(host_id=i) for i in range(ctx.num_hosts)]
+    var_placer = mtf.utils.BalancedVariablePlacer(hosts, [300_000_000 * ctx.num_replicas] + [0] * (len(hosts) - 1))
+    physical = list(ctx.device_assignment.topology.mesh_shape)
+    logical_to_physical = mtf.simd_mesh_impl.auto_logical_to_physical_tpu(shape.to_integer_list, physical)
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(shape, layout, [""] * shape.size, ctx.device_assignment,
+                                           logical_to_physical=logical_to_physical)
+    return impl, var_placer
+
+
+def _checkpoint_hooks(lowering: mtf.Lowering, cfg: GPTConfig, save: bool) -> list:
+    hooks = [mtf.MtfRestoreHook(lowering)]
+    if save:
+        saver = tf.train.Saver(tf.global_variables(), sharded=True, max_to_keep=5, save_relative_paths=True,
+                               keep_checkpoint_every_n_hours=2, defer_build=False)
+        tf.add_to_collection(tf.GraphKeys.SAVERS, saver)
+        hooks.append(tf.train.CheckpointSaverHook(cfg.model_path, save_steps=cfg.steps_per_checkpoint, saver=saver,
+                                                  listeners=[mtf.MtfCheckpointSaverListener(lowering)]))
+    return hooks
+
+
+def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, peak_flops: float = 0.0) -> Callable:
+    def model_fn(features, labels, mode, params):
+        graph = mtf.Graph()
+        mesh_impl, var_placer = _mesh_impl(cfg, placement, params)
+        mesh = mtf.Mesh(graph, "gpt_mesh", var_placer)
+        batch_size = params["batch_size"]
+        dims = gpt.Dims.of(cfg, batch_size)
+        token_shape = mtf.Shape([dims.batch, dims.sequence])
+
+        if mode == PREDICT:
+            tokens = mtf.import_fully_replicated(mesh, tf.cast(features["tokens"], tf.int32), token_shape, "tokens")
+            lengths = mtf.import_fully_replicated(mesh, tf.cast(features["prompt_length"], tf.int32),
+                                                  mtf.Shape([dims.batch]), "prompt_length")
+            out = sampling.sample(tokens, lengths, cfg, dims, cfg.max_new_tokens or cfg.n_ctx, cfg.temperature,
+                                  cfg.top_k, cfg.eos_id)
+            lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+            predictions = {"tokens": lowering.export_to_tf_tensor(out), "prompt_length": features["prompt_length"]}
+            return tf_estimator.tpu.TPUEstimatorSpec(mode, predictions=predictions,
+                                                     prediction_hooks=_checkpoint_hooks(lowering, cfg, save=False))
+
+        inputs = mtf.import_fully_replicated(mesh, tf.cast(features, tf.int32), token_shape, "inputs")
+        targets = mtf.import_fully_replicated(mesh, tf.cast(labels, tf.int32), token_shape, "labels")
+        train = mode == TRAIN
+        logits = gpt.logits(inputs, cfg, dims, train=train)
+        cross_entropy, objective = gpt.loss(logits, targets, cfg, dims)
+
+        if train:
+            global_step = tf.train.get_or_create_global_step()
+            lr = learning_rate(cfg, global_step)
+            mtf_lr = mtf.import_fully_replicated(mesh, lr, mtf.Shape([]), "learning_rate")
+            updates, grad_norm = minimize(objective, graph, cfg, mtf_lr)
+
+        lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+        tf_loss = tf.cast(lowering.export_to_tf_tensor(cross_entropy), tf.float32)
+
+        if not train:
+            def metric_fn(loss):
+                return {"loss": tf.metrics.mean(loss)}
+            return tf_estimator.tpu.TPUEstimatorSpec(mode, loss=tf_loss, eval_metrics=(metric_fn, [tf.reshape(tf_loss, [1])]),
+                                                     evaluation_hooks=_checkpoint_hooks(lowering, cfg, save=False))
+
+        train_op = tf.group([lowering.lowered_operation(op) for op in updates] + [tf.assign_add(global_step, 1)])
+        tf_grad_norm = lowering.export_to_tf_tensor(grad_norm) if grad_norm is not None else tf.constant(0.0)
+        hooks = _checkpoint_hooks(lowering, cfg, save=True)
+        if not placement.use_tpu:
+            tf.summary.scalar("loss", tf_loss)
+            tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("grad_norm", tf_grad_norm)
+            hooks.append(ProgressHook(cfg, tf_loss, lr, every=log_every, peak_flops=peak_flops))
+        return tf_estimator.tpu.TPUEstimatorSpec(mode, loss=tf_loss, train_op=train_op, training_hooks=hooks)
+
+    return model_fn
+
+
+class ProgressHook(tf_estimator.SessionRunHook):
+    """Prints step, loss, learning rate, steps/s, tokens/s, model FLOP/s, MFU and ETA every `every` steps,
+    and writes the throughput numbers to TensorBoard beside the loss."""
+
+    def __init__(self, cfg: GPTConfig, loss: tf.Tensor, lr: tf.Tensor, every: int, peak_flops: float):
+        self.cfg, self.loss, self.lr, self.every, self.peak = cfg, loss, lr, max(1, every), peak_flops
+        self.tokens_per_step = cfg.train_batch_size * cfg.n_ctx
+        self.flops_per_token = flops.training_flops_per_token(cfg)
+        self.history: list[tuple[int, float]] = []  # (step, loss), kept for callers and tests
+
+    def begin(self):
+        self._step = tf.train.get_global_step()
+        self._writer = tf.summary.FileWriterCache.get(self.cfg.model_path)
+        self._last_time, self._last_step = None, None
+
+    def after_create_session(self, session, coord):
+        # Count steps here: reading global_step in the same run as its increment is racy.
+        self._global_step = int(session.run(self._step))
+
+    def before_run(self, run_context):
+        return tf_estimator.SessionRunArgs({"loss": self.loss, "lr": self.lr})
+
+    def after_run(self, run_context, run_values):
+        values = run_values.results
+        self._global_step += 1
+        step = self._global_step
+        self.history.append((step, float(values["loss"])))
+        now = time.time()
+        if self._last_time is None:  # the first step includes graph building; do not time it
+            self._last_time, self._last_step = now, step
+            print(f"step {step:>6}/{self.cfg.train_steps} | loss {values['loss']:.4f} | lr {values['lr']:.2e}",
+                  flush=True)
+            return
+        if step % self.every and step != self.cfg.train_steps:
+            return
+        steps = step - self._last_step
+        elapsed = max(now - self._last_time, 1e-9)
+        steps_per_s = steps / elapsed
+        tokens_per_s = steps_per_s * self.tokens_per_step
+        model_flops = tokens_per_s * self.flops_per_token
+        mfu = f" | MFU {100 * model_flops / self.peak:.1f}%" if self.peak else ""
+        eta = (self.cfg.train_steps - step) / steps_per_s if steps_per_s > 0 else math.inf
+        print(f"step {step:>6}/{self.cfg.train_steps} | loss {values['loss']:.4f} | lr {values['lr']:.2e} | "
+              f"{steps_per_s:.2f} steps/s | {tokens_per_s:,.0f} tok/s | {model_flops / 1e9:.2f} GFLOP/s{mfu} | "
+              f"eta {_duration(eta)}", flush=True)
+        summary = tf.Summary(value=[tf.Summary.Value(tag="tokens_per_sec", simple_value=tokens_per_s),
+                                    tf.Summary.Value(tag="model_flops_per_sec", simple_value=model_flops)]
+                             + ([tf.Summary.Value(tag="mfu", simple_value=model_flops / self.peak)] if self.peak else []))
+        self._writer.add_summary(summary, step)
+        self._last_time, self._last_step = now, step
+
+    def end(self, session):
+        self._writer.flush()
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def make_estimator(cfg: GPTConfig, placement: Placement, log_every: int = 10,
+                   peak_flops: float = 0.0) -> tf_estimator.tpu.TPUEstimator:
+    session_config = tf.ConfigProto(allow_soft_placement=True,
+                                    device_count={"CPU": max(1, sum("CPU" in d for d in placement.devices))})
+    cluster = None
+    if placement.use_tpu:
+        cluster = tf.distribute.cluster_resolver.TPUClusterResolver(None if placement.tpu == "colab" else placement.tpu)
+    run_config = tf_estimator.tpu.RunConfig(
+        cluster=cluster, model_dir=cfg.model_path, tf_random_seed=cfg.seed, session_config=session_config,
+        save_checkpoints_steps=None, save_checkpoints_secs=None,  # our CheckpointSaverHook saves
+        save_summary_steps=log_every, log_step_count_steps=None,
+        tpu_config=tf_estimator.tpu.TPUConfig(
+            iterations_per_loop=cfg.iterations, num_cores_per_replica=1,
+            per_host_input_for_training=tf_estimator.tpu.InputPipelineConfig.BROADCAST))
+    return tf_estimator.tpu.TPUEstimator(
+        use_tpu=placement.use_tpu, model_fn=make_model_fn(cfg, placement, log_every, peak_flops), config=run_config,
+        train_batch_size=cfg.train_batch_size, eval_batch_size=cfg.eval_batch_size,
+        predict_batch_size=cfg.predict_batch_size)

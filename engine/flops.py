@@ -1,0 +1,41 @@
+"""Model FLOPs and parameter counts from the config, for throughput, MFU and planning."""
+from __future__ import annotations
+
+import time
+
+from models.config import GPTConfig
+
+
+def parameter_count(cfg: GPTConfig) -> dict[str, int]:
+    d, v, n = cfg.n_embd, cfg.n_vocab, cfg.n_ctx
+    per_layer = (4 * d * d + d) + (2 * d) * 2 + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    embedding = v * d + n * d
+    return {"embedding": embedding, "non_embedding": cfg.n_layer * per_layer + 2 * d,
+            "total": embedding + cfg.n_layer * per_layer + 2 * d}
+
+
+def training_flops_per_token(cfg: GPTConfig) -> float:
+    """6N for the weights (forward + backward) plus the attention score/value matmuls, counting the keys
+    each query really sees (all previous for global, the window for local), and the output projection."""
+    params = parameter_count(cfg)
+    dense = 6 * (params["non_embedding"] + cfg.n_vocab * cfg.n_embd)
+    attention = 0
+    for kind in cfg.attention_types:
+        keys = cfg.n_ctx / 2 if kind == "global" else min(cfg.local_attention_radius, cfg.n_ctx)
+        attention += 6 * 2 * keys * cfg.n_embd
+    return float(dense + attention)
+
+
+def measure_matmul_peak(size: int = 1024, seconds: float = 1.0) -> float:
+    """fp32 matmul FLOP/s this machine reaches in TF, the denominator of MFU when no --peak_tflops is given."""
+    import tensorflow as tf
+
+    a = tf.random.normal([size, size])
+    b = tf.random.normal([size, size])
+    matmul = tf.function(lambda x, y: tf.matmul(x, y))
+    matmul(a, b).numpy()
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        matmul(a, b).numpy()
+        runs += 1
+    return 2 * size ** 3 * runs / (time.perf_counter() - start)

@@ -1,0 +1,440 @@
+"""Model and dataset configs: JSON in GPT-Neo's format, read once into typed, validated objects.
+
+`load_config("name")` finds `configs/name.json` (or takes a path), checks every key, fills the reference
+defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json` and returns a
+frozen `GPTConfig`. Every problem is a `ConfigError` with a one-line message that says what to change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
+DATASET_CONFIG_DIR = os.path.join(CONFIG_DIR, "dataset_configs")
+
+SAMPLING_MODES = ("documents_random", "documents_fixed", "chunks")
+
+# Keys of the reference's parameter reference whose features belong to later work. They are known (so
+# they are not "unknown key" errors), but setting them to anything other than their off value is a
+# one-line "not supported yet" error instead of being silently ignored.
+NOT_YET_SUPPORTED = {
+    "mlp_glu": False, "scalenorm": False, "rezero": False, "macaron": False, "num_mem_kv": 0,
+    "moe_layers": None, "moe_params": None, "axial_pos_emb": None, "rotary_emb": False,
+    "share_parameters": False, "no_weight_tie": False, "mlm_training": False, "mlm_mask_id": None,
+    "mlm_cls_token_id": None, "mlm_mask_prob": 0.15, "mlm_same_token_prob": 0.10,
+    "mlm_random_token_prob": 0.10, "mlm_mask_ignore_ids": None, "tokens_per_mb_per_replica": None,
+    "eval_tasks": None,
+}
+
+
+class ConfigError(ValueError):
+    """A config the user must fix. Its message is one line and names the fix."""
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """One registered dataset: `configs/dataset_configs/<id>.json`."""
+    id: str
+    n_vocab: int
+    path: str
+    eval_path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    tokenizer_is_pretrained: bool = False
+    eos_id: Optional[int] = None
+    padding_id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class DatasetUse:
+    """One entry of a model config's `datasets`: [id, stitch, sampling_mode, weight]."""
+    dataset: DatasetConfig
+    stitch: int = 1
+    sampling_mode: str = "documents_random"
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    # Architecture.
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_vocab: int
+    n_ctx: int = 2048
+    attention_types: tuple = ()          # one entry per layer, expanded from the compact form
+    local_attention_radius: int = 256    # local attention sees the previous `radius` tokens, itself included
+    activation_function: str = "gelu"
+    scale_by_depth: bool = False
+    scale_by_in: bool = False
+    embed_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    res_dropout: float = 0.0
+    precision: str = "float32"
+    recompute_grad: bool = False
+    z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
+    model: str = "GPT"
+
+    # Optimisation.
+    opt_name: str = "adam"
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    lr_decay: str = "cosine"
+    lr_decay_end: Optional[int] = None   # step at which decay reaches 10% of lr; default train_steps
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    ada_epsilon1: float = 1e-30
+    ada_epsilon2: float = 1e-3
+    weight_decay: float = 0.01
+    gradient_clipping: Optional[float] = 1.0
+
+    # Run.
+    train_batch_size: int = 8
+    train_steps: int = 1000
+    eval_batch_size: int = 8
+    eval_steps: int = 0
+    predict_batch_size: int = 1
+    predict_steps: int = 0
+    iterations: int = 500
+    steps_per_checkpoint: int = 1000
+    model_path: str = ""
+    datasets: tuple = ()
+    mesh_shape: str = "all:1"
+    layout: str = ""
+    seed: int = 1234
+
+    # Sampling (--predict).
+    temperature: float = 1.0
+    top_k: int = 0
+    max_new_tokens: Optional[int] = None  # default: fill the context
+    eos_id: Optional[int] = None
+    padding_id: Optional[int] = None
+
+    # ---- derived values ----
+    @property
+    def n_ctx_plus_one(self) -> int:
+        return self.n_ctx + 1
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def mesh_dims(self) -> list[tuple[str, int]]:
+        return parse_mesh_shape(self.mesh_shape)
+
+    @property
+    def layout_rules(self) -> list[tuple[str, str]]:
+        return parse_layout(self.layout)
+
+    @property
+    def n_devices(self) -> int:
+        n = 1
+        for _, size in self.mesh_dims:
+            n *= size
+        return n
+
+    @property
+    def tokenizer_dataset(self) -> Optional[DatasetConfig]:
+        """The dataset whose tokenizer encodes prompts and decodes samples (the last, as GPT-Neo did)."""
+        return self.datasets[-1].dataset if self.datasets else None
+
+    def replace(self, **changes) -> "GPTConfig":
+        """A copy with some fields changed, validated again."""
+        return validate(dataclasses.replace(self, **changes))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsing helpers
+
+
+def parse_mesh_shape(text: str) -> list[tuple[str, int]]:
+    """'x:2,y:4' -> [('x', 2), ('y', 4)]."""
+    dims = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        name, sep, size = part.partition(":")
+        if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
+            raise ConfigError(f"mesh_shape {text!r} is malformed at {part!r}: write it as 'x:2,y:4' "
+                              f"(names and positive sizes)")
+        dims.append((name.strip(), int(size)))
+    if not dims:
+        raise ConfigError("mesh_shape is empty: use e.g. 'all:1' for one device or 'x:2' for two")
+    names = [n for n, _ in dims]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"mesh_shape {text!r} names a mesh dimension twice")
+    return dims
+
+
+def parse_layout(text: str) -> list[tuple[str, str]]:
+    """'batch:x,heads:y' -> [('batch', 'x'), ('heads', 'y')]."""
+    rules = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        tensor_dim, sep, mesh_dim = part.partition(":")
+        if not sep or not tensor_dim.strip() or not mesh_dim.strip():
+            raise ConfigError(f"layout {text!r} is malformed at {part!r}: write it as 'batch:x,heads:y'")
+        rules.append((tensor_dim.strip(), mesh_dim.strip()))
+    return rules
+
+
+def expand_attention_types(compact: Any, n_layer: int) -> tuple:
+    """[[["global", "local"], 6]] -> ("global", "local") * 6, checked against n_layer."""
+    if not isinstance(compact, list):
+        raise ConfigError('attention_types must be a list like [[["global", "local"], 6]]')
+    expanded = []
+    for item in compact:
+        if isinstance(item, str):  # already one type per layer
+            expanded.append(item)
+            continue
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], list)
+                or not isinstance(item[1], int) or item[1] < 1):
+            raise ConfigError(f"attention_types entry {item!r} must look like [[\"global\", \"local\"], 6]")
+        expanded.extend(list(item[0]) * item[1])
+    from models.attention import ATTENTION  # the registry is the one list of attention types
+    for kind in expanded:
+        if kind not in ATTENTION:
+            raise ConfigError(f"attention type {kind!r} is not known: choose from {', '.join(ATTENTION)}"
+                              f"{_closest(kind, ATTENTION)}")
+    if len(expanded) != n_layer:
+        raise ConfigError(f"attention_types expand to {len(expanded)} layers but n_layer is {n_layer}: "
+                          f"make the repeat counts sum to n_layer")
+    return tuple(expanded)
+
+
+def _closest(key: str, known) -> str:
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+_ALIASES = {"n_heads": "n_head", "window_size": "local_attention_radius"}
+
+
+def _check_type(name: str, value: Any, expected: type) -> Any:
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if expected is float and not isinstance(value, float):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if expected is str and not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+_FIELD_TYPES = {"int": int, "float": float, "bool": bool, "str": str,
+                "Optional[int]": int, "Optional[float]": float}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading
+
+
+def resolve_config_path(name_or_path: str) -> str:
+    if name_or_path.endswith(".json") or os.sep in name_or_path:
+        path = name_or_path
+    else:
+        path = os.path.join(CONFIG_DIR, name_or_path + ".json")
+    if not os.path.isfile(path):
+        available = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
+        raise ConfigError(f"model config {name_or_path!r} not found at {path}: pass a path to a .json or "
+                          f"one of {', '.join(available)}")
+    return path
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a JSON object")
+    return data
+
+
+def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -> DatasetConfig:
+    path = os.path.join(config_dir, dataset_id + ".json")
+    if not os.path.isfile(path):
+        known = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".json")) \
+            if os.path.isdir(config_dir) else []
+        raise ConfigError(f"dataset {dataset_id!r} has no config at {path}: register it there "
+                          f"(see README, 'Registering a dataset'){_closest(dataset_id, known)}")
+    raw = _read_json(path, "dataset config")
+    known_keys = {f.name for f in dataclasses.fields(DatasetConfig)} - {"id"}
+    for key in raw:
+        if key not in known_keys:
+            raise ConfigError(f"unknown key {key!r} in dataset config {path}{_closest(key, known_keys)}")
+    for key in ("n_vocab", "path"):
+        if key not in raw:
+            raise ConfigError(f"dataset config {path} lacks {key!r}")
+    base = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+
+    def local(p):  # relative paths in dataset configs are relative to the repository root
+        return p if p is None or os.path.isabs(p) or "://" in p else os.path.join(base, p)
+
+    tokenizer_is_pretrained = bool(raw.get("tokenizer_is_pretrained", False))
+    tokenizer_path = raw.get("tokenizer_path")
+    if tokenizer_path and not tokenizer_is_pretrained:
+        tokenizer_path = local(tokenizer_path)
+    return DatasetConfig(
+        id=dataset_id, n_vocab=_check_type("n_vocab", raw["n_vocab"], int), path=local(raw["path"]),
+        eval_path=local(raw.get("eval_path") or None), tokenizer_path=tokenizer_path,
+        tokenizer_is_pretrained=tokenizer_is_pretrained, eos_id=raw.get("eos_id"),
+        padding_id=raw.get("padding_id"))
+
+
+def _parse_datasets(value: Any, config_dir: str) -> tuple:
+    if not isinstance(value, list):
+        raise ConfigError('datasets must be a list like [["my_dataset", 10, "documents_random", 1.0]]')
+    uses = []
+    for entry in value:
+        if not isinstance(entry, list) or len(entry) not in (1, 2, 3, 4) or not isinstance(entry[0], str):
+            if isinstance(entry, list) and len(entry) == 5:
+                raise ConfigError(f"datasets entry {entry!r} uses the old [train_glob, eval_glob, stitch, mode, "
+                                  f"weight] form: register the globs in configs/dataset_configs/ID.json and "
+                                  f"write [ID, stitch, mode, weight]")
+            raise ConfigError(f"datasets entry {entry!r} must be [dataset_id, stitch, sampling_mode, weight]")
+        dataset_id, stitch, mode, weight = (list(entry) + [None] * 3)[:4]
+        stitch = 1 if stitch is None else _check_type("stitch", stitch, int)
+        mode = "documents_random" if mode is None else mode
+        weight = 1.0 if weight is None else _check_type("weight", weight, float)
+        if mode not in SAMPLING_MODES:
+            raise ConfigError(f"sampling mode {mode!r} of dataset {dataset_id!r} is not known: choose from "
+                              f"{', '.join(SAMPLING_MODES)}{_closest(mode, SAMPLING_MODES)}")
+        if stitch < 1 or weight <= 0:
+            raise ConfigError(f"dataset {dataset_id!r} needs stitch >= 1 and weight > 0")
+        uses.append(DatasetUse(load_dataset_config(dataset_id, config_dir), stitch, mode, weight))
+    return tuple(uses)
+
+
+def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str = DATASET_CONFIG_DIR) -> GPTConfig:
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in fields:
+            values[key] = value
+        elif key in NOT_YET_SUPPORTED:
+            if value != NOT_YET_SUPPORTED[key] and value is not None:
+                raise ConfigError(f"{key} is not supported yet in this version: remove it from {source} "
+                                  f"(see README, 'Roadmap')")
+        elif key in _ALIASES:
+            values[_ALIASES[key]] = value
+        else:
+            raise ConfigError(f"unknown key {key!r} in {source}{_closest(key, list(fields) + list(NOT_YET_SUPPORTED))}")
+    for required in ("n_layer", "n_embd", "n_head", "n_vocab"):
+        if required not in values:
+            raise ConfigError(f"{source} lacks {required!r}, which has no default")
+    for name, value in list(values.items()):
+        if name in ("attention_types", "datasets"):
+            continue
+        expected = _FIELD_TYPES.get(str(fields[name].type))
+        if value is None and str(fields[name].type).startswith("Optional"):
+            continue
+        if expected is not None:
+            values[name] = _check_type(name, value, expected)
+    values["attention_types"] = expand_attention_types(
+        values.get("attention_types", [[["global"], values["n_layer"]]]), values["n_layer"])
+    values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir)
+    if values["datasets"]:  # special ids come from the (last) dataset's tokenizer, as in GPT-Neo
+        last = values["datasets"][-1].dataset
+        values.setdefault("eos_id", last.eos_id)
+        values.setdefault("padding_id", last.padding_id)
+    return validate(GPTConfig(**values))
+
+
+def validate(cfg: GPTConfig) -> GPTConfig:
+    """Checks that hold between fields. Raises ConfigError naming the fix."""
+    for name in ("n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "train_batch_size", "eval_batch_size",
+                 "predict_batch_size", "iterations", "local_attention_radius"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.n_embd % cfg.n_head:
+        raise ConfigError(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
+    if len(cfg.attention_types) != cfg.n_layer:
+        raise ConfigError(f"attention_types has {len(cfg.attention_types)} layers but n_layer is {cfg.n_layer}")
+    if cfg.model not in ("GPT", "GPT2"):
+        raise ConfigError(f"model {cfg.model!r} is not known: only 'GPT' is built")
+    from models.layers import ACTIVATIONS  # the registry is the one list of activations
+    if cfg.activation_function not in ACTIVATIONS:
+        raise ConfigError(f"activation_function {cfg.activation_function!r} is not known: choose from "
+                          f"{', '.join(ACTIVATIONS)}{_closest(cfg.activation_function, ACTIVATIONS)}")
+    if cfg.precision not in ("float32", "bfloat16"):
+        raise ConfigError(f"precision must be 'float32' or 'bfloat16', got {cfg.precision!r}")
+    if cfg.opt_name not in ("adam", "adafactor"):
+        raise ConfigError(f"opt_name must be 'adam' or 'adafactor', got {cfg.opt_name!r}")
+    if cfg.lr_decay not in ("cosine", "linear"):
+        raise ConfigError(f"lr_decay must be 'cosine' or 'linear', got {cfg.lr_decay!r}")
+    for name in ("embed_dropout", "attn_dropout", "res_dropout"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+    if cfg.lr <= 0:
+        raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    for use in cfg.datasets:
+        ds = use.dataset
+        if ds.n_vocab > cfg.n_vocab:
+            raise ConfigError(f"dataset {ds.id!r} was encoded with {ds.n_vocab} tokens but the model has "
+                              f"n_vocab {cfg.n_vocab}: set n_vocab >= {ds.n_vocab}")
+    _validate_mesh(cfg)
+    return cfg
+
+
+def tensor_dim_sizes(cfg: GPTConfig) -> dict[str, int]:
+    """Sizes of the named dimensions a layout may split, for the checks below."""
+    return {
+        "batch": cfg.train_batch_size, "sequence": cfg.n_ctx, "memory_length": cfg.n_ctx,
+        "embed_sequence": cfg.n_ctx, "embd": cfg.n_embd, "heads": cfg.n_head,
+        "features_per_head": cfg.head_size, "vocab": cfg.n_vocab, "intermediate_expanded": 4 * cfg.n_embd,
+    }
+
+
+# Dimensions that appear together in one tensor of the model; two of them may not share a mesh dimension.
+CO_OCCURRING_DIMS = (
+    ("embd", "heads"), ("embd", "intermediate_expanded"), ("vocab", "embd"), ("embed_sequence", "embd"),
+    ("batch", "sequence", "embd"), ("batch", "sequence", "heads", "features_per_head"),
+    ("batch", "heads", "sequence", "memory_length"), ("batch", "sequence", "vocab"),
+    ("batch", "sequence", "intermediate_expanded"),
+)
+
+
+def _validate_mesh(cfg: GPTConfig) -> None:
+    mesh = dict(cfg.mesh_dims)
+    rules = cfg.layout_rules
+    sizes = tensor_dim_sizes(cfg)
+    seen = set()
+    for tensor_dim, mesh_dim in rules:
+        if mesh_dim not in mesh:
+            raise ConfigError(f"layout splits {tensor_dim!r} over mesh dimension {mesh_dim!r}, which mesh_shape "
+                              f"{cfg.mesh_shape!r} does not have")
+        if tensor_dim in seen:
+            raise ConfigError(f"layout splits {tensor_dim!r} twice: a tensor dimension maps to one mesh dimension")
+        seen.add(tensor_dim)
+        if tensor_dim not in sizes:
+            raise ConfigError(f"layout names {tensor_dim!r}, which is not a dimension of this model: choose from "
+                              f"{', '.join(sizes)}{_closest(tensor_dim, sizes)}")
+        if sizes[tensor_dim] % mesh[mesh_dim]:
+            raise ConfigError(f"layout splits {tensor_dim!r} (size {sizes[tensor_dim]}) over {mesh_dim!r} "
+                              f"(size {mesh[mesh_dim]}), which does not divide it evenly")
+    mapping = dict(rules)
+    for group in CO_OCCURRING_DIMS:
+        split = [(d, mapping[d]) for d in group if d in mapping]
+        for i, (dim_a, mesh_a) in enumerate(split):
+            for dim_b, mesh_b in split[i + 1:]:
+                if mesh_a == mesh_b:
+                    raise ConfigError(f"layout maps {dim_a!r} and {dim_b!r} to the same mesh dimension {mesh_a!r}, "
+                                      f"but one tensor has both: split one of them over another mesh dimension")
+
+
+
+def load_config(name_or_path: str, overrides: Optional[dict] = None,
+                dataset_config_dir: str = DATASET_CONFIG_DIR) -> GPTConfig:
+    """Reads a model config by name or path; `overrides` replace keys before validation."""
+    path = resolve_config_path(name_or_path)
+    raw = _read_json(path, "model config")
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return config_from_dict(raw, source=os.path.basename(path), dataset_config_dir=dataset_config_dir)
