@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Optional
 
 from tokenizers import Tokenizer
@@ -29,17 +30,20 @@ class LoadedTokenizer:
     path: str
     pretrained: bool
 
-    @property
+    @cached_property
     def vocab_size(self) -> int:
-        """Number of ids the model's embedding must cover (added special tokens included)."""
+        """Number of ids the model's embedding must cover (added special tokens included).
+
+        Cached: the tokenizers library rebuilds its vocabulary on every call.
+        """
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    @property
+    @cached_property
     def eos_id(self) -> Optional[int]:
         """Id of ``<|endoftext|>``, the default document separator; None if the vocabulary lacks it."""
         return self.backend.token_to_id(EOS_TOKEN)
 
-    @property
+    @cached_property
     def padding_id(self) -> Optional[int]:
         """Id of ``<|padding|>`` if the vocabulary has one, else the eos id (GPT-2 has no pad token)."""
         padding = self.backend.token_to_id(PADDING_TOKEN)
