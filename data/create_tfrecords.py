@@ -472,6 +472,7 @@ def write_dataset_config(
         "eos_id": tokenizer.eos_id,
         "padding_id": tokenizer.padding_id,
     }
+    previous_placeholders: list = []
     if os.path.exists(config_path):
         with open(config_path, encoding="utf-8") as handle:
             previous = json.load(handle)
@@ -479,12 +480,16 @@ def write_dataset_config(
         if not same_tokenizer:
             raise DataError(f"{config_path} was written for tokenizer {previous.get('tokenizer_path')!r}; delete it or pass another --write_dataset_config id")
         config["path"], config["eval_path"] = previous.get("path"), previous.get("eval_path")
+        previous_placeholders = previous.get("_placeholders", [])
     key, other = ("path", "eval_path") if split == "train" else ("eval_path", "path")
-    other_is_placeholder = not config[other] or config[other] == config[key]
+    placeholders = [k for k in previous_placeholders if k != key]
     config[key] = files_glob
-    if other_is_placeholder:
+    if not config[other] or other in placeholders:
         config[other] = files_glob
+        placeholders = [other]
         print(f"note: {config_path}: {other} = {key} until the {'eval' if other == 'eval_path' else 'train'} split is written", file=sys.stderr)
+    if placeholders:
+        config["_placeholders"] = placeholders  # keys that only echo the other split, to be replaced
     os.makedirs(config_dir, exist_ok=True)
     _write_json_atomically(config_path, config)
     return config_path

@@ -1,0 +1,236 @@
+"""create_tfrecords: formats, naming, filtering, resume, bad input and the dataset config."""
+
+import json
+import os
+
+import lm_dataformat
+import pytest
+import tensorflow as tf
+
+from data import create_tfrecords as ct
+from data.errors import DataError
+from data.tokenizer import load_tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER_PATH = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
+TOKENIZER = load_tokenizer(TOKENIZER_PATH)
+
+
+def make_text(index: int, lines: int) -> str:
+    return "".join(f"def f{index}_{line}(x):\n    return x + {line}\n" for line in range(lines))
+
+
+def write_txt_folder(folder, sizes):
+    """One .txt document per size; returns the texts in the sorted order the tool reads them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = []
+    for index, lines in enumerate(sizes):
+        text = make_text(index, lines)
+        (folder / f"doc_{index:03d}.txt").write_text(text, encoding="utf-8")
+        texts.append(text)
+    return texts
+
+
+def read_records(path):
+    return [list(tf.train.Example.FromString(r).features.feature["text"].int64_list.value) for r in tf.compat.v1.io.tf_record_iterator(str(path))]
+
+
+def outputs(folder):
+    return sorted((name for name in os.listdir(folder) if name.endswith(".tfrecords")), key=ct_natural)
+
+
+def ct_natural(name):
+    return [int(part) for part in name.rsplit(".", 1)[0].split("_")[1:]]
+
+
+def run(input_dir, output_dir, **overrides):
+    arguments = dict(input_dir=str(input_dir), output_dir=str(output_dir), name="set", encoder_path=TOKENIZER_PATH,
+                     minimum_size=1, files_per=3, show_progress=False)
+    arguments.update(overrides)
+    return ct.create_tfrecords(**arguments)
+
+
+def test_documents_mode_writes_counted_files_with_separator(tmp_path):
+    texts = write_txt_folder(tmp_path / "in", [3, 4, 5, 6, 7, 8, 9])
+    summary = run(tmp_path / "in", tmp_path / "out")
+    expected = [TOKENIZER.encode(text) + [TOKENIZER.eos_id] for text in texts]
+    names = outputs(tmp_path / "out")
+    assert names == [ct.output_file_name("set", i, n) for i, n in enumerate([3, 3, 1])]
+    written = [tokens for name in names for tokens in read_records(tmp_path / "out" / name)]
+    assert written == expected
+    assert summary.documents_read == summary.documents_written == summary.examples_written == len(texts)
+    assert summary.tokens_written == sum(map(len, expected))
+    assert summary.files_written == 3 and "documents read 7" in summary.line()
+
+
+def test_custom_separator_and_minimum_size(tmp_path):
+    texts = write_txt_folder(tmp_path / "in", [1, 10, 2, 12, 1, 15])
+    lengths = [len(TOKENIZER.encode(text)) for text in texts]
+    minimum = sorted(lengths)[3]  # keeps the longest three
+    summary = run(tmp_path / "in", tmp_path / "out", separator=[1, 2], minimum_size=minimum, files_per=100)
+    kept = [TOKENIZER.encode(text) + [1, 2] for text, length in zip(texts, lengths) if length >= minimum]
+    (name,) = outputs(tmp_path / "out")
+    assert read_records(tmp_path / "out" / name) == kept
+    assert summary.discarded_short == len(texts) - len(kept)
+    assert name == ct.output_file_name("set", 0, len(kept))
+
+
+def test_jsonl_zst_archive_and_txt_together(tmp_path):
+    folder = tmp_path / "in"
+    texts = write_txt_folder(folder, [3, 4])
+    archive = lm_dataformat.Archive(str(folder / "archive"))
+    archived = [make_text(100 + i, 2 + i) for i in range(4)]
+    for text in archived:
+        archive.add_data(text)
+    archive.commit()
+    summary = run(folder, tmp_path / "out", files_per=100)
+    (name,) = outputs(tmp_path / "out")
+    # files are read in sorted path order: "in/archive/..." comes before "in/doc_000.txt"
+    expected = [TOKENIZER.encode(t) + [0] for t in archived + texts]
+    assert read_records(tmp_path / "out" / name) == expected
+    assert summary.documents_read == 6
+
+
+def test_explicit_glob_reads_other_files_as_plain_text(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.py").write_text(make_text(1, 3), encoding="utf-8")
+    (folder / "b.txt").write_text(make_text(2, 3), encoding="utf-8")
+    run(folder, tmp_path / "out", glob="*.py")
+    (name,) = outputs(tmp_path / "out")
+    assert read_records(tmp_path / "out" / name) == [TOKENIZER.encode(make_text(1, 3)) + [0]]
+
+
+def test_chunks_mode_cuts_each_file_into_windows(tmp_path):
+    texts = write_txt_folder(tmp_path / "in", [5, 6, 7, 8])
+    n_ctx = 15
+    summary = run(tmp_path / "in", tmp_path / "out", mode="chunks", n_ctx=n_ctx, files_per=2)
+    for index, name in enumerate(outputs(tmp_path / "out")):
+        stream = [t for text in texts[2 * index:2 * index + 2] for t in TOKENIZER.encode(text) + [0]]
+        expected = [stream[i:i + n_ctx + 1] for i in range(0, len(stream) - n_ctx, n_ctx + 1)]
+        assert read_records(tmp_path / "out" / name) == expected
+    assert summary.tokens_written + summary.chunk_tail_tokens_dropped == sum(len(TOKENIZER.encode(t)) + 1 for t in texts)
+
+
+def test_processes_give_the_same_files(tmp_path):
+    write_txt_folder(tmp_path / "in", [3, 4, 5, 6, 7, 8, 9])
+    run(tmp_path / "in", tmp_path / "one")
+    run(tmp_path / "in", tmp_path / "two", processes=2)
+    assert outputs(tmp_path / "one") == outputs(tmp_path / "two")
+    for name in outputs(tmp_path / "one"):
+        assert read_records(tmp_path / "one" / name) == read_records(tmp_path / "two" / name)
+
+
+def test_resume_keeps_finished_files_and_redoes_the_rest(tmp_path, monkeypatch):
+    write_txt_folder(tmp_path / "in", [3, 4, 5, 6, 7, 8, 9])
+    out = tmp_path / "out"
+    real_write = ct._write_examples
+
+    def crash_on_second_file(examples, output_dir, name, index):
+        if index == 1:
+            open(ct._temporary_path(output_dir, name, index), "wb").write(b"half-written")
+            raise KeyboardInterrupt("simulated crash")
+        return real_write(examples, output_dir, name, index)
+
+    monkeypatch.setattr(ct, "_write_examples", crash_on_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "in", out)
+    assert outputs(out) == [ct.output_file_name("set", 0, 3)]
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]  # cleaned on the way out
+    first_stat = os.stat(out / outputs(out)[0])
+
+    # a crash that could not clean up (kill -9) leaves the temporary file behind
+    open(ct._temporary_path(str(out), "set", 1), "wb").write(b"half-written")
+    monkeypatch.setattr(ct, "_write_examples", real_write)
+    summary = run(tmp_path / "in", out)
+    assert summary.files_kept == 1 and summary.files_written == 2
+    assert os.stat(out / outputs(out)[0]).st_mtime_ns == first_stat.st_mtime_ns
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    run(tmp_path / "in", tmp_path / "fresh")
+    assert outputs(out) == outputs(tmp_path / "fresh")
+    for name in outputs(out):
+        assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    write_txt_folder(tmp_path / "in", [3, 4, 5])
+    run(tmp_path / "in", tmp_path / "out")
+    with pytest.raises(DataError, match="other settings"):
+        run(tmp_path / "in", tmp_path / "out", files_per=2)
+
+
+def assert_no_output(folder):
+    assert not os.path.exists(folder) or os.listdir(folder) == []
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing_folder", "input folder not found"),
+    ("empty_folder", "input folder is empty"),
+    ("glob_matches_nothing", "matched no files"),
+    ("all_too_short", "shorter than --minimum_size"),
+    ("all_undecodable", "undecodable"),
+    ("missing_tokenizer", "tokenizer file not found"),
+])
+def test_bad_input_is_one_clear_error_and_leaves_nothing(tmp_path, case, message):
+    folder = tmp_path / "in"
+    overrides = {}
+    if case == "empty_folder":
+        folder.mkdir()
+    elif case == "glob_matches_nothing":
+        write_txt_folder(folder, [3])
+        overrides["glob"] = "*.jsonl"
+    elif case == "all_too_short":
+        write_txt_folder(folder, [1, 1])
+        overrides["minimum_size"] = 10_000
+    elif case == "all_undecodable":
+        folder.mkdir()
+        (folder / "a.txt").write_bytes(b"\xff\xfe bad \xc3")
+        (folder / "b.txt").write_bytes(b"\x80\x81")
+    elif case == "missing_tokenizer":
+        write_txt_folder(folder, [3])
+        overrides["encoder_path"] = str(tmp_path / "missing.json")
+    with pytest.raises(DataError, match=message) as error:
+        run(folder, tmp_path / "out", **overrides)
+    assert "\n" not in str(error.value)
+    assert_no_output(tmp_path / "out")
+
+
+def test_some_undecodable_documents_are_counted_not_dropped_silently(tmp_path, capsys):
+    texts = write_txt_folder(tmp_path / "in", [3, 4])
+    (tmp_path / "in" / "zz_bad.txt").write_bytes(b"\xff\xfe")
+    summary = run(tmp_path / "in", tmp_path / "out", files_per=100)
+    assert summary.undecodable == 1 and summary.documents_written == len(texts)
+    assert "undecodable 1" in summary.line()
+    assert "zz_bad.txt" in capsys.readouterr().err
+
+
+def test_cli_success_writes_dataset_config_with_both_paths(tmp_path, capsys):
+    write_txt_folder(tmp_path / "train", [3, 4, 5])
+    write_txt_folder(tmp_path / "eval", [6])
+    common = ["--encoder_path", TOKENIZER_PATH, "--minimum_size", "1", "--quiet", "--write_dataset_config", "tiny",
+              "--dataset_config_dir", str(tmp_path / "configs")]
+    assert ct.main(["--input_dir", str(tmp_path / "train"), "--name", "tiny", "--output_dir", str(tmp_path / "t")] + common) == 0
+    assert "documents read 3 / discarded (too short) 0 / undecodable 0 / written 3" in capsys.readouterr().out
+    assert ct.main(["--input_dir", str(tmp_path / "eval"), "--name", "tiny_eval", "--output_dir", str(tmp_path / "e"), "--split", "eval"] + common) == 0
+    config = json.loads((tmp_path / "configs" / "tiny.json").read_text())
+    assert config.pop("_placeholders", []) == []
+    assert config == {
+        "n_vocab": TOKENIZER.vocab_size,
+        "path": str(tmp_path / "t" / "tiny_*.tfrecords"),
+        "eval_path": str(tmp_path / "e" / "tiny_eval_*.tfrecords"),
+        "tokenizer_is_pretrained": False,
+        "tokenizer_path": os.path.join("data", "tokenizers", "stdlib-bpe-4096.json"),
+        "eos_id": TOKENIZER.eos_id,
+        "padding_id": TOKENIZER.padding_id,
+    }
+    assert tf.io.gfile.glob(config["path"]) and tf.io.gfile.glob(config["eval_path"])
+
+
+def test_cli_error_is_one_line_and_exit_code_1(tmp_path, capsys):
+    code = ct.main(["--input_dir", str(tmp_path / "nowhere"), "--name", "x", "--output_dir", str(tmp_path / "o"),
+                    "--encoder_path", TOKENIZER_PATH, "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("error: input folder not found") and "\n" not in err
+    code = ct.main(["--input_dir", str(tmp_path), "--name", "x", "--output_dir", str(tmp_path / "o"),
+                    "--encoder_path", TOKENIZER_PATH, "--separator", "[0, 99999]", "--quiet"])
+    assert code == 1 and "outside the tokenizer's vocabulary" in capsys.readouterr().err
