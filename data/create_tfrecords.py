@@ -542,7 +542,7 @@ def parse_separator(text: Optional[str]) -> Optional[list]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up chatter would bury the progress bar
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TF start-up chatter (CUDA probing) would bury the progress bar; failures still raise
     try:
         summary = create_tfrecords(
             input_dir=args.input_dir, output_dir=args.output_dir, name=args.name, mode=args.mode,
