@@ -96,10 +96,8 @@ def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, pea
         lowering = mtf.Lowering(graph, {mesh: mesh_impl})
         tf_loss = tf.cast(lowering.export_to_tf_tensor(cross_entropy), tf.float32)
 
-        if not train:
-            def metric_fn(loss):
-                return {"loss": tf.metrics.mean(loss)}
-            return tf_estimator.tpu.TPUEstimatorSpec(mode, loss=tf_loss, eval_metrics=(metric_fn, [tf.reshape(tf_loss, [1])]),
+        if not train:  # the Estimator reports the mean of `loss` over the eval batches
+            return tf_estimator.tpu.TPUEstimatorSpec(mode, loss=tf_loss,
                                                      evaluation_hooks=_checkpoint_hooks(lowering, cfg, save=False))
 
         train_op = tf.group([lowering.lowered_operation(op) for op in updates] + [tf.assign_add(global_step, 1)])

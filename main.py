@@ -1,0 +1,293 @@
+"""Train, evaluate and sample GPT models on a mesh of GPUs, CPU devices or a TPU.
+
+    python main.py --model default                       # train the embedded default on this CPU
+    python main.py --model default --predict --prompt p.txt
+    python main.py --model colab_XL --gpu_ids device:GPU:0
+
+Run `python main.py --help` for every flag; README.md explains configs, datasets and meshes.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
+warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
+
+NOT_BUILT = {
+    "export": "--export (SavedModel export) is not built yet in this version",
+    "auto_layout": "--auto_layout (layout planning) is not built yet in this version",
+    "auto_layout_and_mesh_shape": "--auto_layout_and_mesh_shape (layout and mesh planning) is not built yet "
+                                  "in this version",
+    "sacred_id": "--sacred_id (Sacred experiment tracking) is not built yet in this version",
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default", help="config name in configs/ or a path to a .json (default: default)")
+    p.add_argument("--tpu", help="TPU name (or 'colab') to run on; omit for GPUs/CPU")
+    p.add_argument("--gpu_ids", nargs="+", default=None,
+                   help="devices of the mesh, e.g. device:GPU:0 device:GPU:1; device:CPU:i names split the CPU "
+                        "(default: as many CPU devices as the mesh has)")
+    p.add_argument("--steps_per_checkpoint", type=int, help="save a checkpoint every N steps (overrides the config)")
+    p.add_argument("--mesh_shape", help="override the config's mesh_shape, e.g. all:1")
+    p.add_argument("--layout", help="override the config's layout, e.g. batch:all ('' for none)")
+    p.add_argument("--new", action="store_true", help="delete model_path and start from scratch (asks first)")
+    p.add_argument("--yes", action="store_true", help="answer yes to --new's question (for scripts)")
+    p.add_argument("--eval", action="store_true", help="report loss and perplexity on eval_path")
+    p.add_argument("--predict", action="store_true", help="sample text from the latest checkpoint")
+    p.add_argument("--prompt", help="text file holding the prompt for --predict (default: start of text)")
+    p.add_argument("--check_dataset", action="store_true", help="print token id range and a decoded sample")
+    p.add_argument("--log_every", type=int, default=None, help="print training progress every N steps")
+    p.add_argument("--peak_tflops", type=float, default=None,
+                   help="device peak TFLOP/s for MFU (default: measured fp32 matmul peak of this machine)")
+    for flag in NOT_BUILT:
+        p.add_argument(f"--{flag}", action="store_true" if flag != "sacred_id" else None,
+                       default=None, help="(not built yet)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for flag, message in NOT_BUILT.items():
+        if getattr(args, flag):
+            print(f"error: {message}", file=sys.stderr)
+            return 2
+
+    import models  # noqa: F401  (installs the mesh-tensorflow compatibility alias)
+    import tensorflow.compat.v1 as tf
+    from data.errors import DataError
+    from engine.devices import DeviceError
+    from models.config import ConfigError
+
+    tf.get_logger().setLevel("ERROR")
+    try:
+        return run(args)
+    except (ConfigError, DeviceError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; the last checkpoint is intact", file=sys.stderr)
+        return 130
+
+
+def run(args) -> int:
+    from engine import devices
+    from engine.estimator import Placement
+    from models.config import load_config
+
+    overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
+    if args.layout is not None:
+        overrides["layout"] = args.layout
+    cfg = load_config(args.model, overrides)
+
+    if args.check_dataset:
+        return check_dataset(cfg)
+
+    if args.tpu:
+        placement = Placement(tpu=args.tpu)
+    else:
+        names = devices.configure(args.gpu_ids or devices.cpu_devices(cfg.n_devices))
+        devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, names)
+        placement = Placement(devices=tuple(names))
+
+    if not cfg.model_path:
+        from models.config import ConfigError
+        raise ConfigError("the config has no model_path: set it to the folder for checkpoints and logs")
+    if args.new and not start_fresh(cfg.model_path, args.yes):
+        return 1
+    if args.predict:
+        return predict(cfg, placement, args.prompt)
+    if args.eval:
+        return evaluate(cfg, placement)
+    return train(cfg, placement, args)
+
+
+def start_fresh(model_path: str, yes: bool) -> bool:
+    if not os.path.exists(model_path):
+        return True
+    if not yes:
+        if not sys.stdin.isatty():
+            print(f"error: --new would delete {model_path}; pass --yes to confirm without a prompt", file=sys.stderr)
+            return False
+        answer = input(f"--new deletes {model_path} and everything in it. Continue? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("kept it; nothing was deleted")
+            return False
+    shutil.rmtree(model_path)
+    print(f"deleted {model_path}")
+    return True
+
+
+def latest_step(model_path: str) -> int:
+    import tensorflow.compat.v1 as tf
+    checkpoint = tf.train.latest_checkpoint(model_path) if os.path.isdir(model_path) else None
+    return int(tf.train.load_variable(checkpoint, "global_step")) if checkpoint else 0
+
+
+def train(cfg, placement, args) -> int:
+    from data.inputs import DatasetSource, train_dataset
+    from engine.estimator import make_estimator
+    from engine.flops import measure_matmul_peak
+    from models.config import ConfigError
+
+    if not cfg.datasets:
+        raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
+    start = latest_step(cfg.model_path)
+    if start >= cfg.train_steps:
+        print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
+              f"(raise train_steps or pass --new)")
+        return 0
+    sources = [DatasetSource(use.dataset.path, use.stitch, use.sampling_mode, use.weight) for use in cfg.datasets]
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else (0.0 if placement.use_tpu else measure_matmul_peak())
+    log_every = args.log_every or max(1, min(cfg.iterations, 50))
+    print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
+          f"({', '.join(placement.devices) or placement.tpu}), steps {start} -> {cfg.train_steps}, "
+          f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
+    estimator = make_estimator(cfg, placement, log_every=log_every, peak_flops=peak)
+
+    # Train in chunks of steps_per_checkpoint so that eval (when eval_steps > 0) runs after each checkpoint.
+    step = start
+    while step < cfg.train_steps:
+        target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if cfg.eval_steps else cfg.train_steps
+
+        def input_fn(params, first=step):
+            return train_dataset(sources, cfg.n_ctx, params["batch_size"], cfg.seed, start_step=first)
+
+        estimator.train(input_fn, max_steps=target)
+        step = target
+        if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
+            report_eval(estimator, cfg)
+    return 0
+
+
+def report_eval(estimator, cfg) -> dict:
+    from data.inputs import eval_batches, eval_dataset
+    from models.config import ConfigError
+
+    path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
+    if not path:
+        raise ConfigError("no eval_path: set it in the dataset config to evaluate")
+    available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
+    steps = min(cfg.eval_steps or available, available)
+    results = estimator.evaluate(lambda params: eval_dataset(path, cfg.n_ctx, params["batch_size"]), steps=steps)
+    loss = float(results["loss"])
+    print(f"eval at step {int(results['global_step'])}: loss {loss:.4f} | perplexity {math.exp(min(loss, 50)):.2f} "
+          f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
+    return results
+
+
+def evaluate(cfg, placement) -> int:
+    from engine.estimator import make_estimator
+    require_checkpoint(cfg)
+    report_eval(make_estimator(cfg, placement), cfg)
+    return 0
+
+
+def require_checkpoint(cfg) -> None:
+    from models.config import ConfigError
+    if latest_step(cfg.model_path) == 0:
+        raise ConfigError(f"no checkpoint in {cfg.model_path}: train first (python main.py --model ...)")
+
+
+def tokenizer_for(cfg):
+    from data.tokenizer import load_tokenizer
+    from models.config import ConfigError
+    dataset = cfg.tokenizer_dataset
+    if dataset is None or not dataset.tokenizer_path:
+        raise ConfigError("no tokenizer: the config's last dataset must name tokenizer_path")
+    return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)
+
+
+def predict(cfg, placement, prompt_path) -> int:
+    import numpy as np
+    import tensorflow.compat.v1 as tf
+    from data.errors import DataError
+    from engine.estimator import make_estimator
+
+    require_checkpoint(cfg)
+    tokenizer = tokenizer_for(cfg)
+    if prompt_path:
+        if not os.path.isfile(prompt_path):
+            raise DataError(f"prompt file {prompt_path} not found: pass a text file to --prompt")
+        with open(prompt_path, encoding="utf-8") as f:
+            prompt = f.read()
+    else:
+        prompt = ""
+    start_id = cfg.eos_id if cfg.eos_id is not None else 0
+    ids = tokenizer.encode(prompt)[-(cfg.n_ctx - 1):] or [start_id]  # keep room for at least one new token
+    padding = cfg.padding_id if cfg.padding_id is not None else 0
+    batch = cfg.predict_batch_size
+    tokens = np.full([batch, cfg.n_ctx], padding, np.int32)
+    tokens[:, :len(ids)] = ids
+    lengths = np.full([batch], len(ids), np.int32)
+
+    def input_fn(params):
+        features = {"tokens": tokens, "prompt_length": lengths}
+        return tf.data.Dataset.from_tensor_slices(features).batch(params["batch_size"], drop_remainder=True)
+
+    step = latest_step(cfg.model_path)
+    out_path = os.path.join(cfg.model_path, f"predictions_{step}.txt")
+    texts = []
+    max_new = cfg.max_new_tokens or cfg.n_ctx
+    for row in make_estimator(cfg, placement).predict(input_fn, yield_single_examples=True):
+        start = int(row["prompt_length"])
+        generated = [int(t) for t in row["tokens"][start:start + max_new]]
+        if cfg.eos_id is not None and cfg.eos_id in generated:
+            generated = generated[:generated.index(cfg.eos_id)]
+        texts.append(prompt + tokenizer.decode(generated))
+    with open(out_path, "w", encoding="utf-8") as f:
+        for i, text in enumerate(texts):
+            print(f"======== sample {i} (step {step}) ========\n{text}")
+            f.write(f"======== sample {i} ========\n{text}\n")
+    print(f"wrote {len(texts)} samples to {out_path}")
+    return 0
+
+
+def check_dataset(cfg) -> int:
+    from data.errors import DataError
+    from data.inputs import token_stats
+
+    failures = []
+    for use in cfg.datasets:
+        ds = use.dataset
+        for kind, path in (("train", ds.path), ("eval", ds.eval_path)):
+            if not path:
+                continue
+            stats = token_stats(path)
+            print(f"{ds.id} ({kind}) {path}: {stats['files']} files, {stats['documents']} documents, "
+                  f"{stats['tokens']} tokens, token ids {stats['min_token_id']}..{stats['max_token_id']}, "
+                  f"document lengths {stats['min_document_tokens']}..{stats['max_document_tokens']}")
+            if stats["max_token_id"] is not None and stats["max_token_id"] >= cfg.n_vocab:
+                failures.append(f"{ds.id} ({kind}) has token id {stats['max_token_id']} >= n_vocab {cfg.n_vocab}: "
+                                f"raise n_vocab or re-encode with a smaller tokenizer")
+        if ds.tokenizer_path:
+            sample = first_tokens(ds.path, 64)
+            print(f"{ds.id} decoded sample: {tokenizer_for_dataset(ds).decode(sample)!r}")
+    if failures:
+        raise DataError("; ".join(failures))
+    print("dataset check passed")
+    return 0
+
+
+def tokenizer_for_dataset(ds):
+    from data.tokenizer import load_tokenizer
+    return load_tokenizer(ds.tokenizer_path, pretrained=ds.tokenizer_is_pretrained)
+
+
+def first_tokens(path: str, count: int) -> list[int]:
+    import tensorflow as tf
+    files = sorted(tf.io.gfile.glob(path))
+    for record in tf.data.TFRecordDataset(files[:1]).take(1):
+        example = tf.train.Example.FromString(record.numpy())
+        return list(example.features.feature["text"].int64_list.value[:count])
+    return []
+
+
+if __name__ == "__main__":
+    sys.exit(main())
