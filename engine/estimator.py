@@ -21,6 +21,7 @@ from engine.optimizer import learning_rate, minimize
 from models import gpt, sampling
 from models.config import GPTConfig
 
+LOSS_COLLECTION = "gpt_loss"
 TRAIN, EVAL, PREDICT = tf_estimator.ModeKeys.TRAIN, tf_estimator.ModeKeys.EVAL, tf_estimator.ModeKeys.PREDICT
 
 
@@ -95,6 +96,7 @@ def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, pea
 
         lowering = mtf.Lowering(graph, {mesh: mesh_impl})
         tf_loss = tf.cast(lowering.export_to_tf_tensor(cross_entropy), tf.float32)
+        tf.add_to_collection(LOSS_COLLECTION, tf_loss)  # lets callers' hooks fetch the per-step loss
 
         if not train:  # the Estimator reports the mean of `loss` over the eval batches
             return tf_estimator.tpu.TPUEstimatorSpec(mode, loss=tf_loss,

@@ -273,9 +273,10 @@ def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -
     for key in ("n_vocab", "path"):
         if key not in raw:
             raise ConfigError(f"dataset config {path} lacks {key!r}")
+    # Relative paths are relative to the folder holding configs/ (the repository root for shipped configs).
     base = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path))))
 
-    def local(p):  # relative paths in dataset configs are relative to the repository root
+    def local(p):
         return p if p is None or os.path.isabs(p) or "://" in p else os.path.join(base, p)
 
     tokenizer_is_pretrained = bool(raw.get("tokenizer_is_pretrained", False))
@@ -437,4 +438,7 @@ def load_config(name_or_path: str, overrides: Optional[dict] = None,
     path = resolve_config_path(name_or_path)
     raw = _read_json(path, "model config")
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "dataset_configs")
+    if os.path.isdir(beside):  # a config folder kept outside the repo brings its own dataset registry
+        dataset_config_dir = beside
     return config_from_dict(raw, source=os.path.basename(path), dataset_config_dir=dataset_config_dir)

@@ -1,0 +1,74 @@
+"""The model's defining properties: causality, the local window's edge, and parity with HF's GPTNeo."""
+import numpy as np
+import pytest
+
+from engine.session import compute_logits
+from tiny import devices_for, random_tokens, tiny_config, train
+
+
+def logits_of(cfg, tokens, checkpoint=None):
+    return compute_logits(cfg, tokens, devices_for(cfg), checkpoint)
+
+
+@pytest.mark.parametrize("kind", ["global", "local"])
+def test_future_tokens_do_not_change_past_logits(kind):
+    cfg = tiny_config(attention_types=[[[kind], 2]])
+    tokens = random_tokens([2, cfg.n_ctx], seed=1)
+    t = 7
+    changed = tokens.copy()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % cfg.n_vocab
+    before, after = logits_of(cfg, tokens), logits_of(cfg, changed)
+    np.testing.assert_allclose(before[:, :t + 1], after[:, :t + 1], atol=1e-5)
+    # The change is visible from t+1 on, so the comparison above is not vacuous.
+    assert np.abs(before[:, t + 1:] - after[:, t + 1:]).max() > 1e-3
+
+
+def test_local_attention_sees_exactly_radius_positions():
+    radius = 4
+    cfg = tiny_config(n_layer=1, attention_types=[[["local"], 1]], local_attention_radius=radius)
+    tokens = random_tokens([1, cfg.n_ctx], seed=2)
+    t = 12
+    base = logits_of(cfg, tokens)[0, t]
+
+    def logits_at_t_after_changing(position):
+        changed = tokens.copy()
+        changed[0, position] = (changed[0, position] + 1) % cfg.n_vocab
+        return logits_of(cfg, changed)[0, t]
+
+    # Position t sees t - radius + 1 .. t (radius tokens, itself included), as GPT-Neo and HF's window_size.
+    np.testing.assert_allclose(logits_at_t_after_changing(t - radius), base, atol=1e-6)
+    assert np.abs(logits_at_t_after_changing(t - radius + 1) - base).max() > 1e-4
+
+
+def test_global_attention_sees_the_first_token():
+    cfg = tiny_config(n_layer=1, attention_types=[[["global"], 1]])
+    tokens = random_tokens([1, cfg.n_ctx], seed=3)
+    changed = tokens.copy()
+    changed[0, 0] = (changed[0, 0] + 1) % cfg.n_vocab
+    assert np.abs(logits_of(cfg, tokens)[0, -1] - logits_of(cfg, changed)[0, -1]).max() > 1e-4
+
+
+def test_logits_match_hf_gpt_neo_loading_our_checkpoint(tmp_path):
+    """The external oracle: transformers' own reader of GPT-Neo mesh-tf checkpoints, on weights we trained."""
+    torch = pytest.importorskip("torch")
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+    from transformers.models.gpt_neo.modeling_gpt_neo import load_tf_weights_in_gpt_neo
+
+    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], model_path=str(tmp_path / "run"),
+                      train_steps=3, scale_by_depth=True)
+    train(cfg, random_tokens([12, cfg.n_ctx + 1], seed=4))
+    tokens = random_tokens([3, cfg.n_ctx], seed=5)
+    ours = logits_of(cfg, tokens, cfg.model_path)
+
+    hf_config = GPTNeoConfig(
+        vocab_size=cfg.n_vocab, max_position_embeddings=cfg.n_ctx, hidden_size=cfg.n_embd, num_layers=cfg.n_layer,
+        attention_types=[[["global", "local"], 2]], num_heads=cfg.n_head, window_size=cfg.local_attention_radius,
+        activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
+    hf_model = GPTNeoForCausalLM(hf_config)
+    import tensorflow.compat.v1 as tf
+    load_tf_weights_in_gpt_neo(hf_model, hf_config, tf.train.latest_checkpoint(cfg.model_path))
+    hf_model.eval()
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    assert np.abs(ours).max() > 0.1  # real logits, not a degenerate zero model
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
