@@ -263,9 +263,13 @@ def check_dataset(cfg) -> int:
             print(f"{ds.id} ({kind}) {path}: {stats['files']} files, {stats['documents']} documents, "
                   f"{stats['tokens']} tokens, token ids {stats['min_token_id']}..{stats['max_token_id']}, "
                   f"document lengths {stats['min_document_tokens']}..{stats['max_document_tokens']}")
-            if stats["max_token_id"] is not None and stats["max_token_id"] >= cfg.n_vocab:
-                failures.append(f"{ds.id} ({kind}) has token id {stats['max_token_id']} >= n_vocab {cfg.n_vocab}: "
+            top = stats["max_token_id"]
+            if top is not None and top >= cfg.n_vocab:
+                failures.append(f"{ds.id} ({kind}) has token id {top} >= the model's n_vocab {cfg.n_vocab}: "
                                 f"raise n_vocab or re-encode with a smaller tokenizer")
+            elif top is not None and top >= ds.n_vocab:
+                failures.append(f"{ds.id} ({kind}) has token id {top} >= its registered n_vocab {ds.n_vocab}: "
+                                f"fix n_vocab in its dataset config to the tokenizer's size")
         if ds.tokenizer_path:
             sample = first_tokens(ds.path, 64)
             print(f"{ds.id} decoded sample: {tokenizer_for_dataset(ds).decode(sample)!r}")

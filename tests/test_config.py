@@ -1,0 +1,132 @@
+"""Configs are read once into a typed object; every bad input is a one-line error that names the fix."""
+import glob
+import json
+import os
+
+import pytest
+
+from engine import devices
+from models.config import (CONFIG_DIR, ConfigError, config_from_dict, expand_attention_types, load_config,
+                           tensor_dim_sizes)
+
+TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, attention_types=[[["global", "local"], 1]])
+
+
+def error_of(**changes):
+    values = {**TINY, **changes}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({k: v for k, v in values.items() if v is not None}, "test.json")
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_compact_attention_types_expand_to_one_per_layer():
+    assert expand_attention_types([[["global", "local"], 2], [["global"], 1]], 5) == (
+        "global", "local", "global", "local", "global")
+    assert config_from_dict(dict(TINY, n_layer=4, attention_types=[[["local"], 4]])).attention_types == ("local",) * 4
+
+
+def test_defaults_follow_the_reference():
+    cfg = config_from_dict(dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64))
+    assert cfg.n_ctx == 2048 and cfg.local_attention_radius == 256 and cfg.activation_function == "gelu"
+    assert cfg.attention_types == ("global", "global") and cfg.weight_decay == 0.01 and cfg.iterations == 500
+
+
+def test_unknown_key_names_it_and_suggests_the_closest():
+    message = error_of(n_embed=32)
+    assert "'n_embed'" in message and "'n_embd'" in message
+
+
+def test_wrong_types_and_impossible_values():
+    assert "n_layer must be a whole number" in error_of(n_layer="2")
+    assert "divisible by n_head" in error_of(n_embd=30)
+    assert "n_layer is 3" in error_of(n_layer=3)
+    assert "attention type 'globl'" in error_of(attention_types=[[["globl"], 2]])
+    assert "'global'" in error_of(attention_types=[[["globl"], 2]])  # suggestion
+    assert "lr_decay" in error_of(lr_decay="exponential")
+    assert "activation_function" in error_of(activation_function="gelux")
+    assert "embed_dropout" in error_of(embed_dropout=1.5)
+    assert "lacks 'n_head'" in error_of(n_head=None)
+
+
+def test_mesh_and_layout_errors():
+    assert "does not have" in error_of(mesh_shape="x:2", layout="batch:y")
+    assert "does not divide it evenly" in error_of(mesh_shape="x:3", layout="heads:x")
+    assert "same mesh dimension" in error_of(mesh_shape="x:2,y:2", layout="embd:y,heads:y")
+    assert "malformed" in error_of(mesh_shape="x=2")
+    assert "not a dimension of this model" in error_of(mesh_shape="x:2", layout="batchh:x")
+
+
+def write_dataset(tmp_path, dataset_id, **values):
+    folder = tmp_path / "configs" / "dataset_configs"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{dataset_id}.json").write_text(json.dumps(values))
+    return str(folder)
+
+
+def test_datasets_resolve_and_are_checked_against_the_model(tmp_path):
+    folder = write_dataset(tmp_path, "small", n_vocab=50, path="data/small_*.tfrecords",
+                           tokenizer_path="tok.json", eos_id=0, padding_id=1)
+    cfg = config_from_dict(dict(TINY, datasets=[["small", 4, "documents_random", 1.0]]), dataset_config_dir=folder)
+    use = cfg.datasets[0]
+    assert use.stitch == 4 and use.dataset.n_vocab == 50 and cfg.eos_id == 0 and cfg.padding_id == 1
+    assert use.dataset.path == str(tmp_path / "data" / "small_*.tfrecords")  # relative to the folder of configs/
+
+    write_dataset(tmp_path, "big", n_vocab=100, path="x")
+    with pytest.raises(ConfigError, match="set n_vocab >= 100"):
+        config_from_dict(dict(TINY, datasets=[["big", 1, "documents_random", 1.0]]), dataset_config_dir=folder)
+    with pytest.raises(ConfigError, match="has no config"):
+        config_from_dict(dict(TINY, datasets=[["missing", 1, "documents_random", 1.0]]), dataset_config_dir=folder)
+    with pytest.raises(ConfigError, match="sampling mode"):
+        config_from_dict(dict(TINY, datasets=[["small", 1, "random", 1.0]]), dataset_config_dir=folder)
+    with pytest.raises(ConfigError, match="old"):
+        config_from_dict(dict(TINY, datasets=[["a*.tfrecords", "", 1, "documents_random", 1.0]]),
+                         dataset_config_dir=folder)
+    write_dataset(tmp_path, "typo", n_vocab=10, path="x", tokenizer="t.json")
+    with pytest.raises(ConfigError, match="did you mean 'tokenizer_path'"):
+        config_from_dict(dict(TINY, datasets=[["typo", 1, "documents_random", 1.0]]), dataset_config_dir=folder)
+
+
+def test_model_config_by_name_path_and_overrides(tmp_path):
+    assert load_config("default").n_layer == 4
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(TINY))
+    cfg = load_config(str(path), {"mesh_shape": "x:2", "layout": "batch:x"})
+    assert cfg.n_devices == 2 and cfg.layout_rules == [("batch", "x")]
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("no_such_model")
+    path.write_text("{ not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))))
+def test_every_shipped_config_loads_with_an_even_layout(path):
+    cfg = load_config(path)
+    mesh = dict(cfg.mesh_dims)
+    sizes = tensor_dim_sizes(cfg)
+    for tensor_dim, mesh_dim in cfg.layout_rules:
+        assert sizes[tensor_dim] % mesh[mesh_dim] == 0
+
+
+def test_shipped_gpt3_family_has_the_published_shapes():
+    shapes = {name: (c.n_layer, c.n_embd) for name, c in
+              ((n, load_config(n)) for n in ("gpt3_small", "gpt3_medium", "gpt3_large", "gpt3_XL", "gpt3_2-7B",
+                                             "gpt3_6-7B", "gpt3_13B", "colab_XL"))}
+    assert shapes == {"gpt3_small": (12, 768), "gpt3_medium": (24, 1024), "gpt3_large": (24, 1536),
+                      "gpt3_XL": (24, 2048), "gpt3_2-7B": (32, 2560), "gpt3_6-7B": (32, 4096),
+                      "gpt3_13B": (40, 5120), "colab_XL": (24, 2048)}
+    assert load_config("colab_XL").n_devices == 1 and load_config("colab_XL").n_ctx == 2048
+
+
+def test_device_errors_are_one_line_and_say_what_to_pass():
+    with pytest.raises(devices.DeviceError) as info:
+        devices.configure(["device:GPU:0"])
+    assert "device:GPU:0 not found" in str(info.value) and "GPUs on this machine" in str(info.value)
+    with pytest.raises(devices.DeviceError, match="not understood"):
+        devices.configure(["gpu0"])
+    with pytest.raises(devices.DeviceError) as info:
+        devices.check_mesh_fits("x:2,y:2", 4, ["/device:CPU:0"])
+    assert "4 devices but 1 were given" in str(info.value) and "--mesh_shape" in str(info.value)
+    assert devices.configure(["device:CPU:0", "device:CPU:1"]) == ["/device:CPU:0", "/device:CPU:1"]
