@@ -91,7 +91,7 @@ def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, pea
         if train:
             global_step = tf.train.get_or_create_global_step()
             lr = learning_rate(cfg, global_step)
-            mtf_lr = mtf.import_fully_replicated(mesh, lr, mtf.Shape([]), "learning_rate")
+            mtf_lr = mtf.import_fully_replicated(mesh, lr, mtf.Shape([]), "lr")
             updates, grad_norm = minimize(objective, graph, cfg, mtf_lr)
 
         lowering = mtf.Lowering(graph, {mesh: mesh_impl})

@@ -56,6 +56,13 @@ def config_path(workspace, **changes):
     return str(path)
 
 
+def scalar_tags(model_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(model_path))
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
 def test_train_resume_eval_predict(workspace):
     cfg = config_path(workspace, train_steps=3)
     first = run_main("--model", cfg, "--log_every", "1")
@@ -68,6 +75,8 @@ def test_train_resume_eval_predict(workspace):
     assert "steps 3 -> 6" in again.stdout and "step      6/6" in again.stdout
     assert "step      1/" not in again.stdout
     assert os.path.exists(workspace / "run" / "model.ckpt-6.index")
+    assert {"loss", "learning_rate", "grad_norm", "tokens_per_sec", "model_flops_per_sec", "mfu"} <= \
+        scalar_tags(workspace / "run")
 
     evaluation = run_main("--model", config_path(workspace), "--eval")
     assert evaluation.returncode == 0, evaluation.stderr
