@@ -18,7 +18,8 @@ from tensorflow.compat.v1 import estimator as tf_estimator
 
 from engine import flops
 from engine.optimizer import learning_rate, minimize
-from models import gpt, sampling
+from engine import inference
+from models import gpt
 from models.config import GPTConfig
 
 LOSS_COLLECTION = "gpt_loss"
@@ -71,14 +72,11 @@ def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, pea
         dims = gpt.Dims.of(cfg, batch_size)
         token_shape = mtf.Shape([dims.batch, dims.sequence])
 
-        if mode == PREDICT:
-            tokens = mtf.import_fully_replicated(mesh, tf.cast(features["tokens"], tf.int32), token_shape, "tokens")
-            lengths = mtf.import_fully_replicated(mesh, tf.cast(features["prompt_length"], tf.int32),
-                                                  mtf.Shape([dims.batch]), "prompt_length")
-            out = sampling.sample(tokens, lengths, cfg, dims, cfg.max_new_tokens or cfg.n_ctx, cfg.temperature,
-                                  cfg.top_k, cfg.eos_id)
+        if mode == PREDICT:  # sampling, or per-token scores for eval tasks (engine/inference.py)
+            outputs = inference.predict_outputs(features, mesh, cfg, dims)
             lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-            predictions = {"tokens": lowering.export_to_tf_tensor(out), "prompt_length": features["prompt_length"]}
+            predictions = {name: lowering.export_to_tf_tensor(t) for name, t in outputs.items()}
+            predictions.update({k: v for k, v in features.items() if k not in predictions})  # pass the rest through
             return tf_estimator.tpu.TPUEstimatorSpec(mode, predictions=predictions,
                                                      prediction_hooks=_checkpoint_hooks(lowering, cfg, save=False))
 

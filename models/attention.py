@@ -17,6 +17,7 @@ import mesh_tensorflow as mtf
 import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
+from models import kv_cache
 from models.config import GPTConfig
 from models.layers import dropout, variable
 
@@ -71,13 +72,16 @@ def local_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
 
 
 def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfig, dtype: mtf.VariableDType,
-                   train: bool) -> mtf.Tensor:
+                   train: bool, cache: "kv_cache.DecodeState | None" = None) -> mtf.Tensor:
     """Projections q/k/v/o and output bias under GPT-Neo's names, around the chosen attention function.
 
     The weights are 2-D [embd, heads*kv] with the combined dimension named "heads", exactly as
     mesh-tensorflow's `attention_params_simple` lays them out, so a "heads:y" layout splits them by head.
+
+    `cache` (sampling only, see models/kv_cache.py): in prefill mode this layer's keys and values are
+    recorded; in step mode x is [batch, embd] and the one query attends over the cache.
     """
-    batch, sequence, embd = x.shape.dims
+    embd = x.shape.dims[-1]
     heads = mtf.Dimension("heads", cfg.n_head)
     kv = mtf.Dimension("features_per_head", cfg.head_size)
     combined = mtf.Dimension("heads", cfg.n_head * cfg.head_size)
@@ -93,9 +97,16 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
             return mtf.replace_dimensions(y, combined, [heads, kv])
 
         q, k, v = project(wq), project(wk), project(wv)
-        ctx = AttentionContext(cfg, train, sequence, mtf.Dimension("memory_length", sequence.size), kv)
-        with tf.variable_scope("attention"):
-            a = ATTENTION[attention_type](q, k, v, ctx)
+        if cache is not None and cache.incremental:
+            with tf.variable_scope("attention"):
+                a = kv_cache.attend_step(q, k, v, attention_type, cfg, cache, kv)
+        else:
+            sequence = x.shape.dims[1]
+            ctx = AttentionContext(cfg, train, sequence, mtf.Dimension("memory_length", sequence.size), kv)
+            if cache is not None:
+                kv_cache.record_prefill(cache, k, v, ctx.sequence, ctx.memory_length)
+            with tf.variable_scope("attention"):
+                a = ATTENTION[attention_type](q, k, v, ctx)
         a = mtf.replace_dimensions(a, [heads, kv], combined)
         out = mtf.einsum([a, wo], reduced_dims=[combined])
         with tf.variable_scope("compute_output_bias"):

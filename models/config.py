@@ -28,7 +28,6 @@ NOT_YET_SUPPORTED = {
     "share_parameters": False, "no_weight_tie": False, "mlm_training": False, "mlm_mask_id": None,
     "mlm_cls_token_id": None, "mlm_mask_prob": 0.15, "mlm_same_token_prob": 0.10,
     "mlm_random_token_prob": 0.10, "mlm_mask_ignore_ids": None, "tokens_per_mb_per_replica": None,
-    "eval_tasks": None,
 }
 
 
@@ -114,6 +113,16 @@ class GPTConfig:
     max_new_tokens: Optional[int] = None  # default: fill the context
     eos_id: Optional[int] = None
     padding_id: Optional[int] = None
+    top_p: float = 1.0                   # nucleus sampling: keep the fewest tokens holding this much probability
+    sampling_seed: Optional[int] = None  # same seed + same prompts -> same samples; None: a new seed each run
+    stop_token: Optional[int] = None     # a sample ends at this id; None: eos_id; -1: only at max_new_tokens
+    remove_partial_sequences: bool = False  # output only the new tokens, without the prompt
+    kv_cache: bool = True                # incremental decoding with a key/value cache where the model allows it
+
+    # Evaluation tasks (--eval, and after each checkpoint when eval_steps > 0).
+    eval_tasks: tuple = ()               # e.g. ["lambada"]
+    lambada_path: Optional[str] = None   # local LAMBADA jsonl, one {"text": ...} per line
+    eval_results_path: Optional[str] = None  # jsonl that results are appended to; default model_path/eval_results.jsonl
 
     # ---- derived values ----
     @property
@@ -228,7 +237,7 @@ def _check_type(name: str, value: Any, expected: type) -> Any:
 
 
 _FIELD_TYPES = {"int": int, "float": float, "bool": bool, "str": str,
-                "Optional[int]": int, "Optional[float]": float}
+                "Optional[int]": int, "Optional[float]": float, "Optional[str]": str}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -342,11 +351,18 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
     values["attention_types"] = expand_attention_types(
         values.get("attention_types", [[["global"], values["n_layer"]]]), values["n_layer"])
     values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir)
+    values["eval_tasks"] = _parse_eval_tasks(values.get("eval_tasks") or [])
     if values["datasets"]:  # special ids come from the (last) dataset's tokenizer, as in GPT-Neo
         last = values["datasets"][-1].dataset
         values.setdefault("eos_id", last.eos_id)
         values.setdefault("padding_id", last.padding_id)
     return validate(GPTConfig(**values))
+
+
+def _parse_eval_tasks(value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f'eval_tasks must be a list of task names like ["lambada"], got {value!r}')
+    return tuple(value)
 
 
 def validate(cfg: GPTConfig) -> GPTConfig:
@@ -376,6 +392,8 @@ def validate(cfg: GPTConfig) -> GPTConfig:
             raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    _validate_sampling(cfg)
+    _validate_eval_tasks(cfg)
     for use in cfg.datasets:
         ds = use.dataset
         if ds.n_vocab > cfg.n_vocab:
@@ -383,6 +401,32 @@ def validate(cfg: GPTConfig) -> GPTConfig:
                               f"n_vocab {cfg.n_vocab}: set n_vocab >= {ds.n_vocab}")
     _validate_mesh(cfg)
     return cfg
+
+
+def _validate_sampling(cfg: GPTConfig) -> None:
+    if cfg.temperature < 0:
+        raise ConfigError(f"temperature must be >= 0 (0 is greedy decoding), got {cfg.temperature}")
+    if cfg.top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 keeps every token), got {cfg.top_k}")
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1] (1 keeps every token), got {cfg.top_p}")
+    if cfg.sampling_seed is not None and not 0 <= cfg.sampling_seed < 2 ** 31:
+        raise ConfigError(f"sampling_seed must be in [0, 2**31) or null, got {cfg.sampling_seed}")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be at least 1 (or null to fill the context), got {cfg.max_new_tokens}")
+    if cfg.stop_token is not None and not -1 <= cfg.stop_token < cfg.n_vocab:
+        raise ConfigError(f"stop_token must be a token id below n_vocab {cfg.n_vocab}, -1 for none, or null for "
+                          f"eos_id; got {cfg.stop_token}")
+
+
+def _validate_eval_tasks(cfg: GPTConfig) -> None:
+    from engine.eval_tasks import TASKS  # the registry is the one list of tasks
+    for task in cfg.eval_tasks:
+        if task not in TASKS:
+            raise ConfigError(f"eval task {task!r} is not known: choose from {', '.join(TASKS)}{_closest(task, TASKS)}")
+    if "lambada" in cfg.eval_tasks and not cfg.lambada_path:
+        raise ConfigError("eval task 'lambada' needs lambada_path: set it to a local LAMBADA jsonl "
+                          "(one {\"text\": ...} per line)")
 
 
 def tensor_dim_sizes(cfg: GPTConfig) -> dict[str, int]:

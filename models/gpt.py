@@ -12,6 +12,7 @@ import tensorflow.compat.v1 as tf
 
 from models.attention import self_attention
 from models.config import GPTConfig
+from models.kv_cache import DecodeState
 from models.layers import dropout, layer_norm, mlp, variable
 
 
@@ -36,16 +37,22 @@ def variable_dtype(cfg: GPTConfig) -> mtf.VariableDType:
     return mtf.VariableDType(master_dtype=tf.float32, slice_dtype=tf.float32, activation_dtype=activation)
 
 
-def block(x: mtf.Tensor, layer: int, cfg: GPTConfig, dtype: mtf.VariableDType, train: bool) -> mtf.Tensor:
+def block(x: mtf.Tensor, layer: int, cfg: GPTConfig, dtype: mtf.VariableDType, train: bool,
+          cache: DecodeState | None = None) -> mtf.Tensor:
     """x + attn(norm_1(x)), then + mlp(norm_2(x))."""
     with tf.variable_scope(f"h{layer}"):
-        a = self_attention(layer_norm(x, "norm_1", dtype), "attn", cfg.attention_types[layer], cfg, dtype, train)
+        a = self_attention(layer_norm(x, "norm_1", dtype), "attn", cfg.attention_types[layer], cfg, dtype, train,
+                           cache=cache)
         x = x + a
         return x + mlp(layer_norm(x, "norm_2", dtype), "mlp", cfg, dtype, train)
 
 
-def logits(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool) -> mtf.Tensor:
-    """tokens [batch, sequence] int -> logits [batch, sequence, vocab] (float32)."""
+def logits(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: DecodeState | None = None) -> mtf.Tensor:
+    """tokens [batch, sequence] int -> logits [batch, sequence, vocab] (float32).
+
+    `cache` is for sampling (models/kv_cache.py): in step mode tokens are [batch], the token at
+    cache.position - 1, and the logits [batch, vocab] are those for cache.position.
+    """
     mesh = tokens.mesh
     dtype = variable_dtype(cfg)
     with tf.variable_scope("gpt2"):
@@ -54,7 +61,10 @@ def logits(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool) -> mtf.T
         with tf.variable_scope("token_embd"):
             h = dropout(mtf.gather(wte, tokens, dims.vocab), cfg.embed_dropout, train)
         with tf.variable_scope("pos_embd"):
-            positions = mtf.range(mesh, dims.sequence, tf.int32)
+            if cache is not None and cache.incremental:
+                positions = cache.position - 1
+            else:
+                positions = mtf.range(mesh, dims.sequence, tf.int32)
             h += dropout(mtf.gather(wpe, positions, dims.embed_sequence), cfg.embed_dropout, train)
 
         for layer in range(cfg.n_layer):
@@ -62,11 +72,11 @@ def logits(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool) -> mtf.T
                 # Keep only block inputs for the backward pass; recompute the rest (memory for compute).
                 h = mtf.recompute_grad(lambda x, layer=layer: block(x, layer, cfg, dtype, train), [h])
             else:
-                h = block(h, layer, cfg, dtype, train)
+                h = block(h, layer, cfg, dtype, train, cache)
 
         h = layer_norm(h, "ln_f", dtype)
         with tf.variable_scope("wte_final_einsum"):
-            out = mtf.einsum([h, wte], output_shape=[dims.batch, dims.sequence, dims.vocab])
+            out = mtf.einsum([h, wte], output_shape=h.shape.dims[:-1] + [dims.vocab])
         return mtf.cast(out, tf.float32)
 
 

@@ -1,51 +1,190 @@
-"""Autoregressive sampling inside the mesh-tensorflow graph (full recompute of the context each step).
+"""Autoregressive sampling inside the mesh-tensorflow graph: one `mtf.while_loop` that writes a token per step.
 
-Each row of `tokens` holds its prompt in positions [0, prompt_length); the loop fills one position per
-step from the shortest prompt onwards, keeping longer prompts' own tokens where they still run.
+Each row of `tokens` holds its prompt in positions [0, prompt_length), then padding. The loop starts at the
+shortest prompt and fills one position per step; rows whose prompt is longer keep their own tokens until
+their prompt ends. A row stops after `max_new_tokens` new tokens, at its stop token, or at the end of the
+context; the loop ends when every row has stopped.
+
+Two ways to get each step's logits:
+
+* **incremental** (default): a prefill pass records every attention layer's keys and values, then each step
+  runs the model on one token per row against that cache (models/kv_cache.py), so the cost of a new token does
+  not grow with the prompt;
+* **full recompute**: each step runs the whole context again. Used when `kv_cache` is false or the model has a
+  layer type or option without an incremental path (`kv_cache.incremental_unsupported`).
+
+Choosing a token (temperature, top-k, top-p, then a Gumbel-max draw) runs on whole vocabulary rows. Its
+randomness is a stateless hash of (seed, row, position, token id), so a fixed seed gives the same samples on
+every run, on every mesh layout, incremental or not.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models import gpt
+from models import gpt, kv_cache
 from models.config import GPTConfig
 
-
-def top_k_filter(logits: mtf.Tensor, vocab: mtf.Dimension, k: int) -> mtf.Tensor:
-    """Sets every logit below the k-th largest of its row to -1e10."""
-    if not k or k >= vocab.size:
-        return logits
-    values, _ = mtf.top_k(logits, vocab, mtf.Dimension("top_k", k))
-    kth = mtf.reduce_min(values, reduced_dim=values.shape.dims[-1])
-    return mtf.where(mtf.less(logits, kth), mtf.zeros_like(logits) - 1e10, logits)
+NEG_INF = -1e10
 
 
-def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, cfg: GPTConfig, dims: gpt.Dims,
-           max_new_tokens: int, temperature: float, top_k: int, stop_id: int | None) -> mtf.Tensor:
-    """tokens [batch, sequence] int32, prompt_lengths [batch] int32 -> tokens with the samples filled in."""
+@dataclass(frozen=True)
+class SamplingOptions:
+    max_new_tokens: int
+    temperature: float = 1.0   # 0: greedy (argmax)
+    top_k: int = 0             # 0: no top-k filter
+    top_p: float = 1.0         # 1: no nucleus filter
+    stop_id: Optional[int] = None
+    padding_id: int = 0
+    remove_partial_sequences: bool = False
+    incremental: bool = True   # use the kv cache where the model supports it
+
+    @classmethod
+    def from_config(cls, cfg: GPTConfig, **changes) -> "SamplingOptions":
+        stop = cfg.eos_id if cfg.stop_token is None else (None if cfg.stop_token < 0 else cfg.stop_token)
+        values = dict(max_new_tokens=cfg.max_new_tokens or cfg.n_ctx, temperature=cfg.temperature, top_k=cfg.top_k,
+                      top_p=cfg.top_p, stop_id=stop, padding_id=cfg.padding_id if cfg.padding_id is not None else 0,
+                      remove_partial_sequences=cfg.remove_partial_sequences, incremental=cfg.kv_cache)
+        values.update(changes)
+        return cls(**values)
+
+
+def uses_cache(cfg: GPTConfig, options: SamplingOptions) -> bool:
+    return options.incremental and kv_cache.incremental_unsupported(cfg) is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Choosing tokens
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: tf.Tensor, c: int) -> tf.Tensor:
+    """(x * c) mod 2**32 for int64 x in [0, 2**32), exact: each partial product stays below 2**48 (int64 ops
+    only, which every device has kernels for)."""
+    low = tf.bitwise.bitwise_and(x, 0xFFFF) * c
+    high = tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, tf.constant(16, tf.int64)) * c, 0xFFFF)
+    return tf.bitwise.bitwise_and(low + tf.bitwise.left_shift(high, tf.constant(16, tf.int64)), _MASK32)
+
+
+def _hash32(state: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
+    """Mixes a 32-bit value into a 32-bit state (lowbias32 finaliser), as int64; elementwise, broadcasting."""
+    shift = lambda x, n: tf.bitwise.right_shift(x, tf.constant(n, tf.int64))  # noqa: E731
+    x = tf.bitwise.bitwise_xor(state, value)
+    x = tf.bitwise.bitwise_xor(x, shift(x, 16))
+    x = _mul32(x, 0x7FEB352D)
+    x = tf.bitwise.bitwise_xor(x, shift(x, 15))
+    x = _mul32(x, 0x846CA68B)
+    return tf.bitwise.bitwise_xor(x, shift(x, 16))
+
+
+def stateless_uniform(seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor, vocab_size: int) -> tf.Tensor:
+    """Uniform (0, 1) noise [rows, vocab], a pure function of (seed, row, position, token id)."""
+    as_u32 = lambda t: tf.bitwise.bitwise_and(tf.cast(t, tf.int64), _MASK32)  # noqa: E731
+    state = _hash32(tf.constant(0x9E3779B9, tf.int64), as_u32(seeds))
+    state = _hash32(state, as_u32(rows))
+    state = _hash32(state, as_u32(position))[:, None]
+    state = _hash32(state, tf.range(vocab_size, dtype=tf.int64)[None, :])
+    state = _hash32(state, tf.constant(0x68E31DA4, tf.int64))
+    # 24 high bits -> (0, 1), never exactly 0 or 1.
+    return (tf.cast(tf.bitwise.right_shift(state, tf.constant(8, tf.int64)), tf.float32) + 0.5) / 2.0 ** 24
+
+
+def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor,
+                     options: SamplingOptions) -> tf.Tensor:
+    """logits [rows, vocab] float -> token ids [rows] int32: temperature, top-k, top-p, Gumbel-max."""
+    logits = tf.cast(logits, tf.float32)
+    if options.temperature == 0:
+        return tf.argmax(logits, axis=-1, output_type=tf.int32)
+    vocab_size = logits.shape[-1]
+    logits = logits / options.temperature
+    if options.top_k and options.top_k < vocab_size:
+        kth = tf.math.top_k(logits, options.top_k, sorted=True).values[:, -1:]
+        logits = tf.where(logits < kth, tf.fill(tf.shape(logits), NEG_INF), logits)
+    if options.top_p < 1.0:
+        ordered = tf.sort(logits, axis=-1, direction="DESCENDING")
+        mass_before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)
+        kept = mass_before < options.top_p  # the most likely token is always kept
+        threshold = tf.reduce_min(tf.where(kept, ordered, tf.fill(tf.shape(ordered), -NEG_INF)), axis=-1,
+                                  keepdims=True)
+        logits = tf.where(logits < threshold, tf.fill(tf.shape(logits), NEG_INF), logits)
+    gumbel = -tf.math.log(-tf.math.log(stateless_uniform(seeds, rows, position, vocab_size)))
+    return tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
+
+
+def choose_tokens(logits: mtf.Tensor, seeds: mtf.Tensor, position: mtf.Tensor, dims: gpt.Dims,
+                  options: SamplingOptions) -> mtf.Tensor:
+    """logits [batch, vocab] -> token ids [batch]. The vocabulary is gathered onto each device first (a
+    layout may split it), so each batch slice chooses from whole rows."""
+    whole = mtf.Dimension("sampling_vocab", dims.vocab.size)
+    rows_logits = mtf.replace_dimensions(logits, dims.vocab, whole)
+    rows = mtf.range(logits.mesh, dims.batch, tf.int32)
+    return mtf.slicewise(lambda lg, sd, rw, pos: choose_tokens_tf(lg, sd, rw, pos, options),
+                         [rows_logits, seeds, rows, position], output_shape=mtf.Shape([dims.batch]),
+                         output_dtype=tf.int32, splittable_dims=[dims.batch], name="choose_tokens")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loop
+
+
+def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cfg: GPTConfig, dims: gpt.Dims,
+           options: SamplingOptions) -> dict:
+    """tokens [batch, sequence] int32, prompt_lengths [batch] int32 (>= 1), seeds [batch] int32 ->
+
+    {"tokens": [batch, sequence] int32, "lengths": [batch] int32}: each row's prompt and new tokens (the stop
+    token included) followed by padding, and how many of its positions are filled. With
+    `remove_partial_sequences` the prompt is cut off: rows start with the new tokens and `lengths` counts them.
+    """
     mesh = tokens.mesh
-    # Build the model once outside the loop: mtf variables must exist before a while_loop body reuses them.
-    gpt.logits(tokens, cfg, dims, train=False)
-    start = mtf.reduce_min(prompt_lengths)
-    end = mtf.minimum(start + max_new_tokens, cfg.n_ctx)
-    done = mtf.zeros(mesh, [dims.batch], tf.int32)
+    seq = dims.sequence
+    incremental = uses_cache(cfg, options)
+    # The first pass builds the variables (a while_loop body may only reuse them) and, when incremental,
+    # records the key/value caches of the prompts.
+    prefill = kv_cache.DecodeState(kv_cache.PREFILL) if incremental else None
+    gpt.logits(tokens, cfg, dims, train=False, cache=prefill)
+    caches = prefill.new_states if incremental else []
 
-    def cond(position, tokens_, done_):
+    start = mtf.reduce_min(prompt_lengths)
+    limit = mtf.minimum(prompt_lengths + options.max_new_tokens, seq.size)  # per row: end of its new tokens
+    end = mtf.reduce_max(limit)
+    done = mtf.cast(mtf.greater_equal(prompt_lengths, limit), tf.int32)  # rows whose prompt fills the context
+    lengths = prompt_lengths
+
+    def cond(position, tokens_, done_, lengths_, *caches_):
         return mtf.logical_and(mtf.less(position, end), mtf.less(mtf.reduce_min(done_), 1))
 
-    def body(position, tokens_, done_):
-        step_logits = mtf.gather(gpt.logits(tokens_, cfg, dims, train=False), position - 1, dims.sequence)
-        step_logits = top_k_filter(step_logits, dims.vocab, top_k)
-        new = mtf.sample_with_temperature(step_logits, dims.vocab, temperature)
+    def body(position, tokens_, done_, lengths_, *caches_):
+        if incremental:
+            state = kv_cache.DecodeState(kv_cache.STEP, position, caches_)
+            step_logits = gpt.logits(mtf.gather(tokens_, position - 1, seq), cfg, dims, train=False, cache=state)
+            new_caches = state.new_states
+        else:
+            step_logits = mtf.gather(gpt.logits(tokens_, cfg, dims, train=False), position - 1, seq)
+            new_caches = []
+        new = choose_tokens(step_logits, seeds, position, dims, options)
         in_prompt = mtf.less(position, prompt_lengths)
-        new = mtf.where(in_prompt, mtf.gather(tokens_, position, dims.sequence), new)
-        write = mtf.one_hot(position, dims.sequence, dtype=tf.int32)
-        tokens_ = tokens_ * (1 - write) + new * write
-        if stop_id is not None:
-            stopped = mtf.logical_and(mtf.equal(new, stop_id), mtf.logical_not(in_prompt))
-            done_ = mtf.maximum(done_, mtf.cast(stopped, tf.int32))
-        return position + 1, tokens_, done_
+        active = mtf.logical_and(mtf.logical_not(in_prompt), mtf.equal(done_, 0))
+        value = mtf.where(in_prompt, mtf.gather(tokens_, position, seq),
+                          mtf.where(active, new, mtf.zeros_like(new) + options.padding_id))
+        write = mtf.one_hot(position, seq, dtype=tf.int32)
+        tokens_ = tokens_ * (1 - write) + value * write
+        lengths_ = mtf.where(active, mtf.zeros_like(lengths_) + position + 1, lengths_)
+        finished = mtf.greater_equal(position + 1, limit)
+        if options.stop_id is not None:
+            finished = mtf.logical_or(finished, mtf.equal(new, options.stop_id))
+        done_ = mtf.maximum(done_, mtf.cast(mtf.logical_and(active, finished), tf.int32))
+        return [position + 1, tokens_, done_, lengths_] + list(new_caches)
 
-    _, tokens, _ = mtf.while_loop(cond, body, [start, tokens, done])
-    return tokens
+    outputs = mtf.while_loop(cond, body, [start, tokens, done, lengths] + list(caches))
+    tokens, lengths = outputs[1], outputs[3]
+    if options.remove_partial_sequences:
+        tokens = mtf.dynamic_shift(tokens, -prompt_lengths, seq, wrap=False)
+        lengths = lengths - prompt_lengths
+    filled = mtf.less(mtf.range(mesh, seq, tf.int32), lengths)
+    tokens = mtf.where(filled, tokens, mtf.zeros_like(tokens) + options.padding_id)
+    return {"tokens": tokens, "lengths": lengths}

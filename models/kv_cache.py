@@ -1,0 +1,140 @@
+"""Incremental decoding: a key/value cache threaded through `gpt.logits`, as mesh-tensorflow's incremental
+context (and GPT-Neo's sampler) does it.
+
+Sampling runs the model twice over:
+
+* once in **prefill** mode over the whole `[batch, sequence]` token tensor: the pass is the ordinary one, and
+  every attention layer also records its keys and values, renamed to `[batch, memory_length, heads,
+  features_per_head]`, in `state.new_states`;
+* then once per new token in **step** mode: the tokens are `[batch]` (the token at `position - 1`), each
+  attention layer takes its (k, v) cache from `state.states` in layer order, writes this token's key and value
+  at `position - 1`, attends from this one query over the cache and records the updated cache.
+
+A step costs one token's projections and MLPs plus one query against a fixed-size `n_ctx` cache, so the cost
+per new token does not grow with the prompt (a full recompute costs the whole context per token).
+
+Attention types opt in through `INCREMENTAL` (type -> window, None for global). A model with any layer type
+or option this module does not know is decoded by full recompute instead (`incremental_unsupported`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Optional
+
+import mesh_tensorflow as mtf
+import mesh_tensorflow.transformer.attention as mtf_attention
+import tensorflow.compat.v1 as tf
+
+from models.config import GPTConfig
+
+PREFILL, STEP = "prefill", "step"
+
+# Attention types with an incremental path -> how many past positions a query sees (None: all of them).
+INCREMENTAL = {
+    "global": lambda cfg: None,
+    "local": lambda cfg: cfg.local_attention_radius,
+}
+
+# GPTConfig fields that do not change the forward pass of one token, or whose effect the step path reproduces.
+# Any other field that differs from its default (an option added later: MoE, rotary positions, memory
+# key/values, ...) makes `incremental_unsupported` choose full recompute until it is listed here.
+_INCREMENTAL_SAFE_FIELDS = {
+    "n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "attention_types", "local_attention_radius",
+    "activation_function", "scale_by_depth", "scale_by_in", "embed_dropout", "attn_dropout", "res_dropout",
+    "precision", "recompute_grad", "z_loss", "model",
+    "opt_name", "lr", "warmup_steps", "lr_decay", "lr_decay_end", "beta1", "beta2", "epsilon", "ada_epsilon1",
+    "ada_epsilon2", "weight_decay", "gradient_clipping",
+    "train_batch_size", "train_steps", "eval_batch_size", "eval_steps", "predict_batch_size", "predict_steps",
+    "iterations", "steps_per_checkpoint", "model_path", "datasets", "mesh_shape", "layout", "seed",
+    "temperature", "top_k", "max_new_tokens", "eos_id", "padding_id", "top_p", "sampling_seed", "stop_token",
+    "remove_partial_sequences", "kv_cache", "eval_tasks", "lambada_path", "eval_results_path",
+}
+
+
+def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
+    """None if `cfg` can be decoded with the cache, else why not (then the sampler recomputes in full)."""
+    for kind in sorted(set(cfg.attention_types)):
+        if kind not in INCREMENTAL:
+            return f"attention type {kind!r} has no incremental path"
+    for f in dataclasses.fields(cfg):
+        if f.name in _INCREMENTAL_SAFE_FIELDS:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            return f"option {f.name} (no default) is not known to the incremental path"
+        value = getattr(cfg, f.name)
+        if value != default:
+            return f"option {f.name}={value!r} has no incremental path"
+    return None
+
+
+class DecodeState:
+    """What one pass of `gpt.logits` needs to know about decoding; see the module docstring."""
+
+    def __init__(self, mode: str, position: Optional[mtf.Tensor] = None, states=()):
+        if mode not in (PREFILL, STEP):
+            raise ValueError(f"mode must be {PREFILL!r} or {STEP!r}, got {mode!r}")
+        if mode == STEP and position is None:
+            raise ValueError("step mode needs the position whose logits are computed")
+        self.mode = mode
+        self.position = position
+        self.states = list(states)
+        self.new_states: list = []
+        self._next = 0
+
+    @property
+    def incremental(self) -> bool:
+        """True in step mode: tokens are [batch] and attention reads the cache."""
+        return self.mode == STEP
+
+    def take(self, count: int) -> list:
+        taken = self.states[self._next:self._next + count]
+        if len(taken) != count:
+            raise ValueError("the decode state holds fewer caches than the model has attention layers")
+        self._next += count
+        return taken
+
+    def record(self, *tensors: mtf.Tensor) -> None:
+        self.new_states.extend(tensors)
+
+
+def record_prefill(state: DecodeState, k: mtf.Tensor, v: mtf.Tensor, sequence: mtf.Dimension,
+                   memory_length: mtf.Dimension) -> None:
+    """Prefill: keep this layer's keys and values [batch, memory_length, heads, kv] for the step passes."""
+    state.record(mtf.replace_dimensions(k, sequence, memory_length),
+                 mtf.replace_dimensions(v, sequence, memory_length))
+
+
+def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str, cfg: GPTConfig,
+                state: DecodeState, kv: mtf.Dimension) -> mtf.Tensor:
+    """Step: q, k, v [batch, heads, kv] of the token at position - 1 -> attention output [batch, heads, kv].
+
+    Writes k and v into this layer's cache at position - 1, then attends over the cache positions the query
+    may see: all earlier ones for global attention, the last `radius` (itself included) for local attention.
+    Cache entries after position - 1 hold prefill values of later prompt tokens or padding; they are masked
+    here and overwritten before they become visible.
+    """
+    if attention_type not in INCREMENTAL:
+        raise ValueError(f"attention type {attention_type!r} has no incremental path; decode by full recompute")
+    k_cache, v_cache = state.take(2)
+    memory_length = k_cache.shape.get_dim_by_name("memory_length")
+    query_pos = state.position - 1
+    write = mtf.one_hot(query_pos, memory_length, dtype=k_cache.dtype)
+    keep = 1.0 - write
+    k_cache = k_cache * keep + mtf.einsum([k, write], output_shape=k_cache.shape)
+    v_cache = v_cache * keep + mtf.einsum([v, write], output_shape=v_cache.shape)
+    state.record(k_cache, v_cache)
+
+    memory_pos = mtf.range(q.mesh, memory_length, tf.int32)
+    hidden = mtf.greater(memory_pos, query_pos)  # the future
+    window = INCREMENTAL[attention_type](cfg)
+    if window is not None:
+        hidden = mtf.logical_or(hidden, mtf.less_equal(memory_pos, query_pos - window))
+    bias = mtf.cast(hidden, q.dtype) * -1e10
+    no_dropout = SimpleNamespace(train=False, model=SimpleNamespace(layout=None, mesh_shape=None))  # sampling
+    return mtf_attention.attention(q, k_cache, v_cache, memory_length_dim=memory_length, key_dim=kv, value_dim=kv,
+                                   bias=bias, dropout_rate=0.0, context=no_dropout)
