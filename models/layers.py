@@ -1,4 +1,5 @@
-"""Small building blocks with named dimensions: seeded variables, layer norm, dense, MLP, activations.
+"""Small building blocks with named dimensions: seeded variables, norms, dense, MLP (activations live in
+models/activations.py).
 
 Variable names and shapes follow GPT-Neo's checkpoints (`norm_1/g`, `conv1d_main/c_fc/kernel`, ...),
 so released GPT-Neo checkpoints and ours are interchangeable.
@@ -11,6 +12,7 @@ import zlib
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
+from models.activations import ACTIVATIONS
 from models.config import GPTConfig
 
 
@@ -47,7 +49,34 @@ def layer_norm(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType, epsilon: flo
         return x * mtf.rsqrt(variance + epsilon) * g + b
 
 
-def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension, cfg: GPTConfig, dtype: mtf.VariableDType,
+def scale_norm(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType, epsilon: float = 1e-5) -> mtf.Tensor:
+    """`scalenorm`: normalise as LayerNorm does, then one learned scalar gain `g` (init 1) instead of a gain
+    and bias per feature (Nguyen & Salazar 2019; GPT-Neo's form and names)."""
+    dim = x.shape[-1]
+    with tf.variable_scope(scope):
+        g = variable(x.mesh, "g", [], dtype, constant=1.0)
+        x = x - mtf.reduce_mean(x, reduced_dim=dim)
+        variance = mtf.reduce_mean(mtf.square(x), reduced_dim=dim)
+        return x * mtf.rsqrt(variance + epsilon) * g
+
+
+def rezero(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType) -> mtf.Tensor:
+    """`rezero`: a residual branch times a learned scalar `g` that starts at 0, so every block starts as the
+    identity (Bachlechner et al. 2020, arXiv:2003.04887; GPT-Neo's `norm_rezero_*/g`)."""
+    with tf.variable_scope(scope):
+        return x * variable(x.mesh, "g", [], dtype, constant=0.0)
+
+
+def pre_norm(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType) -> mtf.Tensor:
+    """The norm in front of a residual branch: LayerNorm, ScaleNorm, or none with ReZero."""
+    if cfg.rezero:
+        return x
+    if cfg.scalenorm:
+        return scale_norm(x, scope, dtype)
+    return layer_norm(x, scope, dtype)
+
+
+def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension | list, cfg: GPTConfig, dtype: mtf.VariableDType,
           scale_for_residual: bool = False) -> mtf.Tensor:
     """GPT-Neo's `linear`: a biased dense layer under `conv1d_main/<scope>/kernel|bias`.
 
@@ -62,28 +91,27 @@ def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension, cfg: GPTConfig, dty
     with tf.variable_scope("conv1d_main"):
         with tf.variable_scope(scope):
             init = seeded_normal(stddev, "kernel", cfg.seed)
-        return mtf.layers.dense(x, new_dims=[new_dim], reduced_dims=[x.shape[-1]], name=scope, use_bias=True,
+        new_dims = new_dim if isinstance(new_dim, list) else [new_dim]
+        return mtf.layers.dense(x, new_dims=new_dims, reduced_dims=[x.shape[-1]], name=scope, use_bias=True,
                                 kernel_initializer=init, variable_dtype=dtype)
 
 
-ACTIVATIONS = {
-    "gelu": mtf.gelu,  # tanh approximation, as GPT-Neo and HF's "gelu_new"
-    "relu": mtf.relu,
-    "selu": mtf.selu,
-    "elu": mtf.elu,
-    "swish": mtf.swish,
-    "silu": mtf.swish,
-    "sigmoid": mtf.sigmoid,
-    "tanh": mtf.tanh,
-    "softplus": mtf.softplus,
-}
-
-
 def mlp(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType, train: bool) -> mtf.Tensor:
-    """Feed-forward block: c_fc (4x wider), activation, c_proj back, residual dropout."""
+    """Feed-forward block: c_fc (4x wider), activation, c_proj back, residual dropout.
+
+    With mlp_glu, c_fc is twice as wide, [embd, glu=2, intermediate_expanded] (GPT-Neo's [embd, 8*embd]
+    reshaped: the first half is the value, the second the gate), and the hidden layer is value * act(gate).
+    The two halves are a dimension of their own, not a slice, so any layout of intermediate_expanded works.
+    """
     hidden = mtf.Dimension("intermediate_expanded", 4 * cfg.n_embd)
+    activation = ACTIVATIONS[cfg.activation_function]
     with tf.variable_scope(scope):
-        h = ACTIVATIONS[cfg.activation_function](dense(x, "c_fc", hidden, cfg, dtype))
+        if cfg.mlp_glu:
+            glu = mtf.Dimension("glu", 2)
+            both = dense(x, "c_fc", [glu, hidden], cfg, dtype)
+            h = mtf.gather(both, 0, glu) * activation(mtf.gather(both, 1, glu))
+        else:
+            h = activation(dense(x, "c_fc", hidden, cfg, dtype))
         h = dense(h, "c_proj", x.shape[-1], cfg, dtype, scale_for_residual=True)
         return dropout(h, cfg.res_dropout, train)
 
