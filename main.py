@@ -19,7 +19,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
 
 NOT_BUILT = {
-    "export": "--export (SavedModel export) is not built yet in this version",
     "auto_layout": "--auto_layout (layout planning) is not built yet in this version",
     "auto_layout_and_mesh_shape": "--auto_layout_and_mesh_shape (layout and mesh planning) is not built yet "
                                   "in this version",
@@ -41,7 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--yes", action="store_true", help="answer yes to --new's question (for scripts)")
     p.add_argument("--eval", action="store_true", help="report loss and perplexity on eval_path")
     p.add_argument("--predict", action="store_true", help="sample text from the latest checkpoint")
-    p.add_argument("--prompt", help="text file holding the prompt for --predict (default: start of text)")
+    p.add_argument("--export", action="store_true", help="write a SavedModel serving generation and logits")
+    from engine import predict as predict_flags
+    predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
     p.add_argument("--check_dataset", action="store_true", help="print token id range and a decoded sample")
     p.add_argument("--log_every", type=int, default=None, help="print training progress every N steps")
     p.add_argument("--peak_tflops", type=float, default=None,
@@ -84,6 +85,8 @@ def run(args) -> int:
     overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
     if args.layout is not None:
         overrides["layout"] = args.layout
+    from engine.predict import config_overrides
+    overrides.update(config_overrides(args))
     cfg = load_config(args.model, overrides)
 
     if args.check_dataset:
@@ -101,8 +104,10 @@ def run(args) -> int:
         raise ConfigError("the config has no model_path: set it to the folder for checkpoints and logs")
     if args.new and not start_fresh(cfg.model_path, args.yes):
         return 1
+    if args.export:
+        return export(cfg, args)
     if args.predict:
-        return predict(cfg, placement, args.prompt)
+        return predict(cfg, placement, args)
     if args.eval:
         return evaluate(cfg, placement)
     return train(cfg, placement, args)
@@ -154,7 +159,8 @@ def train(cfg, placement, args) -> int:
     # Train in chunks of steps_per_checkpoint so that eval (when eval_steps > 0) runs after each checkpoint.
     step = start
     while step < cfg.train_steps:
-        target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if cfg.eval_steps else cfg.train_steps
+        evaluating = cfg.eval_steps or cfg.eval_tasks
+        target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
 
         def input_fn(params, first=step):
             return train_dataset(sources, cfg.n_ctx, params["batch_size"], cfg.seed, start_step=first)
@@ -163,6 +169,8 @@ def train(cfg, placement, args) -> int:
         step = target
         if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
             report_eval(estimator, cfg)
+        if cfg.eval_tasks:
+            run_eval_tasks(cfg, placement)
     return 0
 
 
@@ -179,19 +187,35 @@ def report_eval(estimator, cfg) -> dict:
     loss = float(results["loss"])
     print(f"eval at step {int(results['global_step'])}: loss {loss:.4f} | perplexity {math.exp(min(loss, 50)):.2f} "
           f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
+    from engine.eval_tasks import append_result
+    append_result(cfg, {"step": int(results["global_step"]), "task": "validation", "loss": loss,
+                        "perplexity": math.exp(min(loss, 50)), "batches": steps})
     return results
+
+
+def run_eval_tasks(cfg, placement) -> list:
+    from engine import eval_tasks
+    return eval_tasks.run_eval_tasks(cfg, placement, tokenizer_for(cfg), latest_step(cfg.model_path))
 
 
 def evaluate(cfg, placement) -> int:
     from engine.estimator import make_estimator
+    from models.config import ConfigError
     require_checkpoint(cfg)
-    report_eval(make_estimator(cfg, placement), cfg)
+    has_eval_path = bool(cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
+    if not has_eval_path and not cfg.eval_tasks:
+        raise ConfigError("nothing to evaluate: set eval_path in the dataset config or eval_tasks in the model config")
+    if has_eval_path:
+        report_eval(make_estimator(cfg, placement), cfg)
+    if cfg.eval_tasks:
+        run_eval_tasks(cfg, placement)
     return 0
 
 
 def require_checkpoint(cfg) -> None:
+    import tensorflow.compat.v1 as tf
     from models.config import ConfigError
-    if latest_step(cfg.model_path) == 0:
+    if not (os.path.isdir(cfg.model_path) and tf.train.latest_checkpoint(cfg.model_path)):
         raise ConfigError(f"no checkpoint in {cfg.model_path}: train first (python main.py --model ...)")
 
 
@@ -204,48 +228,19 @@ def tokenizer_for(cfg):
     return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)
 
 
-def predict(cfg, placement, prompt_path) -> int:
-    import numpy as np
-    import tensorflow.compat.v1 as tf
-    from data.errors import DataError
-    from engine.estimator import make_estimator
-
+def predict(cfg, placement, args) -> int:
+    from engine.predict import predict as sample
     require_checkpoint(cfg)
-    tokenizer = tokenizer_for(cfg)
-    if prompt_path:
-        if not os.path.isfile(prompt_path):
-            raise DataError(f"prompt file {prompt_path} not found: pass a text file to --prompt")
-        with open(prompt_path, encoding="utf-8") as f:
-            prompt = f.read()
-    else:
-        prompt = ""
-    start_id = cfg.eos_id if cfg.eos_id is not None else 0
-    ids = tokenizer.encode(prompt)[-(cfg.n_ctx - 1):] or [start_id]  # keep room for at least one new token
-    padding = cfg.padding_id if cfg.padding_id is not None else 0
-    batch = cfg.predict_batch_size
-    tokens = np.full([batch, cfg.n_ctx], padding, np.int32)
-    tokens[:, :len(ids)] = ids
-    lengths = np.full([batch], len(ids), np.int32)
+    return sample(cfg, placement, args, latest_step(cfg.model_path), tokenizer_for(cfg))
 
-    def input_fn(params):
-        features = {"tokens": tokens, "prompt_length": lengths}
-        return tf.data.Dataset.from_tensor_slices(features).batch(params["batch_size"], drop_remainder=True)
 
+def export(cfg, args) -> int:
+    from engine.export import export_saved_model
+    require_checkpoint(cfg)
     step = latest_step(cfg.model_path)
-    out_path = os.path.join(cfg.model_path, f"predictions_{step}.txt")
-    texts = []
-    max_new = cfg.max_new_tokens or cfg.n_ctx
-    for row in make_estimator(cfg, placement).predict(input_fn, yield_single_examples=True):
-        start = int(row["prompt_length"])
-        generated = [int(t) for t in row["tokens"][start:start + max_new]]
-        if cfg.eos_id is not None and cfg.eos_id in generated:
-            generated = generated[:generated.index(cfg.eos_id)]
-        texts.append(prompt + tokenizer.decode(generated))
-    with open(out_path, "w", encoding="utf-8") as f:
-        for i, text in enumerate(texts):
-            print(f"======== sample {i} (step {step}) ========\n{text}")
-            f.write(f"======== sample {i} ========\n{text}\n")
-    print(f"wrote {len(texts)} samples to {out_path}")
+    path = export_saved_model(cfg, cfg.model_path, args.export_dir or os.path.join(cfg.model_path, "export", str(step)))
+    print(f"exported step {step} to {path} (signatures: serving_default/generate, logits; "
+          f"batch {cfg.predict_batch_size}, n_ctx {cfg.n_ctx})")
     return 0
 
 
