@@ -36,10 +36,11 @@ INCREMENTAL = {
     "local": lambda cfg: cfg.local_attention_radius,
 }
 
-# GPTConfig fields that do not change the forward pass of one token, or whose effect the step path reproduces.
-# Any other field that differs from its default (an option added later: MoE, rotary positions, memory
-# key/values, ...) makes `incremental_unsupported` choose full recompute until it is listed here.
-_INCREMENTAL_SAFE_FIELDS = {
+# GPTConfig fields of the plain GPT-Neo model (global/local attention, learned positions, LayerNorm, MLP),
+# plus run, sampling and evaluation settings. Any other field that differs from its default (an option added
+# later: MoE, rotary positions, memory key/values, ...) is an "extra option": the step path does not know it,
+# so `incremental_unsupported` chooses full recompute, and tools/hf.py refuses to convert the model.
+PLAIN_GPT_FIELDS = {
     "n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "attention_types", "local_attention_radius",
     "activation_function", "scale_by_depth", "scale_by_in", "embed_dropout", "attn_dropout", "res_dropout",
     "precision", "recompute_grad", "z_loss", "model",
@@ -57,19 +58,27 @@ def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
     for kind in sorted(set(cfg.attention_types)):
         if kind not in INCREMENTAL:
             return f"attention type {kind!r} has no incremental path"
+    extra = extra_options(cfg)
+    return f"option {extra[0]} has no incremental path" if extra else None
+
+
+def extra_options(cfg: GPTConfig) -> list[str]:
+    """'name=value' for every field outside PLAIN_GPT_FIELDS that is not at its default."""
+    found = []
     for f in dataclasses.fields(cfg):
-        if f.name in _INCREMENTAL_SAFE_FIELDS:
+        if f.name in PLAIN_GPT_FIELDS:
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
-            return f"option {f.name} (no default) is not known to the incremental path"
+            found.append(f"{f.name} (required)")
+            continue
         value = getattr(cfg, f.name)
         if value != default:
-            return f"option {f.name}={value!r} has no incremental path"
-    return None
+            found.append(f"{f.name}={value!r}")
+    return found
 
 
 class DecodeState:

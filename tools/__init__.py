@@ -1,0 +1,1 @@
+"""Command-line tools: checkpoint conversion (tools/hf.py)."""

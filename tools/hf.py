@@ -1,0 +1,372 @@
+"""Convert between this project's checkpoints and HF transformers' GPTNeoForCausalLM folders.
+
+    # ours -> HF: a folder GPTNeoForCausalLM.from_pretrained and AutoTokenizer.from_pretrained read
+    python -m tools.hf to_hf --model CONFIG [--checkpoint PREFIX_OR_DIR] --out DIR
+
+    # HF -> ours: a model config and a step-0 checkpoint that main.py trains (fine-tunes) and predicts from
+    python -m tools.hf from_hf HF_DIR --config OUT.json --model_path DIR [--base_config default]
+                               [--dataset ID ...] [--tokenizer_dataset ID --data_path GLOB [--eval_path GLOB]]
+
+Both directions map GPT-Neo's variable names (the ones HF's own `load_tf_weights_in_gpt_neo` reads):
+
+    gpt2/wte, gpt2/wpe                                  transformer.wte / wpe .weight (lm_head is tied to wte)
+    gpt2/h{i}/norm_1|norm_2/g|b                          transformer.h.{i}.ln_1|ln_2 .weight|bias
+    gpt2/h{i}/attn/q|k|v|o                               transformer.h.{i}.attn.attention.q_proj|k_proj|v_proj|out_proj.weight (transposed)
+    gpt2/h{i}/attn/compute_output_bias/o_b               transformer.h.{i}.attn.attention.out_proj.bias
+    gpt2/h{i}/mlp/conv1d_main/c_fc|c_proj/kernel|bias    transformer.h.{i}.mlp.c_fc|c_proj .weight (transposed)|bias
+    gpt2/ln_f/g|b                                        transformer.ln_f.weight|bias
+
+Only models GPTNeo can express convert: global/local attention, learned positions, LayerNorm, a plain MLP with
+an activation HF knows. Any other option (MoE, rotary, GLU, ...) is refused with the option's name.
+
+from_hf writes the model config from `--base_config` (training settings, datasets, mesh) with the architecture
+taken from the HF config, then builds the training graph of that config once, so the checkpoint holds every
+variable training restores (optimizer slots at their initial zeros, global_step 0) and the HF weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Optional
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import models  # noqa: E402,F401  (mesh-tensorflow compatibility alias)
+import numpy as np  # noqa: E402
+
+from models.config import ConfigError, GPTConfig, load_config  # noqa: E402
+
+# Our activation_function -> HF's ACT2FN name (same function), and back.
+TO_HF_ACTIVATION = {"gelu": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu", "sigmoid": "sigmoid",
+                    "tanh": "tanh", "mish": "mish", "id": "linear", "lrelu001": "leaky_relu"}
+FROM_HF_ACTIVATION = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "relu": "relu",
+                      "silu": "silu", "swish": "swish", "sigmoid": "sigmoid", "tanh": "tanh", "mish": "mish",
+                      "linear": "id", "leaky_relu": "lrelu001"}
+
+_LAYER = re.compile(r"^gpt2/h(\d+)/(.+)$")
+_IN_LAYER = {
+    "norm_1/g": ("ln_1.weight", False), "norm_1/b": ("ln_1.bias", False),
+    "norm_2/g": ("ln_2.weight", False), "norm_2/b": ("ln_2.bias", False),
+    "attn/q": ("attn.attention.q_proj.weight", True), "attn/k": ("attn.attention.k_proj.weight", True),
+    "attn/v": ("attn.attention.v_proj.weight", True), "attn/o": ("attn.attention.out_proj.weight", True),
+    "attn/compute_output_bias/o_b": ("attn.attention.out_proj.bias", False),
+    "mlp/conv1d_main/c_fc/kernel": ("mlp.c_fc.weight", True), "mlp/conv1d_main/c_fc/bias": ("mlp.c_fc.bias", False),
+    "mlp/conv1d_main/c_proj/kernel": ("mlp.c_proj.weight", True),
+    "mlp/conv1d_main/c_proj/bias": ("mlp.c_proj.bias", False),
+}
+_TOP = {"gpt2/wte": ("transformer.wte.weight", False), "gpt2/wpe": ("transformer.wpe.weight", False),
+        "gpt2/ln_f/g": ("transformer.ln_f.weight", False), "gpt2/ln_f/b": ("transformer.ln_f.bias", False)}
+
+
+class ConversionError(ConfigError):
+    """A model or folder that cannot be converted. One line, names the reason."""
+
+
+def hf_name(name: str) -> Optional[tuple[str, bool]]:
+    """Our variable name -> (HF state-dict key, transpose?), or None if GPTNeo has no such weight."""
+    if name in _TOP:
+        return _TOP[name]
+    match = _LAYER.match(name)
+    if match and match.group(2) in _IN_LAYER:
+        key, transpose = _IN_LAYER[match.group(2)]
+        return f"transformer.h.{match.group(1)}.{key}", transpose
+    return None
+
+
+def model_variable_shapes(cfg: GPTConfig) -> dict[str, list]:
+    """{name: shape} of the model's variables, from building its graph (nothing is allocated)."""
+    import mesh_tensorflow as mtf
+    import tensorflow.compat.v1 as tf
+    from models import gpt
+
+    with tf.Graph().as_default():
+        mesh = mtf.Mesh(mtf.Graph(), "gpt_mesh")
+        dims = gpt.Dims.of(cfg, 1)
+        tokens = mtf.zeros(mesh, mtf.Shape([dims.batch, dims.sequence]), tf.int32)
+        gpt.logits(tokens, cfg, dims, train=False)
+        return {v.name: v.shape.to_integer_list for v in mesh.graph.all_variables}
+
+
+def compact_attention_types(types) -> list:
+    """("global", "local", "global", "local") -> [[["global", "local"], 2]] (HF's and GPT-Neo's format)."""
+    types = list(types)
+    for period in range(1, len(types) + 1):
+        if len(types) % period == 0 and types == types[:period] * (len(types) // period):
+            return [[types[:period], len(types) // period]]
+    return [[types, 1]]
+
+
+def check_convertible(cfg: GPTConfig) -> None:
+    from models.kv_cache import extra_options
+    unknown = sorted(set(cfg.attention_types) - {"global", "local"})
+    if unknown:
+        raise ConversionError(f"attention types {unknown} have no GPTNeo equivalent (only global and local)")
+    if cfg.activation_function not in TO_HF_ACTIVATION:
+        raise ConversionError(f"activation_function {cfg.activation_function!r} has no HF equivalent: GPTNeo "
+                              f"folders can use {', '.join(sorted(TO_HF_ACTIVATION))}")
+    extra = extra_options(cfg)
+    if extra:
+        raise ConversionError(f"GPTNeo cannot express option {extra[0]}: convert only plain GPT-Neo models")
+
+
+def hf_config_for(cfg: GPTConfig):
+    from transformers import GPTNeoConfig
+    check_convertible(cfg)
+    eos = cfg.eos_id if cfg.eos_id is not None else 0
+    return GPTNeoConfig(
+        vocab_size=cfg.n_vocab, max_position_embeddings=cfg.n_ctx, hidden_size=cfg.n_embd, num_layers=cfg.n_layer,
+        attention_types=compact_attention_types(cfg.attention_types), num_heads=cfg.n_head,
+        intermediate_size=4 * cfg.n_embd, window_size=cfg.local_attention_radius,
+        activation_function=TO_HF_ACTIVATION[cfg.activation_function], resid_dropout=cfg.res_dropout,
+        embed_dropout=cfg.embed_dropout, attention_dropout=cfg.attn_dropout, layer_norm_epsilon=1e-5,
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=cfg.padding_id, tie_word_embeddings=True,
+        architectures=["GPTNeoForCausalLM"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# ours -> HF
+
+
+def hf_state_dict(cfg: GPTConfig, checkpoint: str) -> dict:
+    """numpy arrays under HF keys, read from our checkpoint (a prefix)."""
+    import tensorflow.compat.v1 as tf
+    check_convertible(cfg)
+    reader = tf.train.load_checkpoint(checkpoint)
+    stored = reader.get_variable_to_shape_map()
+    state = {}
+    for name, shape in sorted(model_variable_shapes(cfg).items()):
+        mapped = hf_name(name)
+        if mapped is None:
+            raise ConversionError(f"variable {name} has no GPTNeo equivalent")
+        if name not in stored:
+            raise ConversionError(f"{checkpoint} lacks {name}: is it a checkpoint of this config?")
+        if list(stored[name]) != list(shape):
+            raise ConversionError(f"{name} is {stored[name]} in {checkpoint} but {shape} in the config")
+        value = reader.get_tensor(name).astype(np.float32)
+        key, transpose = mapped
+        state[key] = np.ascontiguousarray(value.T if transpose else value)
+    return state
+
+
+def save_tokenizer(cfg: GPTConfig, out_dir: str) -> Optional[str]:
+    """Writes the config's tokenizer as HF tokenizer files; returns what was written, None if it has none."""
+    dataset = cfg.tokenizer_dataset
+    if dataset is None or not dataset.tokenizer_path:
+        return None
+    from data.tokenizer import EOS_TOKEN, PADDING_TOKEN
+    if dataset.tokenizer_is_pretrained:
+        from transformers import GPT2TokenizerFast
+        tokenizer = GPT2TokenizerFast.from_pretrained(dataset.tokenizer_path, local_files_only=True)
+    else:
+        from tokenizers import Tokenizer
+        from transformers import PreTrainedTokenizerFast
+        backend = Tokenizer.from_file(dataset.tokenizer_path)
+        special = {}
+        if backend.token_to_id(EOS_TOKEN) is not None:
+            special.update(eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, unk_token=EOS_TOKEN)
+        if backend.token_to_id(PADDING_TOKEN) is not None:
+            special["pad_token"] = PADDING_TOKEN
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **special)
+    tokenizer.save_pretrained(out_dir)
+    return dataset.tokenizer_path
+
+
+def to_hf(cfg: GPTConfig, checkpoint: str, out_dir: str) -> str:
+    """Writes config.json, model.safetensors and the tokenizer files of our checkpoint to out_dir."""
+    import tensorflow.compat.v1 as tf
+    import torch
+    from transformers import GPTNeoForCausalLM
+
+    if tf.io.gfile.isdir(checkpoint):
+        found = tf.train.latest_checkpoint(checkpoint)
+        if not found:
+            raise ConversionError(f"no checkpoint in {checkpoint}")
+        checkpoint = found
+    hf_config = hf_config_for(cfg)
+    state = hf_state_dict(cfg, checkpoint)
+    model = GPTNeoForCausalLM(hf_config)
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith((".attn.bias", ".masked_bias"))]
+    if missing or unexpected:
+        raise ConversionError(f"HF GPTNeo expects other weights: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.tie_weights()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    save_tokenizer(cfg, out_dir)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------------------------
+# HF -> ours
+
+
+def config_from_hf(hf_config, base: dict, model_path: str, datasets: Optional[list] = None) -> dict:
+    """Our model config (JSON dict): the base config's settings with the HF model's architecture."""
+    activation = hf_config.activation_function
+    if activation not in FROM_HF_ACTIVATION:
+        raise ConversionError(f"HF activation {activation!r} has no equivalent here (HF 'gelu' is the exact erf "
+                              f"GELU; this model's 'gelu' is the tanh approximation, HF's 'gelu_new')")
+    if hf_config.intermediate_size not in (None, 4 * hf_config.hidden_size):
+        raise ConversionError(f"intermediate_size {hf_config.intermediate_size} is not 4 * hidden_size; this "
+                              f"model's MLP is 4x wide")
+    if abs(hf_config.layer_norm_epsilon - 1e-5) > 1e-12:
+        raise ConversionError(f"layer_norm_epsilon {hf_config.layer_norm_epsilon} is not 1e-5, this model's")
+    unknown = sorted(set(hf_config.attention_layers) - {"global", "local"})
+    if unknown:
+        raise ConversionError(f"attention types {unknown} are not GPTNeo's global/local")
+    raw = dict(base)
+    for key in ("attention_types", "local_attention_radius", "window_size", "n_heads"):
+        raw.pop(key, None)
+    raw.update(
+        n_layer=hf_config.num_layers, n_embd=hf_config.hidden_size, n_head=hf_config.num_heads,
+        n_vocab=hf_config.vocab_size, n_ctx=hf_config.max_position_embeddings,
+        attention_types=compact_attention_types(hf_config.attention_layers),
+        local_attention_radius=hf_config.window_size, activation_function=FROM_HF_ACTIVATION[activation],
+        embed_dropout=hf_config.embed_dropout, attn_dropout=hf_config.attention_dropout,
+        res_dropout=hf_config.resid_dropout, model_path=model_path)
+    if datasets is not None:
+        raw["datasets"] = datasets
+    if hf_config.eos_token_id is not None:
+        raw["eos_id"] = hf_config.eos_token_id
+    return raw
+
+
+def register_tokenizer_dataset(hf_dir: str, dataset_id: str, data_path: str, eval_path: Optional[str],
+                               registry: str) -> str:
+    """Writes registry/<id>.json: the HF folder's tokenizer (as a pretrained GPT-2 style tokenizer) and data."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    entry = {"n_vocab": len(tokenizer), "path": os.path.abspath(data_path), "tokenizer_is_pretrained": True,
+             "tokenizer_path": os.path.abspath(hf_dir)}
+    if eval_path:
+        entry["eval_path"] = os.path.abspath(eval_path)
+    if tokenizer.eos_token_id is not None:
+        entry["eos_id"] = tokenizer.eos_token_id
+    if tokenizer.pad_token_id is not None:
+        entry["padding_id"] = tokenizer.pad_token_id
+    os.makedirs(registry, exist_ok=True)
+    path = os.path.join(registry, dataset_id + ".json")
+    with open(path, "w") as f:
+        json.dump(entry, f, indent=2)
+    return path
+
+
+def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
+    """Builds the training graph of cfg, sets the model weights from `state` (our names -> arrays) and saves
+    model.ckpt-0 in cfg.model_path with every variable training restores."""
+    import tensorflow.compat.v1 as tf
+    from engine.estimator import TRAIN, Placement, make_model_fn
+
+    shapes = model_variable_shapes(cfg)
+    missing = sorted(set(shapes) - set(state))
+    if missing:
+        raise ConversionError(f"no weights for {missing[:3]}{' ...' if len(missing) > 3 else ''}")
+    one_device = cfg.replace(mesh_shape="all:1", layout="", train_batch_size=1)
+    graph = tf.Graph()
+    with graph.as_default():
+        zeros = tf.zeros([1, cfg.n_ctx], tf.int32)
+        make_model_fn(one_device, Placement(devices=("",)), log_every=10 ** 9)(zeros, zeros, TRAIN, {"batch_size": 1})
+        variables = {v.op.name: v for v in tf.global_variables()}
+        saver = tf.train.Saver(list(variables.values()), sharded=True, save_relative_paths=True)
+        with tf.Session() as session:
+            session.run(tf.global_variables_initializer())
+            for name, value in state.items():
+                if name not in variables:
+                    raise ConversionError(f"the training graph has no variable {name}")
+                if list(value.shape) != variables[name].shape.as_list():
+                    raise ConversionError(f"{name} is {list(value.shape)} in the HF model but "
+                                          f"{variables[name].shape.as_list()} here")
+                variables[name].load(value, session)
+            os.makedirs(cfg.model_path, exist_ok=True)
+            return saver.save(session, os.path.join(cfg.model_path, "model.ckpt"), global_step=0)
+
+
+def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "default",
+            datasets: Optional[list] = None) -> tuple[GPTConfig, str]:
+    """HF folder -> our config JSON at config_out and a step-0 checkpoint in model_path."""
+    import tensorflow.compat.v1 as tf
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+    from models.config import _read_json, resolve_config_path
+
+    if tf.train.latest_checkpoint(model_path) if os.path.isdir(model_path) else False:
+        raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
+    hf_config = GPTNeoConfig.from_pretrained(hf_dir, local_files_only=True)
+    base = _read_json(resolve_config_path(base_config), "base config")
+    raw = config_from_hf(hf_config, base, model_path, datasets)
+    os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
+    with open(config_out, "w") as f:
+        json.dump(raw, f, indent=2)
+    cfg = load_config(config_out)
+    model = GPTNeoForCausalLM.from_pretrained(hf_dir, local_files_only=True)
+    hf_state = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
+    if not np.array_equal(hf_state["lm_head.weight"], hf_state["transformer.wte.weight"]):
+        raise ConversionError("the HF model's lm_head is not tied to wte; this model always ties them")
+    state = {}
+    for name in model_variable_shapes(cfg):
+        mapped = hf_name(name)
+        if mapped is None or mapped[0] not in hf_state:
+            raise ConversionError(f"variable {name} has no weight in the HF model")
+        key, transpose = mapped
+        state[name] = np.ascontiguousarray(hf_state[key].T if transpose else hf_state[key])
+    return cfg, write_checkpoint(cfg, state)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLI
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    out = sub.add_parser("to_hf", help="our checkpoint -> a GPTNeoForCausalLM folder")
+    out.add_argument("--model", required=True, help="config name in configs/ or a path to a .json")
+    out.add_argument("--checkpoint", help="checkpoint prefix or folder (default: the config's model_path)")
+    out.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
+    into = sub.add_parser("from_hf", help="a GPTNeoForCausalLM folder -> our config and checkpoint")
+    into.add_argument("hf_dir", help="folder with config.json and the weights (e.g. a downloaded EleutherAI model)")
+    into.add_argument("--config", required=True, help="path of the model config JSON to write")
+    into.add_argument("--model_path", required=True, help="empty folder for the checkpoint (the config's model_path)")
+    into.add_argument("--base_config", default="default",
+                      help="config whose training settings, datasets and mesh to keep (default: default)")
+    into.add_argument("--dataset", action="append", metavar="ID",
+                      help="train on this registered dataset id instead of the base config's (repeatable)")
+    into.add_argument("--tokenizer_dataset", metavar="ID",
+                      help="register dataset ID whose tokenizer is the HF folder's (needs --data_path); it becomes "
+                           "the config's last dataset, so --predict uses that tokenizer")
+    into.add_argument("--data_path", help="tfrecords glob of --tokenizer_dataset")
+    into.add_argument("--eval_path", help="eval tfrecords glob of --tokenizer_dataset")
+    args = p.parse_args(argv)
+
+    import tensorflow.compat.v1 as tf
+    tf.get_logger().setLevel("ERROR")
+    try:
+        if args.command == "to_hf":
+            cfg = load_config(args.model)
+            path = to_hf(cfg, args.checkpoint or cfg.model_path, args.out)
+            print(f"wrote GPTNeoForCausalLM folder {path}")
+            return 0
+        datasets = [[d] for d in args.dataset] if args.dataset else None
+        if args.tokenizer_dataset:
+            if not args.data_path:
+                raise ConversionError("--tokenizer_dataset needs --data_path (the tfrecords it registers)")
+            beside = os.path.join(os.path.dirname(os.path.abspath(args.config)), "dataset_configs")
+            from models.config import DATASET_CONFIG_DIR
+            registry = beside if os.path.isdir(beside) else DATASET_CONFIG_DIR
+            written = register_tokenizer_dataset(args.hf_dir, args.tokenizer_dataset, args.data_path,
+                                                 args.eval_path, registry)
+            print(f"registered dataset {args.tokenizer_dataset} at {written}")
+            datasets = (datasets or []) + [[args.tokenizer_dataset]]
+        cfg, checkpoint = from_hf(args.hf_dir, args.config, args.model_path, args.base_config, datasets)
+        print(f"wrote config {args.config} and checkpoint {checkpoint}: train with python main.py --model "
+              f"{args.config}")
+        return 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
