@@ -404,19 +404,24 @@ def _process_groups_in_pool(pending_groups, tokenizer, settings, output_dir, pro
 
     Results come back in group order, so the summary and any error are deterministic.
     """
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # processes already use the cores
     context = multiprocessing.get_context("fork")
     in_flight: list = []
-    with context.Pool(processes, _initialise_worker, (tokenizer.path, tokenizer.pretrained, settings, output_dir)) as pool:
-        for item in pending_groups:
-            if isinstance(item, Summary):
-                in_flight.append(item)
-            else:
-                in_flight.append(pool.apply_async(_work_on_group, (item,)))
-            while len([job for job in in_flight if not isinstance(job, Summary)]) > 2 * processes or (in_flight and isinstance(in_flight[0], Summary)):
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers inherit it: processes already use the cores
+    try:
+        with context.Pool(processes, _initialise_worker, (tokenizer.path, tokenizer.pretrained, settings, output_dir)) as pool:
+            for item in pending_groups:
+                if isinstance(item, Summary):
+                    in_flight.append(item)
+                else:
+                    in_flight.append(pool.apply_async(_work_on_group, (item,)))
+                while len([job for job in in_flight if not isinstance(job, Summary)]) > 2 * processes or (in_flight and isinstance(in_flight[0], Summary)):
+                    yield _result(in_flight.pop(0))
+            while in_flight:
                 yield _result(in_flight.pop(0))
-        while in_flight:
-            yield _result(in_flight.pop(0))
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)  # later in-process encoding may use the Rust threads again
 
 
 def _result(job) -> Summary:
@@ -452,17 +457,24 @@ def write_dataset_config(
     """Write or update ``config_dir/{dataset_id}.json`` so a model config can name this dataset.
 
     ``split`` says whether these files are the training data (``path``) or the evaluation
-    data (``eval_path``). Both keys are always present: until the other split is written it
-    points at the same files, and a note says so. Refuses to mix splits encoded with
-    different tokenizers. Returns the config's path.
+    data (``eval_path``). Only that key is set; the other keeps its previous value, or is
+    ``null`` until its split is written (a null ``eval_path`` means: no evaluation data; a
+    null ``path``: nothing to train on yet). The file holds only the keys that
+    ``models.config.load_dataset_config`` accepts. Relative paths are written relative to the
+    folder that holds ``configs/``, which is what the loader resolves them against. Refuses
+    to mix splits encoded with different tokenizers, and train and eval globs that match the
+    same files. Returns the config's path.
     """
     if split not in ("train", "eval"):
         raise DataError(f"split must be train or eval, got {split!r}")
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", dataset_id or ""):
-        raise DataError(f"dataset config id must be a plain name (letters, digits, _ . -), got {dataset_id!r}")
+    _check_dataset_id(dataset_id)
     config_path = os.path.join(config_dir, f"{dataset_id}.json")
-    files_glob = _portable_path(os.path.join(output_dir, f"{name}_*.tfrecords"))
-    tokenizer_path = _portable_path(tokenizer.path) if (not tokenizer.pretrained or os.path.isdir(tokenizer.path)) else tokenizer.path
+    base = _config_base(config_dir)
+    files_glob = _portable_path(os.path.join(output_dir, f"{name}_*.tfrecords"), base)
+    if tokenizer.pretrained:  # a hub name, or a folder; the loader does not resolve pretrained paths, so keep folders absolute
+        tokenizer_path = os.path.abspath(tokenizer.path) if os.path.isdir(tokenizer.path) else tokenizer.path
+    else:
+        tokenizer_path = _portable_path(tokenizer.path, base)
     config = {
         "n_vocab": tokenizer.vocab_size,
         "path": None,
@@ -472,34 +484,72 @@ def write_dataset_config(
         "eos_id": tokenizer.eos_id,
         "padding_id": tokenizer.padding_id,
     }
-    previous_placeholders: list = []
     if os.path.exists(config_path):
-        with open(config_path, encoding="utf-8") as handle:
-            previous = json.load(handle)
+        previous = _read_previous_config(config_path)
         same_tokenizer = all(previous.get(key) == config[key] for key in ("n_vocab", "tokenizer_path", "tokenizer_is_pretrained"))
         if not same_tokenizer:
             raise DataError(f"{config_path} was written for tokenizer {previous.get('tokenizer_path')!r}; delete it or pass another --write_dataset_config id")
         config["path"], config["eval_path"] = previous.get("path"), previous.get("eval_path")
-        previous_placeholders = previous.get("_placeholders", [])
+        for echo in previous.get("_placeholders", []):  # written by an earlier version: a key echoing the other split
+            if echo in ("path", "eval_path"):
+                config[echo] = None
     key, other = ("path", "eval_path") if split == "train" else ("eval_path", "path")
-    placeholders = [k for k in previous_placeholders if k != key]
     config[key] = files_glob
-    if not config[other] or other in placeholders:
-        config[other] = files_glob
-        placeholders = [other]
-        print(f"note: {config_path}: {other} = {key} until the {'eval' if other == 'eval_path' else 'train'} split is written", file=sys.stderr)
-    if placeholders:
-        config["_placeholders"] = placeholders  # keys that only echo the other split, to be replaced
+    if config[other]:
+        _check_splits_do_not_overlap(config, base, config_path)
+    else:
+        config[other] = None
+        consequence = "training evaluates nothing and --eval has no data" if other == "eval_path" else "there is nothing to train on"
+        print(f"note: {config_path}: {other} is null until the {'eval' if split == 'train' else 'train'} split is written "
+              f"(--split {'eval' if split == 'train' else 'train'}); until then {consequence}", file=sys.stderr)
     os.makedirs(config_dir, exist_ok=True)
     _write_json_atomically(config_path, config)
     return config_path
 
 
-def _portable_path(path: str) -> str:
-    """Paths inside the repository are stored relative to its root (where main.py runs)."""
+def _check_dataset_id(dataset_id: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", dataset_id or ""):
+        raise DataError(f"dataset config id must be a plain name (letters, digits, _ . -), got {dataset_id!r}")
+
+
+def _read_previous_config(config_path: str) -> dict:
+    try:
+        with open(config_path, encoding="utf-8") as handle:
+            previous = json.load(handle)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{config_path} is not valid JSON ({exc.msg} at line {exc.lineno}); fix or delete it") from exc
+    if not isinstance(previous, dict):
+        raise DataError(f"{config_path} must hold a JSON object; fix or delete it")
+    return previous
+
+
+def _config_base(config_dir: str) -> str:
+    """The folder relative paths in a dataset config are resolved against: the one holding ``configs/``."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(config_dir)))
+
+
+def _resolve(path: str, base: str) -> str:
+    return path if os.path.isabs(path) or "://" in path else os.path.join(base, path)
+
+
+def _check_splits_do_not_overlap(config: dict, base: str, config_path: str) -> None:
+    """Train and eval globs must not share files (e.g. ``x_*`` also matches ``x_eval_*`` in one folder)."""
+    import glob as globlib
+
+    train = set(globlib.glob(_resolve(config["path"], base)))
+    shared = sorted(train.intersection(globlib.glob(_resolve(config["eval_path"], base))))
+    if shared:
+        raise DataError(
+            f"{config_path}: path {config['path']!r} and eval_path {config['eval_path']!r} both match {len(shared)} files "
+            f"(e.g. {shared[0]}): keep each split in its own --output_dir (move those files there and rerun)"
+        )
+
+
+def _portable_path(path: str, base: str = REPO_ROOT) -> str:
+    """Paths under ``base`` are stored relative to it (see ``_config_base``), others absolute."""
     absolute = os.path.abspath(path)
-    if absolute == REPO_ROOT or absolute.startswith(REPO_ROOT + os.sep):
-        return os.path.relpath(absolute, REPO_ROOT)
+    if absolute == base or absolute.startswith(base.rstrip(os.sep) + os.sep):
+        return os.path.relpath(absolute, base)
     return absolute
 
 
@@ -522,7 +572,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--n_ctx", type=int, default=2048, help="chunks mode: windows hold n_ctx + 1 tokens")
     parser.add_argument("--write_dataset_config", metavar="ID", default=None, help="also write configs/dataset_configs/ID.json describing the output")
     parser.add_argument("--split", choices=("train", "eval"), default="train", help="with --write_dataset_config: these files are the config's path (train) or eval_path (eval)")
-    parser.add_argument("--dataset_config_dir", default=DEFAULT_DATASET_CONFIG_DIR, help=argparse.SUPPRESS)
+    parser.add_argument("--dataset_config_dir", metavar="DIR", default=DEFAULT_DATASET_CONFIG_DIR, help="with --write_dataset_config: the folder to write ID.json into (default: configs/dataset_configs of this repository)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -544,6 +594,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TF start-up chatter (CUDA probing) would bury the progress bar; failures still raise
     try:
+        if args.write_dataset_config is not None:
+            _check_dataset_id(args.write_dataset_config)  # before the work, not after it
         summary = create_tfrecords(
             input_dir=args.input_dir, output_dir=args.output_dir, name=args.name, mode=args.mode,
             encoder_path=args.encoder_path, use_gpt2_tokenizer=args.use_gpt2_tokenizer,
@@ -552,7 +604,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             n_ctx=args.n_ctx, glob=args.glob, show_progress=not args.quiet,
         )
         print(summary.line())
-        if args.write_dataset_config:
+        if args.write_dataset_config is not None:
             tokenizer = _load_chosen_tokenizer(args.encoder_path, args.use_gpt2_tokenizer, args.gpt2_tokenizer_path)
             path = write_dataset_config(args.write_dataset_config, args.output_dir, args.name, tokenizer, args.split, args.dataset_config_dir)
             print(f"wrote {path}")

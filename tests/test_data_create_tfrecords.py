@@ -208,22 +208,141 @@ def test_cli_success_writes_dataset_config_with_both_paths(tmp_path, capsys):
     write_txt_folder(tmp_path / "train", [3, 4, 5])
     write_txt_folder(tmp_path / "eval", [6])
     common = ["--encoder_path", TOKENIZER_PATH, "--minimum_size", "1", "--quiet", "--write_dataset_config", "tiny",
-              "--dataset_config_dir", str(tmp_path / "configs")]
+              "--dataset_config_dir", str(tmp_path / "configs" / "dataset_configs")]
     assert ct.main(["--input_dir", str(tmp_path / "train"), "--name", "tiny", "--output_dir", str(tmp_path / "t")] + common) == 0
     assert "documents read 3 / discarded (too short) 0 / undecodable 0 / written 3" in capsys.readouterr().out
     assert ct.main(["--input_dir", str(tmp_path / "eval"), "--name", "tiny_eval", "--output_dir", str(tmp_path / "e"), "--split", "eval"] + common) == 0
-    config = json.loads((tmp_path / "configs" / "tiny.json").read_text())
-    assert config.pop("_placeholders", []) == []
-    assert config == {
+    config = json.loads((tmp_path / "configs" / "dataset_configs" / "tiny.json").read_text())
+    assert config == {  # paths relative to the folder holding configs/, as models/config.py resolves them
         "n_vocab": TOKENIZER.vocab_size,
-        "path": str(tmp_path / "t" / "tiny_*.tfrecords"),
-        "eval_path": str(tmp_path / "e" / "tiny_eval_*.tfrecords"),
+        "path": os.path.join("t", "tiny_*.tfrecords"),
+        "eval_path": os.path.join("e", "tiny_eval_*.tfrecords"),
         "tokenizer_is_pretrained": False,
-        "tokenizer_path": os.path.join("data", "tokenizers", "stdlib-bpe-4096.json"),
+        "tokenizer_path": TOKENIZER_PATH,  # outside the folder holding configs/: absolute
         "eos_id": TOKENIZER.eos_id,
         "padding_id": TOKENIZER.padding_id,
     }
-    assert tf.io.gfile.glob(config["path"]) and tf.io.gfile.glob(config["eval_path"])
+    dataset = loaded("tiny", tmp_path / "configs" / "dataset_configs")
+    assert tf.io.gfile.glob(dataset.path) and tf.io.gfile.glob(dataset.eval_path)
+
+
+def write_split(tmp_path, split, name, registry, dataset_id="ds"):
+    """Encode a small split into tmp_path/name and register it under ``dataset_id``; returns its glob."""
+    folder = tmp_path / f"{name}_text"
+    if not folder.exists():
+        write_txt_folder(folder, [3, 4])
+    run(folder, tmp_path / name, name=name)
+    ct.write_dataset_config(dataset_id, str(tmp_path / name), name, TOKENIZER, split, str(registry))
+    return str(tmp_path / name / f"{name}_*.tfrecords")
+
+
+def loaded(dataset_id, registry):
+    from models.config import load_dataset_config
+    return load_dataset_config(dataset_id, str(registry))
+
+
+def test_dataset_config_train_then_eval_keeps_the_train_path_and_loads(tmp_path, capsys):
+    """The bug: train then --split eval left path = the eval glob. And every written config must load."""
+    registry = tmp_path / "configs" / "dataset_configs"
+    train = write_split(tmp_path, "train", "stdlib", registry)
+    assert "eval_path is null until the eval split is written" in capsys.readouterr().err
+    after_train = loaded("ds", registry)
+    assert (after_train.path, after_train.eval_path) == (train, None)
+    evaluation = write_split(tmp_path, "eval", "stdlib_eval", registry)
+    after_eval = loaded("ds", registry)
+    assert (after_eval.path, after_eval.eval_path) == (train, evaluation)
+    write_split(tmp_path, "train", "stdlib", registry)  # a rerun of the train split keeps the eval split
+    assert (loaded("ds", registry).path, loaded("ds", registry).eval_path) == (train, evaluation)
+    assert set(json.loads((registry / "ds.json").read_text())) == {
+        "n_vocab", "path", "eval_path", "tokenizer_is_pretrained", "tokenizer_path", "eos_id", "padding_id"}
+    assert loaded("ds", registry).tokenizer_path == TOKENIZER_PATH and os.path.isfile(loaded("ds", registry).tokenizer_path)
+
+
+def test_dataset_config_eval_then_train(tmp_path):
+    registry = tmp_path / "configs" / "dataset_configs"
+    evaluation = write_split(tmp_path, "eval", "held_out", registry)
+    assert (loaded("ds", registry).path, loaded("ds", registry).eval_path) == (None, evaluation)
+    train = write_split(tmp_path, "train", "main", registry)
+    assert (loaded("ds", registry).path, loaded("ds", registry).eval_path) == (train, evaluation)
+
+
+def test_dataset_config_paths_are_relative_to_the_folder_holding_configs(tmp_path):
+    project = tmp_path / "project"
+    registry = project / "configs" / "dataset_configs"
+    write_txt_folder(tmp_path / "in", [3])
+    run(tmp_path / "in", project / "data" / "x", name="x")
+    ct.write_dataset_config("x", str(project / "data" / "x"), "x", TOKENIZER, "train", str(registry))
+    written = json.loads((registry / "x.json").read_text())
+    assert written["path"] == os.path.join("data", "x", "x_*.tfrecords")
+    assert written["tokenizer_path"] == TOKENIZER_PATH  # not under project/: absolute
+    assert tf.io.gfile.glob(loaded("x", registry).path)
+    # for the repository's own configs/dataset_configs the base is the repository root
+    assert ct._config_base(ct.DEFAULT_DATASET_CONFIG_DIR) == REPO
+    assert ct._portable_path(TOKENIZER_PATH, REPO) == os.path.join("data", "tokenizers", "stdlib-bpe-4096.json")
+
+
+def test_dataset_config_from_an_earlier_version_with_placeholders_is_repaired(tmp_path):
+    registry = tmp_path / "configs" / "dataset_configs"
+    train = write_split(tmp_path, "train", "a", registry)
+    config = json.loads((registry / "ds.json").read_text())
+    config.update(eval_path=config["path"], _placeholders=["eval_path"])
+    (registry / "ds.json").write_text(json.dumps(config))
+    evaluation = write_split(tmp_path, "eval", "a_eval", registry)
+    assert (loaded("ds", registry).path, loaded("ds", registry).eval_path) == (train, evaluation)
+
+
+def test_dataset_config_refuses_train_and_eval_globs_sharing_files(tmp_path):
+    registry = tmp_path / "configs" / "dataset_configs"
+    write_txt_folder(tmp_path / "in", [3, 4])
+    run(tmp_path / "in", tmp_path / "out", name="x")
+    ct.write_dataset_config("ds", str(tmp_path / "out"), "x", TOKENIZER, "train", str(registry))
+    run(tmp_path / "in", tmp_path / "out", name="x_eval")  # same folder: x_*.tfrecords matches x_eval_* too
+    before = (registry / "ds.json").read_text()
+    with pytest.raises(DataError, match="both match 1 files .*own --output_dir") as error:
+        ct.write_dataset_config("ds", str(tmp_path / "out"), "x_eval", TOKENIZER, "eval", str(registry))
+    assert "\n" not in str(error.value) and (registry / "ds.json").read_text() == before
+
+
+def test_dataset_config_refuses_another_tokenizer(tmp_path, monkeypatch):
+    registry = tmp_path / "configs" / "dataset_configs"
+    write_split(tmp_path, "train", "a", registry)
+    other = tmp_path / "other.json"
+    other.write_text(open(TOKENIZER_PATH).read())
+    with pytest.raises(DataError, match="was written for tokenizer"):
+        ct.write_dataset_config("ds", str(tmp_path / "a"), "a", load_tokenizer(str(other)), "eval", str(registry))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing_folder", "input folder not found"),
+    ("empty_folder", "input folder is empty"),
+    ("glob_matches_nothing", "matched no files"),
+    ("all_too_short", "shorter than --minimum_size"),
+    ("all_undecodable", "undecodable"),
+    ("missing_tokenizer", "tokenizer file not found"),
+    ("bad_dataset_id", "dataset config id must be a plain name"),
+    ("bad_separator", "--separator must be a non-empty JSON list"),
+])
+def test_cli_bad_input_exits_1_with_one_line_and_writes_nothing(tmp_path, capsys, case, message):
+    folder = tmp_path / "in"
+    args = ["--input_dir", str(folder), "--name", "x", "--output_dir", str(tmp_path / "out"), "--encoder_path", TOKENIZER_PATH,
+            "--minimum_size", "1", "--quiet", "--write_dataset_config", "x", "--dataset_config_dir", str(tmp_path / "configs")]
+    if case != "missing_folder":
+        folder.mkdir()
+    if case in ("glob_matches_nothing", "all_too_short", "missing_tokenizer", "bad_dataset_id", "bad_separator"):
+        write_txt_folder(folder, [1, 2])
+    extra = {
+        "glob_matches_nothing": ["--glob", "*.jsonl"], "all_too_short": ["--minimum_size", "10000"],
+        "missing_tokenizer": ["--encoder_path", str(tmp_path / "nope.json")], "bad_dataset_id": ["--write_dataset_config", "../x"],
+        "bad_separator": ["--separator", "0"],
+    }.get(case, [])
+    if case == "all_undecodable":
+        (folder / "a.txt").write_bytes(b"\xff\xfe bad \xc3")
+    code = ct.main(args + extra)
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], captured.err
+    assert_no_output(tmp_path / "out")
+    assert not os.path.exists(tmp_path / "configs")
 
 
 def test_cli_error_is_one_line_and_exit_code_1(tmp_path, capsys):
