@@ -72,6 +72,13 @@ def main(argv=None) -> int:
     except (ConfigError, DeviceError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except tf.errors.InvalidArgumentError as e:  # bad data found while training reads it: one line, not a traceback
+        from data.inputs import pipeline_error
+        error = pipeline_error(e)
+        if error is None:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130
@@ -163,7 +170,7 @@ def train(cfg, placement, args) -> int:
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
 
         def input_fn(params, first=step):
-            return train_dataset(sources, cfg.n_ctx, params["batch_size"], cfg.seed, start_step=first)
+            return train_dataset(sources, cfg.n_ctx, params["batch_size"], cfg.seed, start_step=first, n_vocab=cfg.n_vocab)
 
         estimator.train(input_fn, max_steps=target)
         step = target
@@ -183,7 +190,7 @@ def report_eval(estimator, cfg) -> dict:
         raise ConfigError("no eval_path: set it in the dataset config to evaluate")
     available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
     steps = min(cfg.eval_steps or available, available)
-    results = estimator.evaluate(lambda params: eval_dataset(path, cfg.n_ctx, params["batch_size"]), steps=steps)
+    results = estimator.evaluate(lambda params: eval_dataset(path, cfg.n_ctx, params["batch_size"], n_vocab=cfg.n_vocab), steps=steps)
     loss = float(results["loss"])
     print(f"eval at step {int(results['global_step'])}: loss {loss:.4f} | perplexity {math.exp(min(loss, 50)):.2f} "
           f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
@@ -266,7 +273,7 @@ def check_dataset(cfg) -> int:
                 failures.append(f"{ds.id} ({kind}) has token id {top} >= its registered n_vocab {ds.n_vocab}: "
                                 f"fix n_vocab in its dataset config to the tokenizer's size")
         if ds.tokenizer_path:
-            sample = first_tokens(ds.path, 64)
+            sample = first_tokens(ds.path or ds.eval_path, 64)
             print(f"{ds.id} decoded sample: {tokenizer_for_dataset(ds).decode(sample)!r}")
     if failures:
         raise DataError("; ".join(failures))

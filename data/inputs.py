@@ -228,17 +228,21 @@ def _larger(current, value):
 
 # ----------------------------------------------------------------------------- training data
 
-def train_dataset(sources: list[DatasetSource], n_ctx: int, batch_size: int, seed: int, start_step: int = 0) -> tf.data.Dataset:
+def train_dataset(sources: list[DatasetSource], n_ctx: int, batch_size: int, seed: int, start_step: int = 0,
+                  n_vocab: Optional[int] = None) -> tf.data.Dataset:
     """Infinite batches of (inputs, labels), int32 [batch_size, n_ctx], labels = inputs shifted by one.
 
     The same arguments always give the same batches, and ``start_step=s`` gives exactly the
-    batches an uninterrupted run gives from batch ``s`` on.
+    batches an uninterrupted run gives from batch ``s`` on. With ``n_vocab`` (the model's),
+    a token id outside [0, n_vocab) is an error (at build time if the first documents show
+    one, else when its batch is read: see ``pipeline_error``) instead of a silent wrong
+    embedding lookup.
     """
     _check_train_arguments(sources, n_ctx, batch_size, seed, start_step)
     window = n_ctx + 1
     tables = [_list_files(source.path) for source in sources]
     for source, table in zip(sources, tables):
-        _check_lengths_early(source, table, window)
+        _check_first_documents(source, table, window, n_vocab)
     first_example = start_step * batch_size
     examples_before = _examples_taken_per_source(sources, seed, first_example)
     streams = [
@@ -251,7 +255,7 @@ def train_dataset(sources: list[DatasetSource], n_ctx: int, batch_size: int, see
         thresholds = _choice_thresholds(sources)
         choices = tf.data.Dataset.range(first_example, _FOREVER).map(lambda j: _choose_source_tf(seed, j, thresholds))
         windows = tf.data.Dataset.choose_from_datasets(streams, choices)
-    return _to_batches(windows, batch_size, n_ctx)
+    return _to_batches(windows, batch_size, n_ctx, n_vocab, ", ".join(source.path for source in sources))
 
 
 def _check_train_arguments(sources, n_ctx, batch_size, seed, start_step) -> None:
@@ -270,15 +274,21 @@ def _check_train_arguments(sources, n_ctx, batch_size, seed, start_step) -> None
             raise DataError(f"dataset weight must be > 0 for {source.path}, got {source.weight!r}")
 
 
-def _check_lengths_early(source: DatasetSource, table: _FileTable, window: int) -> None:
-    """Refuse settings that cannot give full windows, judged from the first documents.
+def _check_first_documents(source: DatasetSource, table: _FileTable, window: int, n_vocab: Optional[int]) -> None:
+    """Refuse settings that cannot give full windows, and ids beyond n_vocab, judged from the first documents.
 
-    The graph also asserts every window's length, but an error at build time, naming the
+    The graph also asserts both for every window, but an error at build time, naming the
     fix, is far kinder than one after the model has been compiled.
     """
     first_file = next(path for path, count in zip(table.paths, table.counts) if count)
-    lengths = [len(_record_tokens(record, first_file)) for record in _iterate_records(first_file, SAMPLE_DOCUMENTS_FOR_CHECKS)]
-    shortest = min(lengths)
+    documents = [_record_tokens(record, first_file) for record in _iterate_records(first_file, SAMPLE_DOCUMENTS_FOR_CHECKS)]
+    if n_vocab is not None:
+        ids = [token for tokens in documents for token in tokens]
+        if ids and not 0 <= min(ids) <= max(ids) < n_vocab:
+            bad = max(ids) if max(ids) >= n_vocab else min(ids)
+            raise DataError(f"{first_file} holds token id {bad}, outside the model's vocabulary (0 <= id < n_vocab = {n_vocab}): "
+                            f"it was encoded with another tokenizer; raise n_vocab or re-encode the data")
+    shortest = min(len(tokens) for tokens in documents)
     if source.sampling_mode == "chunks":
         if shortest < window:
             raise DataError(f"{first_file} holds chunks of {shortest} tokens but n_ctx+1 = {window} are needed; recreate it with --mode chunks --n_ctx {window - 1}")
@@ -388,11 +398,31 @@ def _parse_tokens(record: tf.Tensor) -> tf.Tensor:
     return parsed["text"].values
 
 
+PIPELINE_ERROR_TAG = "input pipeline: "  # starts the message of every assertion the graph makes on the data
+
+
+def pipeline_error(error: tf.errors.OpError) -> Optional[DataError]:
+    """The DataError behind an in-graph assertion of this pipeline, or None if ``error`` is another failure.
+
+    Problems found while training reads the data (a short stitched group, a token id beyond
+    n_vocab) surface from ``Estimator.train`` as InvalidArgumentError with TF's long message;
+    callers turn them back into the one-line error the user should see.
+    """
+    message = error.message or ""
+    if PIPELINE_ERROR_TAG not in message:
+        return None
+    text = message[message.index(PIPELINE_ERROR_TAG) + len(PIPELINE_ERROR_TAG):]
+    for end in ("] [", "]\n", "\n"):  # TF's assert message is "assertion failed: [ours] [Condition ...] ..."
+        if end in text:
+            text = text[:text.index(end)]
+    return DataError(text.rstrip("]").replace("\\'", "'").strip())
+
+
 def _assert_long_enough(tokens: tf.Tensor, window: int, source: DatasetSource) -> tf.Tensor:
     what = "a chunk" if source.sampling_mode == "chunks" else f"a stitched group of {source.stitch} documents"
     return tf.debugging.assert_greater_equal(
         tf.size(tokens, out_type=tf.int64), tf.constant(window, tf.int64),
-        message=f"{what} from {source.path} has fewer than n_ctx+1 = {window} tokens; raise stitch or recreate the tfrecords with a larger --minimum_size",
+        message=f"{PIPELINE_ERROR_TAG}{what} from {source.path} has fewer than n_ctx+1 = {window} tokens; raise stitch or recreate the tfrecords with a larger --minimum_size",
     )
 
 
@@ -411,8 +441,14 @@ def _window_of_group(tokens, group_index, window, seed, tag, random_offset, sour
         return tf.ensure_shape(tokens[offset:offset + window], [window])
 
 
-def _to_batches(windows: tf.data.Dataset, batch_size: int, n_ctx: int) -> tf.data.Dataset:
+def _to_batches(windows: tf.data.Dataset, batch_size: int, n_ctx: int, n_vocab: Optional[int], what: str) -> tf.data.Dataset:
     def split(batch):
+        if n_vocab is not None:
+            in_range = tf.logical_and(tf.reduce_min(batch) >= 0, tf.reduce_max(batch) < n_vocab)
+            message = (f"{PIPELINE_ERROR_TAG}a batch from {what} holds a token id outside the model's vocabulary "
+                       f"(0 <= id < n_vocab = {n_vocab}): the data was encoded with another tokenizer; raise n_vocab or re-encode the data")
+            with tf.control_dependencies([tf.debugging.Assert(in_range, [message])]):
+                batch = tf.identity(batch)
         batch = tf.cast(batch, tf.int32)
         return tf.ensure_shape(batch[:, :-1], [batch_size, n_ctx]), tf.ensure_shape(batch[:, 1:], [batch_size, n_ctx])
 
@@ -421,11 +457,11 @@ def _to_batches(windows: tf.data.Dataset, batch_size: int, n_ctx: int) -> tf.dat
 
 # ----------------------------------------------------------------------------- evaluation data
 
-def eval_dataset(path: str, n_ctx: int, batch_size: int) -> tf.data.Dataset:
+def eval_dataset(path: str, n_ctx: int, batch_size: int, n_vocab: Optional[int] = None) -> tf.data.Dataset:
     """Finite, ordered batches: all documents stitched in file order, cut into n_ctx+1 windows.
 
     The last partial window and partial batch are dropped (static shapes); DataError if the
-    data cannot fill a single batch.
+    data cannot fill a single batch. ``n_vocab`` checks token ids as in ``train_dataset``.
     """
     batches = eval_batches(path, n_ctx, batch_size)
     if batches == 0:
@@ -441,7 +477,7 @@ def eval_dataset(path: str, n_ctx: int, batch_size: int) -> tf.data.Dataset:
         return stream[complete:], tf.reshape(stream[:complete], [-1, window])
 
     windows = documents.scan(tf.zeros([0], tf.int64), cut).unbatch()
-    return _to_batches(windows, batch_size, n_ctx)
+    return _to_batches(windows, batch_size, n_ctx, n_vocab, path)
 
 
 def eval_batches(path: str, n_ctx: int, batch_size: int) -> int:

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from data.create_tfrecords import output_file_name
 from data.errors import DataError
-from data.inputs import DatasetSource, eval_batches, eval_dataset, token_stats, train_dataset
+from data.inputs import DatasetSource, eval_batches, eval_dataset, pipeline_error, token_stats, train_dataset
 
 POSITIONS = 1000  # token = base + document * POSITIONS + position: every token says where it came from
 
@@ -214,3 +214,29 @@ def test_a_short_group_found_later_stops_training_instead_of_a_short_window(tmp_
 def test_bad_source_settings(source, message):
     with pytest.raises(DataError, match=message):
         train_dataset([source], 8, 2, 0)
+
+
+def test_token_ids_beyond_n_vocab_are_refused_at_build_time(documents_glob):
+    path, _ = documents_glob
+    with pytest.raises(DataError, match="holds token id .* outside the model's vocabulary \\(0 <= id < n_vocab = 100\\)") as error:
+        train_dataset([DatasetSource(path, 2, "documents_random")], 8, 2, 0, n_vocab=100)
+    assert "\n" not in str(error.value)
+    largest = token_stats(path)["max_token_id"]
+    take(train_dataset([DatasetSource(path, 2, "documents_random")], 8, 2, 0, n_vocab=largest + 1), 3)  # in range: fine
+
+
+def test_token_ids_beyond_n_vocab_found_later_become_one_line_data_errors(tmp_path):
+    """Past the documents the build-time check reads, the graph asserts; pipeline_error gives the one line back."""
+    in_range = [[1 + (d + p) % 50 for p in range(12)] for d in range(256)]
+    path = write_files(str(tmp_path), "late", in_range + [[1] * 11 + [77]] * 256, 256)
+    sources = [DatasetSource(path, 1, "documents_fixed")]
+    for dataset in (train_dataset(sources, 11, 16, 0, n_vocab=64), eval_dataset(path, 11, 16, n_vocab=64)):
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            take(dataset, 100)
+        error = pipeline_error(raised.value)
+        assert isinstance(error, DataError) and "\n" not in str(error)
+        assert str(error).startswith(f"a batch from {path} holds a token id outside the model's vocabulary (0 <= id < n_vocab = 64)")
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        take(train_dataset([DatasetSource(write_files(str(tmp_path), "short", in_range + [[1] * 3] * 40, 256), 1, "documents_fixed")], 8, 10, 0), 60)
+    assert "has fewer than n_ctx+1 = 9 tokens" in str(pipeline_error(raised.value))
+    assert pipeline_error(tf.errors.InvalidArgumentError(None, None, "some other failure")) is None
