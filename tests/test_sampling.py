@@ -1,0 +1,190 @@
+"""Sampling: the kv cache against full recompute and against HF transformers' generate, seeds, filters, stops."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from engine.inference import run_predict
+from engine.session import compute_logits
+from models import kv_cache
+from models.attention import ATTENTION
+from models.sampling import SamplingOptions, uses_cache
+from tiny import devices_for, random_tokens, tiny_config, train
+
+PADDING = 0
+MAX_NEW = 6
+
+
+def prompts(cfg, lengths, seed=1):
+    """Rows of random prompt tokens of the given lengths, then padding."""
+    lengths = np.array(lengths, np.int32)
+    tokens = random_tokens([len(lengths), cfg.n_ctx], vocab=cfg.n_vocab, seed=seed)
+    tokens[np.arange(cfg.n_ctx)[None, :] >= lengths[:, None]] = PADDING
+    return tokens, lengths
+
+
+def sample(cfg, tokens, lengths, seeds=None, checkpoint=None, **options):
+    options = dict(dict(max_new_tokens=MAX_NEW, padding_id=PADDING), **options)
+    opts = SamplingOptions.from_config(cfg, **options)
+    seeds = np.full(len(tokens), 7, np.int32) if seeds is None else np.asarray(seeds, np.int32)
+    out = run_predict(cfg, {"tokens": tokens, "prompt_length": lengths, "seed": seeds}, devices_for(cfg),
+                      checkpoint, opts)
+    return out["tokens"], out["lengths"]
+
+
+def new_tokens(tokens, lengths, prompt_lengths):
+    return [list(row[p:n]) for row, p, n in zip(tokens, prompt_lengths, lengths)]
+
+
+SAMPLED = dict(temperature=1.0, top_k=20, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    # Local window 4 < the positions sampled, so the cache's window mask is exercised.
+    return tiny_config(local_attention_radius=4)
+
+
+@pytest.fixture(scope="module")
+def rows(cfg):
+    """Six prompts: row 3 repeats row 0 (same seed too), row 4 fills the whole context."""
+    tokens, lengths = prompts(cfg, lengths=(3, 5, 9, 3, cfg.n_ctx, 2))
+    tokens[3] = tokens[0]
+    return tokens, lengths
+
+
+@pytest.fixture(scope="module")
+def greedy(cfg, rows):
+    return sample(cfg, *rows, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def sampled(cfg, rows):
+    return sample(cfg, *rows, **SAMPLED)
+
+
+@pytest.mark.parametrize("options", [dict(temperature=0.0), SAMPLED], ids=["greedy", "sampled"])
+def test_kv_cache_gives_the_same_tokens_as_full_recompute(cfg, rows, greedy, sampled, options):
+    tokens, lengths = rows
+    assert uses_cache(cfg, SamplingOptions.from_config(cfg))
+    cached = greedy if options["temperature"] == 0 else sampled
+    full = sample(cfg, tokens, lengths, incremental=False, **options)
+    np.testing.assert_array_equal(cached[0], full[0])
+    np.testing.assert_array_equal(cached[1], full[1])
+    np.testing.assert_array_equal(cached[1], np.minimum(lengths + MAX_NEW, cfg.n_ctx))
+    # Prompts are kept, and the rest of each row is padding.
+    for row, p, n, prompt in zip(cached[0], lengths, cached[1], tokens):
+        np.testing.assert_array_equal(row[:p], prompt[:p])
+        assert (row[n:] == PADDING).all()
+
+
+def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, sampled):
+    again = sample(cfg, *rows, **SAMPLED)[0]
+    other = sample(cfg, *rows, seeds=np.full(6, 8), **SAMPLED)[0]
+    np.testing.assert_array_equal(sampled[0], again)
+    assert (sampled[0] != other).any()
+    # Rows with the same prompt and seed still differ: the row index is part of the draw.
+    assert (sampled[0][0] != sampled[0][3]).any()
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("x:2,y:2", "batch:x,heads:y"), ("x:2", "vocab:x")])
+def test_samples_are_the_same_on_every_layout(cfg, rows, sampled, mesh_shape, layout):
+    split = sample(cfg.replace(mesh_shape=mesh_shape, layout=layout), *rows, **SAMPLED)
+    np.testing.assert_array_equal(split[0], sampled[0])
+
+
+def test_top_k_and_top_p_sample_only_from_the_allowed_tokens(cfg, rows, greedy):
+    tokens, lengths = rows
+
+    def top_k(values, k=3):
+        return set(np.argsort(-values)[:k])
+
+    def nucleus(values, p=0.5):
+        order = np.argsort(-values)
+        probs = np.exp(values[order] - values.max())
+        probs /= probs.sum()
+        before = np.cumsum(probs) - probs
+        return set(order[before < p])
+
+    for rule, options in ((top_k, dict(top_k=3)), (nucleus, dict(top_p=0.5))):
+        out, out_lengths = sample(cfg, tokens, lengths, seeds=[11, 12, 13, 14, 15, 16], temperature=1.0, **options)
+        logits = compute_logits(cfg, out, devices_for(cfg))  # logits at t-1 chose the token at t
+        pairs = [(out[r, t], rule(logits[r, t - 1])) for r in range(len(out)) for t in range(lengths[r], out_lengths[r])]
+        assert len(pairs) == 5 * MAX_NEW
+        assert all(token in allowed for token, allowed in pairs), options
+        assert all(len(allowed) > 1 for _, allowed in pairs[:3]) and (out != greedy[0]).any(), options  # not greedy
+
+
+def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greedy):
+    tokens, lengths = rows
+    free_new = new_tokens(*greedy, lengths)
+    assert free_new[4] == [] and greedy[1][4] == cfg.n_ctx  # no room after a full-context prompt
+    # Stop on a token row 1 first produces as a later new token.
+    index = next(i for i in range(1, MAX_NEW) if free_new[1][i] not in free_new[1][:i])
+    stop = int(free_new[1][index])
+    stopped, stopped_lengths = sample(cfg, tokens, lengths, temperature=0.0, stop_id=stop)
+    got = new_tokens(stopped, stopped_lengths, lengths)
+    assert got[1] == free_new[1][:index + 1]  # ends with the stop token, then padding
+    assert (stopped[1, stopped_lengths[1]:] == PADDING).all()
+    for row in range(len(tokens)):  # every row is the free run cut just after its first stop token (if any)
+        cut = free_new[row].index(stop) + 1 if stop in free_new[row] else len(free_new[row])
+        assert got[row] == free_new[row][:cut]
+
+    cut, cut_lengths = sample(cfg, tokens, lengths, temperature=0.0, max_new_tokens=2, remove_partial_sequences=True)
+    np.testing.assert_array_equal(cut_lengths, np.minimum(lengths + 2, cfg.n_ctx) - lengths)
+    for row in range(len(tokens)):
+        assert list(cut[row, :cut_lengths[row]]) == free_new[row][:2]
+        assert (cut[row, cut_lengths[row]:] == PADDING).all()
+
+
+def test_greedy_decoding_matches_hf_transformers_generate(tmp_path):
+    torch = pytest.importorskip("torch")
+    import tensorflow.compat.v1 as tf
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+    from transformers.models.gpt_neo.modeling_gpt_neo import load_tf_weights_in_gpt_neo
+
+    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], model_path=str(tmp_path / "run"),
+                      train_steps=2)
+    train(cfg, random_tokens([12, cfg.n_ctx + 1], seed=4))
+    hf_config = GPTNeoConfig(
+        vocab_size=cfg.n_vocab, max_position_embeddings=cfg.n_ctx, hidden_size=cfg.n_embd, num_layers=cfg.n_layer,
+        attention_types=[[["global", "local"], 2]], num_heads=cfg.n_head, window_size=cfg.local_attention_radius,
+        activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
+    hf_model = GPTNeoForCausalLM(hf_config)
+    load_tf_weights_in_gpt_neo(hf_model, hf_config, tf.train.latest_checkpoint(cfg.model_path))
+    hf_model.eval()
+
+    tokens, lengths = prompts(cfg, lengths=(3, 6, 9, 1), seed=5)
+    max_new = cfg.n_ctx - 9
+    for incremental in (True, False):
+        out, out_lengths = sample(cfg, tokens, lengths, checkpoint=cfg.model_path, temperature=0.0,
+                                  max_new_tokens=max_new, incremental=incremental)
+        for row, length in enumerate(lengths):
+            with torch.no_grad():
+                theirs = hf_model.generate(torch.tensor(tokens[row:row + 1, :length], dtype=torch.long),
+                                           attention_mask=torch.ones([1, length], dtype=torch.long),
+                                           max_new_tokens=max_new, do_sample=False, pad_token_id=PADDING,
+                                           eos_token_id=None)[0].numpy()
+            assert len(theirs) == length + max_new
+            np.testing.assert_array_equal(out[row, :out_lengths[row]], theirs, err_msg=f"row {row}")
+
+
+def test_models_without_an_incremental_path_fall_back_to_full_recompute(cfg, monkeypatch):
+    @dataclasses.dataclass(frozen=True)
+    class WithExtraOption(type(cfg)):
+        some_new_option: bool = False
+
+    extended = WithExtraOption(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    assert kv_cache.incremental_unsupported(extended) is None
+    assert "some_new_option" in kv_cache.incremental_unsupported(dataclasses.replace(extended, some_new_option=True))
+
+    # An attention type without an incremental path (here global attention under another name): sampling
+    # falls back to full recompute on its own and gives the tokens the cached global model gives.
+    monkeypatch.setitem(ATTENTION, "global_no_cache", ATTENTION["global"])
+    plain = tiny_config(attention_types=[[["global"], 2]])
+    other = tiny_config(attention_types=[[["global_no_cache"], 2]])
+    assert "global_no_cache" in kv_cache.incremental_unsupported(other)
+    assert not uses_cache(other, SamplingOptions.from_config(other))
+    tokens, lengths = prompts(plain, lengths=(4, 7))
+    np.testing.assert_array_equal(sample(other, tokens, lengths, temperature=1.0)[0],
+                                  sample(plain, tokens, lengths, temperature=1.0)[0])
