@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
+from models import fast_ops
 from models.attention import self_attention
 from models.config import GPTConfig
 from models.kv_cache import DecodeState
@@ -59,7 +60,8 @@ def logits(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: D
         wpe = variable(mesh, "wpe", [dims.embed_sequence, dims.embd], dtype, stddev=0.01, seed=cfg.seed)
         wte = variable(mesh, "wte", [dims.vocab, dims.embd], dtype, stddev=0.02, seed=cfg.seed)
         with tf.variable_scope("token_embd"):
-            h = dropout(mtf.gather(wte, tokens, dims.vocab), cfg.embed_dropout, train)
+            h = dropout(fast_ops.gather(wte, tokens, dims.vocab, fast_ops.vocab_is_split(cfg)), cfg.embed_dropout,
+                        train)
         with tf.variable_scope("pos_embd"):
             if cache is not None and cache.incremental:
                 positions = cache.position - 1
@@ -83,10 +85,13 @@ def logits(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: D
 def loss(logits_: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig, dims: Dims) -> tuple[mtf.Tensor, mtf.Tensor]:
     """Mean next-token cross-entropy, and the training objective (cross-entropy plus GPT-Neo's z-loss)."""
     with tf.variable_scope("xentropy_final"):
-        per_token = mtf.layers.softmax_cross_entropy_with_logits(logits_, labels, dims.vocab)
+        if fast_ops.vocab_is_split(cfg):
+            per_token = mtf.layers.softmax_cross_entropy_with_logits(logits_, labels, dims.vocab)
+            log_z = mtf.reduce_logsumexp(logits_, dims.vocab) if cfg.z_loss else None
+        else:  # the same values from one logsumexp, with a fused gradient (models/fast_ops.py)
+            per_token, log_z = fast_ops.cross_entropy_and_log_z(logits_, labels, dims.vocab)
         cross_entropy = mtf.reduce_mean(per_token)
         objective = cross_entropy
         if cfg.z_loss:
-            log_z = mtf.reduce_logsumexp(logits_, dims.vocab)
             objective += cfg.z_loss * mtf.reduce_mean(mtf.square(log_z))
     return cross_entropy, objective

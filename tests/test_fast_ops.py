@@ -1,0 +1,98 @@
+"""models/fast_ops.py gives mesh-tensorflow's values and gradients, on one device and on split layouts."""
+import mesh_tensorflow as mtf
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from conftest import CPU_DEVICES
+from models import fast_ops
+
+LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,embd:y"), ("x:2,y:2", "sequence:x,batch:y")]
+
+
+def run(build, mesh_shape, layout):
+    """build(mesh) -> (outputs, [(mtf tensor, tf variable-backed input)]) ; returns numpy outputs."""
+    graph = tf.Graph()
+    with graph.as_default():
+        mtf_graph = mtf.Graph()
+        mesh = mtf.Mesh(mtf_graph, "m")
+        shape = mtf.convert_to_shape(mesh_shape)
+        impl = mtf.placement_mesh_impl.PlacementMeshImpl(shape, mtf.convert_to_layout_rules(layout),
+                                                         CPU_DEVICES[:shape.size])
+        outputs = build(mesh)
+        lowering = mtf.Lowering(mtf_graph, {mesh: impl})
+        tf_outputs = [lowering.export_to_tf_tensor(t) for t in outputs]
+        with tf.Session(config=tf.ConfigProto(device_count={"CPU": 4})) as session:
+            return session.run(tf_outputs)
+
+
+def dims(b=4, s=6, v=11, e=8):
+    return (mtf.Dimension("batch", b), mtf.Dimension("sequence", s), mtf.Dimension("vocab", v),
+            mtf.Dimension("embd", e))
+
+
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
+def test_gather_matches_one_hot_einsum_with_gradient(mesh_shape, layout):
+    rng = np.random.RandomState(0)
+    batch, seq, vocab, embd = dims()
+    table = rng.randn(vocab.size, embd.size).astype(np.float32)
+    ids = rng.randint(0, vocab.size, [batch.size, seq.size]).astype(np.int32)
+    ids[0, :3] = 5  # repeated ids: their gradients add up
+    upstream = rng.randn(batch.size, seq.size, embd.size).astype(np.float32)
+
+    def build(fast):
+        def graph(mesh):
+            t = mtf.import_tf_tensor(mesh, tf.constant(table), mtf.Shape([vocab, embd]))
+            i = mtf.import_tf_tensor(mesh, tf.constant(ids), mtf.Shape([batch, seq]))
+            u = mtf.import_tf_tensor(mesh, tf.constant(upstream), mtf.Shape([batch, seq, embd]))
+            out = fast_ops.gather(t, i, vocab, split=not fast)
+            loss = mtf.reduce_sum(out * u)
+            [grad] = mtf.gradients([loss], [t])
+            return [out, grad]
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    np.testing.assert_array_equal(got[0], expected[0])  # a lookup: exactly the rows
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[0], table[ids])
+
+
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
+@pytest.mark.parametrize("z_loss", [0.0, 1e-2])
+def test_cross_entropy_and_log_z_match_mtf_with_gradient(mesh_shape, layout, z_loss):
+    rng = np.random.RandomState(1)
+    batch, seq, vocab, _ = dims()
+    logits = (3 * rng.randn(batch.size, seq.size, vocab.size)).astype(np.float32)
+    labels = rng.randint(0, vocab.size, [batch.size, seq.size]).astype(np.int32)
+
+    def build(fast):
+        def graph(mesh):
+            lg = mtf.import_tf_tensor(mesh, tf.constant(logits), mtf.Shape([batch, seq, vocab]))
+            lb = mtf.import_tf_tensor(mesh, tf.constant(labels), mtf.Shape([batch, seq]))
+            if fast:
+                xent, log_z = fast_ops.cross_entropy_and_log_z(lg, lb, vocab)
+            else:
+                xent = mtf.layers.softmax_cross_entropy_with_logits(lg, lb, vocab)
+                log_z = mtf.reduce_logsumexp(lg, vocab)
+            objective = mtf.reduce_mean(xent)
+            if z_loss:
+                objective += z_loss * mtf.reduce_mean(mtf.square(log_z))
+            [grad] = mtf.gradients([objective], [lg])
+            return [xent, log_z, grad]
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    shifted = logits - logits.max(-1, keepdims=True)
+    reference = np.log(np.exp(shifted).sum(-1)) + logits.max(-1) - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(got[0], reference, rtol=1e-5)
+
+
+def test_split_vocab_is_detected():
+    from tiny import tiny_config
+    assert not fast_ops.vocab_is_split(tiny_config())
+    assert not fast_ops.vocab_is_split(tiny_config(mesh_shape="x:2", layout="batch:x"))
+    assert fast_ops.vocab_is_split(tiny_config(mesh_shape="x:2", layout="vocab:x"))
