@@ -1,0 +1,57 @@
+"""A small on-disk workspace for tests that run main.py or read a config from disk: tokenized stdlib text
+(train and eval tfrecords), a dataset registry entry using the stdlib tokenizer, and configs/tiny.json."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
+
+
+def make_workspace(root, **model_changes) -> str:
+    """Writes the workspace under root; returns the path of configs/tiny.json (model_changes override it)."""
+    from data.create_tfrecords import create_tfrecords
+
+    root = str(root)
+    stdlib = sysconfig.get_path("stdlib")
+    for split, pattern in (("train", "json/*.py"), ("eval", "email/_[ep]*.py")):
+        text_dir = os.path.join(root, f"{split}_text")
+        os.makedirs(text_dir, exist_ok=True)
+        for path in sorted(glob.glob(os.path.join(stdlib, pattern))):
+            with open(path, encoding="utf-8") as src, open(os.path.join(text_dir, os.path.basename(path) + ".txt"), "w") as dst:
+                dst.write(src.read())
+        create_tfrecords(input_dir=text_dir, output_dir=os.path.join(root, split), name=split, mode="documents",
+                         encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None,
+                         separator=None, minimum_size=40, show_progress=False)
+    registry = os.path.join(root, "configs", "dataset_configs")
+    os.makedirs(registry, exist_ok=True)
+    with open(os.path.join(registry, "tiny.json"), "w") as f:
+        json.dump({"n_vocab": 4096, "path": "train/train_*.tfrecords", "eval_path": "eval/eval_*.tfrecords",
+                   "tokenizer_path": TOKENIZER, "eos_id": 0, "padding_id": 1}, f)
+    model = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=32, attention_types=[[["global", "local"], 1]],
+                 local_attention_radius=8, train_batch_size=4, eval_batch_size=4, eval_steps=0, train_steps=2,
+                 steps_per_checkpoint=2, lr=3e-3, z_loss=0.0, datasets=[["tiny", 4, "documents_random", 1.0]],
+                 model_path=os.path.join(root, "run"), max_new_tokens=6, predict_batch_size=4)
+    model.update(model_changes)
+    path = os.path.join(root, "configs", "tiny.json")
+    with open(path, "w") as f:
+        json.dump(model, f)
+    return path
+
+
+def run_main(*args, timeout=600):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, os.path.join(REPO, "main.py"), *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=timeout)
+
+
+def run_python(code: str, *args, timeout=600):
+    """Runs `code` in a fresh Python process (no state shared with the test process)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=timeout)
