@@ -54,9 +54,13 @@ class LoadedTokenizer:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
-        """Token ids of many texts at once (the Rust side parallelises this across cores)."""
-        encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
-        return [encoding.ids for encoding in encodings]
+        """Token ids of many texts at once (the Rust side parallelises this across cores).
+
+        Uses ``encode_batch_fast`` where the tokenizers library has it (0.20+): the same ids,
+        without computing character offsets, which we never use (about 1.3x faster).
+        """
+        encode = getattr(self.backend, "encode_batch_fast", None) or self.backend.encode_batch
+        return [encoding.ids for encoding in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``, keeping special tokens so that nothing is silently lost."""
