@@ -17,7 +17,8 @@ import tensorflow.compat.v1 as tf
 from tensorflow.compat.v1 import estimator as tf_estimator
 
 from engine import flops
-from engine.optimizer import learning_rate, minimize
+from engine import train_step
+from engine.optimizer import apply_gradients, learning_rate
 from engine import inference
 from models import gpt
 from models.config import GPTConfig
@@ -83,17 +84,17 @@ def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, pea
         inputs = mtf.import_fully_replicated(mesh, tf.cast(features, tf.int32), token_shape, "inputs")
         targets = mtf.import_fully_replicated(mesh, tf.cast(labels, tf.int32), token_shape, "labels")
         train = mode == TRAIN
-        logits = gpt.logits(inputs, cfg, dims, train=train)
-        cross_entropy, objective = gpt.loss(logits, targets, cfg, dims)
-
-        if train:
+        if train:  # objective and gradients, over micro-batches with tokens_per_mb_per_replica
+            losses, grads, variables = train_step.losses_and_gradients(inputs, targets, cfg, dims)
             global_step = tf.train.get_or_create_global_step()
             lr = learning_rate(cfg, global_step)
             mtf_lr = mtf.import_fully_replicated(mesh, lr, mtf.Shape([]), "lr")
-            updates, grad_norm = minimize(objective, graph, cfg, mtf_lr)
+            updates, grad_norm = apply_gradients(grads, variables, cfg, mtf_lr)
+        else:
+            losses = train_step.evaluation_losses(inputs, targets, cfg, dims)
 
         lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-        tf_loss = tf.cast(lowering.export_to_tf_tensor(cross_entropy), tf.float32)
+        tf_loss = tf.cast(lowering.export_to_tf_tensor(losses.cross_entropy), tf.float32)
         tf.add_to_collection(LOSS_COLLECTION, tf_loss)  # lets callers' hooks fetch the per-step loss
 
         if not train:  # the Estimator reports the mean of `loss` over the eval batches
@@ -103,11 +104,15 @@ def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, pea
         train_op = tf.group([lowering.lowered_operation(op) for op in updates] + [tf.assign_add(global_step, 1)])
         tf_grad_norm = lowering.export_to_tf_tensor(grad_norm) if grad_norm is not None else tf.constant(0.0)
         hooks = _checkpoint_hooks(lowering, cfg, save=True)
+        # The MoE load-balancing loss is part of the objective; logged beside the cross-entropy "loss".
+        extras = {} if losses.moe_loss is None else {"moe_loss": lowering.export_to_tf_tensor(losses.moe_loss)}
         if not placement.use_tpu:
             tf.summary.scalar("loss", tf_loss)
             tf.summary.scalar("learning_rate", lr)
             tf.summary.scalar("grad_norm", tf_grad_norm)
-            hooks.append(ProgressHook(cfg, tf_loss, lr, every=log_every, peak_flops=peak_flops))
+            for name, value in extras.items():
+                tf.summary.scalar(name, value)
+            hooks.append(ProgressHook(cfg, tf_loss, lr, every=log_every, peak_flops=peak_flops, extras=extras))
         return tf_estimator.tpu.TPUEstimatorSpec(mode, loss=tf_loss, train_op=train_op, training_hooks=hooks)
 
     return model_fn
@@ -117,8 +122,10 @@ class ProgressHook(tf_estimator.SessionRunHook):
     """Prints step, loss, learning rate, steps/s, tokens/s, model FLOP/s, MFU and ETA every `every` steps,
     and writes the throughput numbers to TensorBoard beside the loss."""
 
-    def __init__(self, cfg: GPTConfig, loss: tf.Tensor, lr: tf.Tensor, every: int, peak_flops: float):
+    def __init__(self, cfg: GPTConfig, loss: tf.Tensor, lr: tf.Tensor, every: int, peak_flops: float,
+                 extras: Optional[dict] = None):
         self.cfg, self.loss, self.lr, self.every, self.peak = cfg, loss, lr, max(1, every), peak_flops
+        self.extras = extras or {}  # more scalars for the progress line, e.g. {"moe_loss": tensor}
         self.tokens_per_step = cfg.train_batch_size * cfg.n_ctx
         self.flops_per_token = flops.training_flops_per_token(cfg)
         self.history: list[tuple[int, float]] = []  # (step, loss), kept for callers and tests
@@ -133,7 +140,7 @@ class ProgressHook(tf_estimator.SessionRunHook):
         self._global_step = int(session.run(self._step))
 
     def before_run(self, run_context):
-        return tf_estimator.SessionRunArgs({"loss": self.loss, "lr": self.lr})
+        return tf_estimator.SessionRunArgs({"loss": self.loss, "lr": self.lr, **self.extras})
 
     def after_run(self, run_context, run_values):
         values = run_values.results
@@ -143,8 +150,8 @@ class ProgressHook(tf_estimator.SessionRunHook):
         now = time.time()
         if self._last_time is None:  # the first step includes graph building; do not time it
             self._last_time, self._last_step = now, step
-            print(f"step {step:>6}/{self.cfg.train_steps} | loss {values['loss']:.4f} | lr {values['lr']:.2e}",
-                  flush=True)
+            print(f"step {step:>6}/{self.cfg.train_steps} | loss {values['loss']:.4f}{self._extras(values)} | "
+                  f"lr {values['lr']:.2e}", flush=True)
             return
         if step % self.every and step != self.cfg.train_steps:
             return
@@ -155,7 +162,8 @@ class ProgressHook(tf_estimator.SessionRunHook):
         model_flops = tokens_per_s * self.flops_per_token
         mfu = f" | MFU {100 * model_flops / self.peak:.1f}%" if self.peak else ""
         eta = (self.cfg.train_steps - step) / steps_per_s if steps_per_s > 0 else math.inf
-        print(f"step {step:>6}/{self.cfg.train_steps} | loss {values['loss']:.4f} | lr {values['lr']:.2e} | "
+        print(f"step {step:>6}/{self.cfg.train_steps} | loss {values['loss']:.4f}{self._extras(values)} | "
+              f"lr {values['lr']:.2e} | "
               f"{steps_per_s:.2f} steps/s | {tokens_per_s:,.0f} tok/s | {model_flops / 1e9:.2f} GFLOP/s{mfu} | "
               f"eta {_duration(eta)}", flush=True)
         summary = tf.Summary(value=[tf.Summary.Value(tag="tokens_per_sec", simple_value=tokens_per_s),
@@ -163,6 +171,9 @@ class ProgressHook(tf_estimator.SessionRunHook):
                              + ([tf.Summary.Value(tag="mfu", simple_value=model_flops / self.peak)] if self.peak else []))
         self._writer.add_summary(summary, step)
         self._last_time, self._last_step = now, step
+
+    def _extras(self, values) -> str:
+        return "".join(f" | {name} {values[name]:.4f}" for name in self.extras)
 
     def end(self, session):
         self._writer.flush()

@@ -32,12 +32,35 @@ def clip_by_global_norm(grads: list, clip_norm: float) -> tuple[list, mtf.Tensor
     return [None if g is None else g * scale for g in grads], norm
 
 
+class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
+    """mesh-tensorflow's Adam with decoupled weight decay, with the decay term in float32.
+
+    A variable's `value` is in the activation dtype; mesh-tensorflow adds it to the float32 update as it
+    is, which fails for bfloat16 activations. In float32 the computation is the same as the parent's."""
+
+    def apply_grad(self, grad, var):
+        if grad is None:
+            tf.logging.warning("Gradient is None for variable %s", var.name)
+            return []
+        grad = mtf.to_float(grad)
+        m = mtf.get_variable(var.mesh, var.name + "/adam_m", var.shape, initializer=tf.zeros_initializer(),
+                             trainable=False)
+        v = mtf.get_variable(var.mesh, var.name + "/adam_v", var.shape, initializer=tf.zeros_initializer(),
+                             trainable=False)
+        next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
+        next_v = self.beta_2 * v + (1.0 - self.beta_2) * mtf.square(grad)
+        update = next_m / (mtf.sqrt(next_v) + self.epsilon)
+        if self._do_use_weight_decay(var.name):
+            update += self.weight_decay_rate * mtf.to_float(var.value)
+        return [mtf.assign_sub(var, self.learning_rate * update), mtf.assign(m, next_m), mtf.assign(v, next_v)]
+
+
 def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
     if cfg.opt_name == "adam":
         # Slots are named `<var>/adam_m|adam_v`, which HF's GPT-Neo loader knows to skip.
-        return mtf.optimize.AdamWeightDecayOptimizer(learning_rate=lr, weight_decay_rate=cfg.weight_decay,
-                                                     beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=cfg.epsilon,
-                                                     exclude_from_weight_decay=NO_DECAY)
+        return AdamWeightDecay(learning_rate=lr, weight_decay_rate=cfg.weight_decay, beta_1=cfg.beta1,
+                               beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY)
+    # Adafactor (mesh-tensorflow's): the update is relative to each weight's scale; weight_decay is Adam's only.
     return mtf.optimize.AdafactorOptimizer(learning_rate=lr, beta1=cfg.beta1, epsilon1=cfg.ada_epsilon1,
                                            epsilon2=cfg.ada_epsilon2)
 
@@ -47,6 +70,13 @@ def minimize(objective: mtf.Tensor, graph: mtf.Graph, cfg: GPTConfig, lr: mtf.Te
     Returns (update ops, gradient norm)."""
     variables = graph.trainable_variables
     grads = mtf.gradients([objective], [v.outputs[0] for v in variables])
+    return apply_gradients(grads, variables, cfg, lr)
+
+
+def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor):
+    """Clips `grads` (one per variable) by global norm and returns (the optimizer's update ops, gradient norm
+    or None without clipping)."""
+    grads = [None if g is None else mtf.to_float(g) for g in grads]  # bf16 activations give bf16 gradients
     grad_norm = None
     if cfg.gradient_clipping:
         grads, grad_norm = clip_by_global_norm(grads, cfg.gradient_clipping)

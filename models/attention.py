@@ -1,7 +1,9 @@
 """Self-attention: GPT-Neo's projections and one function per attention type, chosen per layer.
 
 Adding an attention type is one function `fn(q, k, v, ctx) -> output` and one `@register("name")`; the
-config accepts every registered name in `attention_types`.
+config accepts every registered name in `attention_types`. Each type has a causal form (language
+modelling: position t sees positions <= t) and a bidirectional one (`ctx.causal` false, for MLM).
+`none` is registered without a function: such layers have no attention sub-layer at all (PAR transformer).
 
 Like GPT-Neo (and HF's GPTNeo), attention logits are NOT scaled by 1/sqrt(head_size): the query
 projection's init absorbs that factor instead. Checkpoints trained either way load into the other, so
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Optional
 
 import mesh_tensorflow as mtf
 import mesh_tensorflow.transformer.attention as mtf_attention
@@ -19,9 +21,10 @@ import tensorflow.compat.v1 as tf
 
 from models import kv_cache
 from models.config import GPTConfig
+from models.embeddings import rotary
 from models.layers import dropout, variable
 
-ATTENTION: dict[str, Callable] = {}
+ATTENTION: dict[str, Optional[Callable]] = {}
 
 
 def register(name: str):
@@ -38,6 +41,8 @@ class AttentionContext:
     sequence: mtf.Dimension
     memory_length: mtf.Dimension   # the key/value copy of `sequence`, so q and k can differ in length
     kv: mtf.Dimension              # features_per_head
+    causal: bool = True            # False for masked language modelling: every position sees every other
+    dtype: Optional[mtf.VariableDType] = None  # for attention types with variables of their own
 
 
 def _mtf_attention_kwargs(ctx: AttentionContext) -> dict:
@@ -50,25 +55,139 @@ def _mtf_attention_kwargs(ctx: AttentionContext) -> dict:
 
 @register("global")
 def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
-    """Full causal attention: position t sees positions 0..t."""
+    """Full attention: position t sees positions 0..t (causal) or all of them. With num_mem_kv, learned
+    memory key/values (all-attention, Sukhbaatar et al. 2019) come first and every query sees them."""
     k = mtf.replace_dimensions(k, ctx.sequence, ctx.memory_length)
     v = mtf.replace_dimensions(v, ctx.sequence, ctx.memory_length)
-    query_pos = mtf.range(q.mesh, ctx.sequence, tf.int32)
-    memory_pos = mtf.range(q.mesh, ctx.memory_length, tf.int32)
-    future = mtf.less(query_pos, memory_pos)  # [sequence, memory_length]
-    bias = mtf.cast(future, q.dtype) * -1e10
-    return mtf_attention.attention(q, k, v, memory_length_dim=ctx.memory_length, key_dim=ctx.kv,
+    memory_length, n_mem = ctx.memory_length, ctx.cfg.num_mem_kv
+    if n_mem:
+        k, v = _with_memory_key_values(k, v, ctx)
+        memory_length = k.shape.get_dim_by_name(ctx.memory_length.name)
+    bias = None
+    if ctx.causal:
+        query_pos = mtf.range(q.mesh, ctx.sequence, tf.int32)
+        memory_pos = mtf.range(q.mesh, memory_length, tf.int32) - n_mem  # memory slots sit at negative positions
+        future = mtf.less(query_pos, memory_pos)  # [sequence, memory_length]
+        bias = mtf.cast(future, q.dtype) * -1e10
+    return mtf_attention.attention(q, k, v, memory_length_dim=memory_length, key_dim=ctx.kv,
                                    value_dim=ctx.kv, bias=bias, **_mtf_attention_kwargs(ctx))
+
+
+def _with_memory_key_values(k: mtf.Tensor, v: mtf.Tensor, ctx: AttentionContext) -> tuple[mtf.Tensor, mtf.Tensor]:
+    """Prepends num_mem_kv learned keys and values (per head) to k and v along memory_length. Variables as
+    GPT-Neo's: `memory_key_values/mem_k`, `mem_v` of shape [mem_kv_sequence, heads, features_per_head]."""
+    cfg = ctx.cfg
+    slots = mtf.Dimension("mem_kv_sequence", cfg.num_mem_kv)
+    heads = k.shape.get_dim_by_name("heads")
+    with tf.variable_scope("memory_key_values"):
+        stddev = ctx.kv.size ** -0.5
+        mem_k = variable(k.mesh, "mem_k", [slots, heads, ctx.kv], ctx.dtype, stddev=stddev, seed=cfg.seed)
+        mem_v = variable(k.mesh, "mem_v", [slots, heads, ctx.kv], ctx.dtype, stddev=stddev, seed=cfg.seed)
+    memory_slots = mtf.Dimension(ctx.memory_length.name, cfg.num_mem_kv)
+    shape = k.shape.resize_dimension(ctx.memory_length.name, cfg.num_mem_kv)
+
+    def prepend(memory, x):
+        memory = mtf.broadcast(mtf.replace_dimensions(memory, slots, memory_slots), shape)
+        return mtf.concat([memory, x], ctx.memory_length.name)
+
+    return prepend(mem_k, k), prepend(mem_v, v)
 
 
 @register("local")
 def local_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
-    """Sliding-window causal attention: position t sees t - radius + 1 .. t (mesh-tensorflow's blocked
-    implementation, cost linear in sequence length)."""
+    """Sliding-window attention, mesh-tensorflow's blocked implementation (cost linear in sequence length).
+    Causal: position t sees t - radius + 1 .. t. Bidirectional: t - radius + 1 .. t + radius."""
     return mtf_attention.local_attention_1d(q, k, v, length_dim=ctx.sequence, key_dim=ctx.kv, value_dim=ctx.kv,
                                             radius=ctx.cfg.local_attention_radius, length_dim_num_splits=1,
-                                            fully_autoregressive=True,
+                                            fully_autoregressive=ctx.causal,
                                             attention_kwargs=_mtf_attention_kwargs(ctx))
+
+
+@register("linear")
+def linear_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
+    """Efficient attention (Shen et al. 2018, arXiv:1812.01243), GPT-Neo's `linear`: queries are a softmax
+    over their features, keys a softmax over the positions a query sees, and
+
+        out[t] = sum_d q[t, d] * sum_{s <= t} exp(k[s, d]) v[s] / sum_{s <= t} exp(k[s, d])
+
+    (all s when bidirectional). Cost and memory are linear in sequence length: no attention matrix, and
+    the causal form runs in chunks (see `_causal_linear_attention`), never holding GPT-Neo's
+    [batch, sequence, heads, d, d] running sums. Computed in float32 (exp and long sums lose too much in
+    bfloat16); no attention dropout, as there are no attention weights to drop.
+    """
+    dtype = q.dtype
+    q, k, v = (mtf.cast(t, tf.float32) for t in (q, k, v))
+    value = mtf.Dimension("linear_value_features", ctx.kv.size)  # v's features, apart from q and k's
+    v = mtf.rename_dimension(v, ctx.kv.name, value.name)
+    q = mtf.softmax(q, ctx.kv)
+    if ctx.causal:
+        out = _causal_linear_attention(q, k, v, ctx, value)
+    else:
+        k = mtf.softmax(k, ctx.sequence)
+        context = mtf.einsum([k, v], reduced_dims=[ctx.sequence])  # [batch, heads, d, value]
+        out = mtf.einsum([q, context], output_shape=q.shape.rename_dimension(ctx.kv.name, value.name))
+    return mtf.cast(mtf.rename_dimension(out, value.name, ctx.kv.name), dtype)
+
+
+def linear_attention_chunk(sequence_length: int, head_size: int) -> int:
+    """Chunk length of causal linear attention: the largest divisor of the sequence length up to head_size.
+    Memory is sequence * chunk (within chunks) plus (sequence / chunk) * head_size**2 (the running sums at
+    chunk boundaries), least near chunk = head_size."""
+    return max(c for c in range(1, min(sequence_length, head_size) + 1) if sequence_length % c == 0)
+
+
+def _causal_linear_attention(q, k, v, ctx: AttentionContext, value: mtf.Dimension) -> mtf.Tensor:
+    """Causal linear attention in chunks of C positions (q already softmaxed over features; all float32).
+
+    Folding the normaliser into the query, q'[t, d] = q[t, d] / Z[t, d] with Z[t, d] = sum_{s <= t} e[s, d]
+    and e = exp(k), the output is sum_{s <= t} (q'[t] . e[s]) v[s]: for earlier chunks through their
+    summed e[s] (x) v[s] ([d, value] per chunk), within a chunk through a masked C x C product. Largest
+    tensors: [batch, chunks, heads, d, value] and [batch, chunks, heads, C, C], both O(sequence * d) for
+    C = d, instead of O(sequence * d**2).
+
+    exp(k) is stabilised by subtracting, per chunk, the running maximum of k over this and earlier chunks
+    (never a later one, so nothing leaks from the future; earlier chunks' sums are rescaled to it). The
+    result does not depend on the stabiliser, so it carries no gradient.
+    """
+    mesh, sequence, d = q.mesh, ctx.sequence, ctx.kv
+    length = linear_attention_chunk(sequence.size, d.size)
+    chunks = mtf.Dimension(sequence.name, sequence.size // length)  # keeps the name: a sequence split carries over
+    chunk = mtf.Dimension("linear_chunk", length)
+    q, k, v = (mtf.replace_dimensions(t, sequence, [chunks, chunk]) for t in (q, k, v))
+
+    earlier = mtf.Dimension("linear_earlier_chunks", chunks.size)  # the chunks a chunk draws on
+    def as_earlier(t):
+        return mtf.rename_dimension(t, chunks.name, earlier.name)
+    chunk_index, earlier_index = mtf.range(mesh, chunks, tf.int32), mtf.range(mesh, earlier, tf.int32)
+
+    chunk_max = mtf.stop_gradient(mtf.reduce_max(k, reduced_dim=chunk))          # [b, chunks, h, d]
+    up_to_here = mtf.cast(mtf.less_equal(earlier_index, chunk_index), tf.float32)  # [chunks, earlier]
+    running_max = mtf.reduce_max(as_earlier(chunk_max) * up_to_here - 1e30 * (1 - up_to_here), reduced_dim=earlier)
+    e = mtf.exp(k - running_max)                                                  # <= 1
+
+    # Sums over each chunk, then carried to later chunks, rescaled to the later chunk's stabiliser.
+    chunk_kv = mtf.einsum([e, v], reduced_dims=[chunk])                          # [b, chunks, h, d, value]
+    chunk_z = mtf.reduce_sum(e, reduced_dim=chunk)                                # [b, chunks, h, d]
+    before = mtf.cast(mtf.less(earlier_index, chunk_index), tf.float32)           # [chunks, earlier]
+    rescale = mtf.exp(mtf.minimum(as_earlier(running_max) - running_max, 0.0)) * before
+    carried_kv = mtf.einsum([rescale, as_earlier(chunk_kv)], reduced_dims=[earlier])
+    carried_z = mtf.einsum([rescale, as_earlier(chunk_z)], reduced_dims=[earlier])
+
+    z = carried_z + mtf.cumsum(e, chunk)                                          # Z[t] >= e[t] > 0
+    q = q / mtf.maximum(z, 1e-30)
+    out_shape = q.shape.rename_dimension(d.name, value.name)
+    from_earlier = mtf.einsum([q, carried_kv], output_shape=out_shape)
+    key_in_chunk = mtf.Dimension("linear_memory_chunk", length)
+    scores = mtf.einsum([q, mtf.rename_dimension(e, chunk.name, key_in_chunk.name)], reduced_dims=[d])
+    seen = mtf.cast(mtf.less_equal(mtf.range(mesh, key_in_chunk, tf.int32), mtf.range(mesh, chunk, tf.int32)),
+                    tf.float32)
+    within = mtf.einsum([scores * seen, mtf.rename_dimension(v, chunk.name, key_in_chunk.name)],
+                        output_shape=out_shape)
+    return mtf.replace_dimensions(from_earlier + within, [chunks, chunk], sequence)
+
+
+# Feed-forward-only layers (PAR transformer, Mandava et al. 2020): `gpt.block` skips attention for them.
+ATTENTION["none"] = None
 
 
 def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfig, dtype: mtf.VariableDType,
@@ -102,7 +221,10 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
                 a = kv_cache.attend_step(q, k, v, attention_type, cfg, cache, kv)
         else:
             sequence = x.shape.dims[1]
-            ctx = AttentionContext(cfg, train, sequence, mtf.Dimension("memory_length", sequence.size), kv)
+            if cfg.rotary_emb:
+                q, k = rotary(q, sequence, kv), rotary(k, sequence, kv)
+            ctx = AttentionContext(cfg, train, sequence, mtf.Dimension("memory_length", sequence.size), kv,
+                                   causal=cfg.causal, dtype=dtype)
             if cache is not None:
                 kv_cache.record_prefill(cache, k, v, ctx.sequence, ctx.memory_length)
             with tf.variable_scope("attention"):

@@ -21,14 +21,8 @@ SAMPLING_MODES = ("documents_random", "documents_fixed", "chunks")
 
 # Keys of the reference's parameter reference whose features belong to later work. They are known (so
 # they are not "unknown key" errors), but setting them to anything other than their off value is a
-# one-line "not supported yet" error instead of being silently ignored.
-NOT_YET_SUPPORTED = {
-    "mlp_glu": False, "scalenorm": False, "rezero": False, "macaron": False, "num_mem_kv": 0,
-    "moe_layers": None, "moe_params": None, "axial_pos_emb": None, "rotary_emb": False,
-    "share_parameters": False, "no_weight_tie": False, "mlm_training": False, "mlm_mask_id": None,
-    "mlm_cls_token_id": None, "mlm_mask_prob": 0.15, "mlm_same_token_prob": 0.10,
-    "mlm_random_token_prob": 0.10, "mlm_mask_ignore_ids": None, "tokens_per_mb_per_replica": None,
-}
+# one-line "not supported yet" error instead of being silently ignored. (Every model option is built now.)
+NOT_YET_SUPPORTED: dict[str, Any] = {}
 
 
 class ConfigError(ValueError):
@@ -77,6 +71,27 @@ class GPTConfig:
     recompute_grad: bool = False
     z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
     model: str = "GPT"
+
+    # Model options (README, "Model options"). Their defaults are the plain GPT above.
+    mlp_glu: bool = False                # gated feed-forward: act(gate) * up
+    scalenorm: bool = False              # pre-norms with one scalar gain instead of LayerNorm's gain and bias
+    rezero: bool = False                 # no pre-norms; each residual branch times a learned scalar (init 0)
+    macaron: bool = False                # a half-weighted feed-forward before attention, and the other halved
+    num_mem_kv: int = 0                  # learned memory key/values every query of a global layer sees
+    moe_layers: tuple = ()               # layers (from 0) whose feed-forward is a mixture of experts
+    moe_params: tuple = ()               # (key, value) pairs overriding models/moe.py's defaults
+    axial_pos_emb: Optional[tuple] = None  # (a, b), a*b >= n_ctx: axial instead of learned positions
+    rotary_emb: bool = False             # rotary positions in every attention layer instead of learned ones
+    share_parameters: bool = False       # every layer uses the same block weights
+    no_weight_tie: bool = False          # a separate output projection instead of the transposed wte
+    mlm_training: bool = False           # masked language modelling: bidirectional, loss on masked tokens
+    mlm_mask_id: Optional[int] = None
+    mlm_cls_token_id: Optional[int] = None
+    mlm_mask_prob: float = 0.15
+    mlm_same_token_prob: float = 0.10
+    mlm_random_token_prob: float = 0.10
+    mlm_mask_ignore_ids: tuple = ()
+    tokens_per_mb_per_replica: Optional[int] = None  # micro-batches of this many tokens per replica
 
     # Optimisation.
     opt_name: str = "adam"
@@ -132,6 +147,11 @@ class GPTConfig:
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def causal(self) -> bool:
+        """Whether position t sees only positions <= t (language modelling) or the whole sequence (MLM)."""
+        return not self.mlm_training
 
     @property
     def mesh_dims(self) -> list[tuple[str, int]]:
@@ -219,7 +239,8 @@ def _closest(key: str, known) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
-_ALIASES = {"n_heads": "n_head", "window_size": "local_attention_radius"}
+_ALIASES = {"n_heads": "n_head", "window_size": "local_attention_radius",
+            "axial_pos_emb_": "axial_pos_emb"}  # the reference's parameter list spells it with the underscore
 
 
 def _check_type(name: str, value: Any, expected: type) -> Any:
@@ -351,6 +372,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
     values["attention_types"] = expand_attention_types(
         values.get("attention_types", [[["global"], values["n_layer"]]]), values["n_layer"])
     values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir)
+    values.update(_parse_model_options(values))
     values["eval_tasks"] = _parse_eval_tasks(values.get("eval_tasks") or [])
     if values["datasets"]:  # special ids come from the (last) dataset's tokenizer, as in GPT-Neo
         last = values["datasets"][-1].dataset
@@ -363,6 +385,110 @@ def _parse_eval_tasks(value: Any) -> tuple:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f'eval_tasks must be a list of task names like ["lambada"], got {value!r}')
     return tuple(value)
+
+
+def _int_list(name: str, value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ConfigError(f"{name} must be a list of whole numbers, got {value!r}")
+    return tuple(value)
+
+
+def _parse_model_options(values: dict) -> dict:
+    """The model options whose JSON values are lists or objects, as the tuples GPTConfig holds."""
+    parsed = {}
+    if values.get("moe_layers") is not None:
+        parsed["moe_layers"] = _int_list("moe_layers", values["moe_layers"])
+    if values.get("moe_params") is not None:
+        params = values["moe_params"]
+        if isinstance(params, (list, tuple)):  # already (key, value) pairs, e.g. from GPTConfig.replace
+            params = dict(params)
+        if not isinstance(params, dict):
+            raise ConfigError(f'moe_params must be an object like {{"moe_num_experts": 8}}, got {params!r}')
+        parsed["moe_params"] = tuple(sorted(params.items()))
+    if values.get("axial_pos_emb") is not None:
+        axial = _int_list("axial_pos_emb", values["axial_pos_emb"])
+        if len(axial) != 2 or min(axial) < 1:
+            raise ConfigError(f"axial_pos_emb must be two positive sizes [a, b] with a*b >= n_ctx, got "
+                              f"{values['axial_pos_emb']!r}")
+        parsed["axial_pos_emb"] = axial
+    if values.get("mlm_mask_ignore_ids") is not None:
+        parsed["mlm_mask_ignore_ids"] = _int_list("mlm_mask_ignore_ids", values["mlm_mask_ignore_ids"])
+    return parsed
+
+
+def _validate_model_options(cfg: GPTConfig) -> None:
+    kinds = set(cfg.attention_types)
+    if kinds == {"none"}:
+        raise ConfigError("attention_types are all 'none', so no position sees another: make at least one layer "
+                          "global, local or linear")
+    if cfg.scalenorm and cfg.rezero:
+        raise ConfigError("rezero removes the pre-norms that scalenorm would replace: set only one of them")
+    if cfg.num_mem_kv < 0:
+        raise ConfigError(f"num_mem_kv must be >= 0, got {cfg.num_mem_kv}")
+    if cfg.num_mem_kv and "global" not in kinds:
+        raise ConfigError("num_mem_kv adds memory key/values to global attention layers, and this model has "
+                          "none: add a global layer or set num_mem_kv to 0")
+    for layer in cfg.moe_layers:
+        if not 0 <= layer < cfg.n_layer:
+            raise ConfigError(f"moe_layers names layer {layer}, but layers count from 0 to n_layer - 1 = "
+                              f"{cfg.n_layer - 1}: fix moe_layers")
+    if len(set(cfg.moe_layers)) != len(cfg.moe_layers):
+        raise ConfigError(f"moe_layers names a layer twice: {list(cfg.moe_layers)}")
+    if cfg.moe_params and not cfg.moe_layers:
+        raise ConfigError("moe_params is set but moe_layers is empty: list the mixture-of-experts layers in "
+                          "moe_layers (e.g. [1, 3])")
+    if cfg.moe_params:
+        from models.moe import default_moe_params  # mesh-tensorflow's MoE defines which keys exist
+        known = default_moe_params(cfg)
+        for key, value in cfg.moe_params:
+            if key not in known:
+                raise ConfigError(f"moe_params key {key!r} is not a mesh-tensorflow MoE hyperparameter"
+                                  f"{_closest(key, known)}")
+        params = dict(known, **dict(cfg.moe_params))
+        for key in ("moe_num_experts", "moe_hidden_size", "moe_group_size"):
+            if isinstance(params[key], bool) or not isinstance(params[key], int) or params[key] < 1:
+                raise ConfigError(f"moe_params {key} must be a positive whole number, got {params[key]!r}")
+    if cfg.rotary_emb and cfg.axial_pos_emb:
+        raise ConfigError("rotary_emb and axial_pos_emb are two ways to give positions: set only one of them")
+    if cfg.rotary_emb and cfg.head_size % 2:
+        raise ConfigError(f"rotary_emb rotates pairs of features, so n_embd / n_head must be even, got "
+                          f"{cfg.head_size}")
+    if cfg.axial_pos_emb and cfg.axial_pos_emb[0] * cfg.axial_pos_emb[1] < cfg.n_ctx:
+        raise ConfigError(f"axial_pos_emb {list(cfg.axial_pos_emb)} covers {cfg.axial_pos_emb[0] * cfg.axial_pos_emb[1]}"
+                          f" positions, fewer than n_ctx {cfg.n_ctx}: make the product at least n_ctx")
+    if cfg.tokens_per_mb_per_replica is not None and cfg.tokens_per_mb_per_replica < 1:
+        raise ConfigError(f"tokens_per_mb_per_replica must be a positive number of tokens (or null for no "
+                          f"micro-batching), got {cfg.tokens_per_mb_per_replica}")
+    _validate_mlm(cfg)
+
+
+def _validate_mlm(cfg: GPTConfig) -> None:
+    mlm_keys = ("mlm_mask_id", "mlm_cls_token_id")
+    if not cfg.mlm_training:
+        for key in mlm_keys:
+            if getattr(cfg, key) is not None:
+                raise ConfigError(f"{key} is set but mlm_training is false: set mlm_training to true or remove {key}")
+        return
+    if cfg.mlm_mask_id is None:
+        raise ConfigError("mlm_training needs mlm_mask_id, the token id reserved for [mask]: set mlm_mask_id")
+    if cfg.padding_id is None:
+        raise ConfigError("mlm_training labels unmasked positions with padding_id, which is not set: set padding_id "
+                          "(or use a dataset whose config has one)")
+    for key in mlm_keys + ("padding_id",):
+        value = getattr(cfg, key)
+        if value is not None and not 0 <= value < cfg.n_vocab:
+            raise ConfigError(f"{key} {value} is not a token id below n_vocab {cfg.n_vocab}")
+    if cfg.mlm_mask_id == cfg.padding_id:
+        raise ConfigError(f"mlm_mask_id and padding_id are both {cfg.padding_id}: masked positions would look like "
+                          f"padding; reserve another id for [mask]")
+    for key in ("mlm_mask_prob", "mlm_same_token_prob", "mlm_random_token_prob"):
+        if not 0.0 <= getattr(cfg, key) <= 1.0:
+            raise ConfigError(f"{key} must be a probability in [0, 1], got {getattr(cfg, key)}")
+    if cfg.mlm_mask_prob == 0:
+        raise ConfigError("mlm_mask_prob is 0, so no token is ever masked and there is nothing to learn: set it > 0")
+    if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1.0:
+        raise ConfigError(f"mlm_same_token_prob + mlm_random_token_prob = "
+                          f"{cfg.mlm_same_token_prob + cfg.mlm_random_token_prob} exceeds 1: lower one of them")
 
 
 def validate(cfg: GPTConfig) -> GPTConfig:
@@ -392,6 +518,7 @@ def validate(cfg: GPTConfig) -> GPTConfig:
             raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    _validate_model_options(cfg)
     _validate_sampling(cfg)
     _validate_eval_tasks(cfg)
     for use in cfg.datasets:
@@ -431,11 +558,16 @@ def _validate_eval_tasks(cfg: GPTConfig) -> None:
 
 def tensor_dim_sizes(cfg: GPTConfig) -> dict[str, int]:
     """Sizes of the named dimensions a layout may split, for the checks below."""
-    return {
-        "batch": cfg.train_batch_size, "sequence": cfg.n_ctx, "memory_length": cfg.n_ctx,
+    sizes = {
+        "batch": cfg.train_batch_size, "sequence": cfg.n_ctx, "memory_length": cfg.n_ctx + cfg.num_mem_kv,
         "embed_sequence": cfg.n_ctx, "embd": cfg.n_embd, "heads": cfg.n_head,
         "features_per_head": cfg.head_size, "vocab": cfg.n_vocab, "intermediate_expanded": 4 * cfg.n_embd,
     }
+    if cfg.moe_layers:
+        from models.moe import moe_hparams
+        hparams = moe_hparams(cfg)
+        sizes.update(experts=hparams.moe_num_experts, expert_hidden=hparams.moe_hidden_size)
+    return sizes
 
 
 # Dimensions that appear together in one tensor of the model; two of them may not share a mesh dimension.
@@ -443,7 +575,7 @@ CO_OCCURRING_DIMS = (
     ("embd", "heads"), ("embd", "intermediate_expanded"), ("vocab", "embd"), ("embed_sequence", "embd"),
     ("batch", "sequence", "embd"), ("batch", "sequence", "heads", "features_per_head"),
     ("batch", "heads", "sequence", "memory_length"), ("batch", "sequence", "vocab"),
-    ("batch", "sequence", "intermediate_expanded"),
+    ("batch", "sequence", "intermediate_expanded"), ("experts", "embd", "expert_hidden"),
 )
 
 
