@@ -97,8 +97,14 @@ def _read_plain_text(path: str) -> Document:
 
 
 def _read_archive(path: str) -> Iterator[Document]:
+    reader = lm_dataformat.Reader(path)
+    if path.endswith(".jsonl.zst.tar"):  # stream_data() raises NameError for these (lm_dataformat 0.0.20); its reader works
+        stream = reader.read_jsonl_tar(path)
+    else:
+        stream = reader.stream_data()
     try:
-        for text in lm_dataformat.Reader(path).stream_data():
+        for item in stream:
+            text = item.get("text") if isinstance(item, dict) else item  # .json.gz streams whole JSON objects
             yield Document(path, text if _is_encodable_text(text) else None)
     except (UnicodeDecodeError, ValueError, EOFError, OSError) as exc:
         # zstd/json/zip errors all derive from these; the archive cannot be read further.

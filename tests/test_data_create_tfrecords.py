@@ -353,3 +353,54 @@ def test_cli_error_is_one_line_and_exit_code_1(tmp_path, capsys):
     code = ct.main(["--input_dir", str(tmp_path), "--name", "x", "--output_dir", str(tmp_path / "o"),
                     "--encoder_path", TOKENIZER_PATH, "--separator", "[0, 99999]", "--quiet"])
     assert code == 1 and "outside the tokenizer's vocabulary" in capsys.readouterr().err
+
+
+def test_every_archive_type_lm_dataformat_reads(tmp_path):
+    """jsonl, jsonl.zst, jsonl.zst.tar, json.zst, json.gz, gz, zip and tar.gz, each holding the same two documents
+    (a .gz holds lines, so one document per line)."""
+    import gzip
+    import io
+    import tarfile
+    import zipfile
+
+    import zstandard
+
+    from data.documents import iter_documents, list_input_files
+
+    documents = [make_text(1, 2), "second document, not ASCII: é 漢字"]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    jsonl = "".join(json.dumps({"text": text}) + "\n" for text in documents).encode("utf-8")
+    (folder / "a.jsonl").write_bytes(jsonl)
+    (folder / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(jsonl))
+    (folder / "c.json.zst").write_bytes(zstandard.ZstdCompressor().compress(json.dumps(documents).encode("utf-8")))
+    with gzip.open(folder / "d.json.gz", "wb") as handle:
+        handle.write(jsonl)
+    with gzip.open(folder / "e.gz", "wt", encoding="utf-8") as handle:
+        handle.write("".join(text.replace("\n", " ") + "\n" for text in documents))
+    with zipfile.ZipFile(folder / "f.zip", "w") as archive:
+        for index, text in enumerate(documents):
+            archive.writestr(f"{index}.txt", text)
+
+    def add(archive, name, data):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(folder / "g.tar.gz", "w:gz") as archive:
+        for index, text in enumerate(documents):
+            add(archive, f"{index}.txt", text.encode("utf-8"))
+    with tarfile.open(folder / "h.jsonl.zst.tar", "w") as archive:
+        add(archive, "part.jsonl.zst", zstandard.ZstdCompressor().compress(jsonl))
+
+    files = list_input_files(str(folder))
+    assert [os.path.basename(path) for path in files] == sorted(os.listdir(folder))
+    by_file = {}
+    for document in iter_documents(files):
+        by_file.setdefault(os.path.basename(document.source), []).append(document.text)
+    for name, texts in by_file.items():
+        expected = [text.replace("\n", " ") + "\n" for text in documents] if name == "e.gz" else documents
+        assert texts == expected, name
+    assert len(by_file) == 8
+    summary = run(folder, tmp_path / "out", files_per=100)
+    assert summary.documents_read == summary.documents_written == 16 and summary.undecodable == 0
