@@ -22,7 +22,6 @@ NOT_BUILT = {
     "auto_layout": "--auto_layout (layout planning) is not built yet in this version",
     "auto_layout_and_mesh_shape": "--auto_layout_and_mesh_shape (layout and mesh planning) is not built yet "
                                   "in this version",
-    "sacred_id": "--sacred_id (Sacred experiment tracking) is not built yet in this version",
 }
 
 
@@ -47,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log_every", type=int, default=None, help="print training progress every N steps")
     p.add_argument("--peak_tflops", type=float, default=None,
                    help="device peak TFLOP/s for MFU (default: measured fp32 matmul peak of this machine)")
+    p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
+                   "model_path/run_info.json")
     for flag in NOT_BUILT:
         p.add_argument(f"--{flag}", action="store_true" if flag != "sacred_id" else None,
                        default=None, help="(not built yet)")
@@ -161,6 +162,8 @@ def train(cfg, placement, args) -> int:
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
           f"({', '.join(placement.devices) or placement.tpu}), steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
+    from tools.runs import write_run_info
+    write_run_info(cfg, start, args.sacred_id)  # tokens/step and FLOPs/token for tools/plot_runs.py
     estimator = make_estimator(cfg, placement, log_every=log_every, peak_flops=peak)
 
     # Train in chunks of steps_per_checkpoint so that eval (when eval_steps > 0) runs after each checkpoint.

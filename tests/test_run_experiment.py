@@ -1,0 +1,121 @@
+"""run_experiment.py (Sacred around main.py) and tools/plot_runs.py, end to end on a 2-step tiny run."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+import numpy as np
+import pytest
+
+from data.create_tfrecords import create_tfrecords
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
+
+
+def run_experiment(*args, cwd):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, os.path.join(REPO, "run_experiment.py"), *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """A tiny config on tokenized stdlib text, trained for 2 steps through run_experiment.py."""
+    root = tmp_path_factory.mktemp("sacred")
+    text_dir = root / "text"
+    text_dir.mkdir()
+    for path in sorted(glob.glob(os.path.join(sysconfig.get_path("stdlib"), "json", "*.py"))):
+        (text_dir / (os.path.basename(path) + ".txt")).write_text(open(path, encoding="utf-8").read())
+    create_tfrecords(input_dir=str(text_dir), output_dir=str(root / "train"), name="train", mode="documents",
+                     encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None, separator=None,
+                     minimum_size=40, show_progress=False)
+    configs = root / "configs"
+    (configs / "dataset_configs").mkdir(parents=True)
+    (configs / "dataset_configs" / "tiny.json").write_text(json.dumps({
+        "n_vocab": 4096, "path": "train/train_*.tfrecords", "tokenizer_path": TOKENIZER, "eos_id": 0,
+        "padding_id": 1}))
+    model = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=32, attention_types=[[["global", "local"], 1]],
+                 local_attention_radius=8, train_batch_size=4, train_steps=2, steps_per_checkpoint=2, lr=3e-3,
+                 datasets=[["tiny", 4, "documents_random", 1.0]], model_path=str(root / "run"))
+    (configs / "tiny.json").write_text(json.dumps(model))
+    result = run_experiment("--model", str(configs / "tiny.json"), "--sacred_dir", str(root / "sacred"),
+                            "--poll_seconds", "1", "--log_every", "1", "--peak_tflops", "0.1", cwd=str(root))
+    return root, model, result
+
+
+def test_run_experiment_records_config_metrics_and_output(tracked):
+    root, model, result = tracked
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = root / "sacred" / "1"
+    assert {"config.json", "metrics.json", "cout.txt", "run.json"} <= set(os.listdir(run_dir))
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["params"]["n_layer"] == 2 and config["params"]["model_path"] == model["model_path"]
+    assert "--log_every" in config["main_args"]
+
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["loss"]["steps"] == [1, 2]
+    assert all(5.0 < v < 10.0 for v in metrics["loss"]["values"])  # ~ln(4096) = 8.3 at the start
+    assert {"learning_rate", "grad_norm", "tokens_per_sec", "mfu"} <= set(metrics)
+
+    cout = (run_dir / "cout.txt").read_text()
+    assert "step      2/2 | loss" in cout and "tok/s" in cout and "MFU" in cout
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "COMPLETED" and run["result"]["last_step"] == 2
+    assert json.loads((run_dir / "info.json").read_text())["model_path"] == model["model_path"]
+
+    info = json.loads((root / "run" / "run_info.json").read_text())  # main.py got --sacred_id
+    assert info["starts"][-1]["sacred_id"] == "1" and info["tokens_per_step"] == 4 * 32
+
+
+def test_plot_runs_draws_loss_against_tokens_and_compute_with_the_frontier(tracked, tmp_path):
+    root, model, result = tracked
+    assert result.returncode == 0, result.stderr
+    from tools.plot_runs import PFLOP_DAY, plot
+    from tools.runs import read_scalars
+
+    out = plot([str(root / "run"), str(root / "run")], str(tmp_path), labels=["a", "b"])
+    assert sorted(os.path.basename(f) for f in out["files"]) == ["loss_vs_compute.png", "loss_vs_tokens.png"]
+    assert all(os.path.getsize(f) > 1000 for f in out["files"])
+
+    losses = read_scalars(str(root / "run"))["loss"]
+    info = json.loads((root / "run" / "run_info.json").read_text())
+    steps = np.array([s for s, _ in losses], float)
+    expected_compute = steps * info["tokens_per_step"] * info["flops_per_token"] / PFLOP_DAY
+
+    compute_axes = out["figures"]["compute"].axes[0]
+    lines = {line.get_label(): line for line in compute_axes.get_lines()}
+    assert {"a", "b"} <= set(lines)  # several runs on one figure
+    np.testing.assert_allclose(lines["a"].get_xdata(), expected_compute)
+    np.testing.assert_allclose(lines["a"].get_ydata(), [v for _, v in losses])
+    frontier = next(line for label, line in lines.items() if label.startswith("frontier"))
+    c = np.asarray(frontier.get_xdata())
+    np.testing.assert_allclose(frontier.get_ydata(), 2.57 * c ** -0.048)
+    assert c.min() < expected_compute.min() and c.max() > expected_compute.max()  # spans the runs
+
+    token_lines = {line.get_label(): line for line in out["figures"]["tokens"].axes[0].get_lines()}
+    np.testing.assert_allclose(token_lines["a"].get_xdata(), steps * info["tokens_per_step"])
+
+
+def test_plot_command_line_and_a_failing_run(tracked, tmp_path):
+    root, model, _ = tracked
+    cli = subprocess.run([sys.executable, os.path.join(REPO, "tools", "plot_runs.py"), str(root / "run"), "--out",
+                          str(tmp_path / "plots")], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert "wrote" in cli.stdout and os.path.exists(tmp_path / "plots" / "loss_vs_compute.png")
+    missing = subprocess.run([sys.executable, os.path.join(REPO, "tools", "plot_runs.py"), str(tmp_path)],
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: ")
+
+    bad = dict(model, n_embed=32)  # a mistyped key: main.py fails, the Sacred run is FAILED with its output
+    (root / "configs" / "bad.json").write_text(json.dumps(bad))
+    failed = run_experiment("--model", str(root / "configs" / "bad.json"), "--sacred_dir", str(root / "sacred"),
+                            cwd=str(root))
+    assert failed.returncode == 1
+    run_dir = max((root / "sacred").glob("[0-9]*"), key=lambda p: int(p.name))
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "FAILED"
+    assert "unknown key 'n_embed'" in (run_dir / "cout.txt").read_text()
