@@ -19,9 +19,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
 
 NOT_BUILT = {
-    "auto_layout": "--auto_layout (layout planning) is not built yet in this version",
-    "auto_layout_and_mesh_shape": "--auto_layout_and_mesh_shape (layout and mesh planning) is not built yet "
-                                  "in this version",
 }
 
 
@@ -48,6 +45,25 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="device peak TFLOP/s for MFU (default: measured fp32 matmul peak of this machine)")
     p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
                    "model_path/run_info.json")
+    # Planning and scale (engine/scale_cli.py): no training starts with the first three.
+    p.add_argument("--dry_run", action="store_true", help="print parameters, FLOPs/token, tokens/step, micro-batches "
+                   "and per-device memory (with and without recompute_grad) for the mesh and layout, then exit")
+    p.add_argument("--device_memory", help="with --dry_run: one device's memory (80GB, 16GiB); also finds the "
+                   "smallest mesh that fits")
+    p.add_argument("--auto_layout", action="store_true", help="print a memory-efficient layout for the mesh_shape "
+                   "(mesh-tensorflow's auto_mtf), then exit")
+    p.add_argument("--auto_layout_and_mesh_shape", action="store_true", help="print a mesh shape and layout for "
+                   "--num_devices devices, then exit")
+    p.add_argument("--num_devices", type=int, help="devices for --auto_layout_and_mesh_shape (default: as many as "
+                   "--gpu_ids names, else the config's mesh size)")
+    p.add_argument("--write_config", metavar="PATH", help="with --auto_layout*: write a copy of the config using "
+                   "the found mesh_shape and layout")
+    p.add_argument("--cluster", metavar="FILE", help='multi-host: cluster file {"worker": ["host:port", ...]}, '
+                   "chief (task 0) first")
+    p.add_argument("--workers", metavar="LIST", help="multi-host: the cluster as host0:port,host1:port,...")
+    p.add_argument("--task_index", type=int, help="multi-host: this host's index in the cluster (0 trains)")
+    p.add_argument("--worker_timeout", type=float, help="multi-host: a non-chief exits after this many seconds "
+                   "without being released by the chief (default: wait)")
     for flag in NOT_BUILT:
         p.add_argument(f"--{flag}", action="store_true" if flag != "sacred_id" else None,
                        default=None, help="(not built yet)")
@@ -95,13 +111,20 @@ def run(args) -> int:
         overrides["layout"] = args.layout
     from engine.predict import config_overrides
     overrides.update(config_overrides(args))
+    from engine import scale_cli
+    overrides.update(scale_cli.config_overrides(args))
     cfg = load_config(args.model, overrides)
 
     if args.check_dataset:
         return check_dataset(cfg)
 
+    handled = scale_cli.dispatch(args, cfg)  # --dry_run, --auto_layout*, non-chief hosts of a cluster
+    if handled is not None:
+        return handled
     if args.tpu:
         placement = Placement(tpu=args.tpu)
+    elif scale_cli.multi_host(args):
+        placement = scale_cli.chief_placement(args, cfg)
     else:
         names = devices.configure(args.gpu_ids or devices.cpu_devices(cfg.n_devices))
         devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, names)

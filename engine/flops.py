@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from models.config import GPTConfig
 
 
 def parameter_count(cfg: GPTConfig) -> dict[str, int]:
+    """Closed-form count for the default architecture (what models/gpt.py builds without extra options).
+
+    Planning counts the built graph's variables instead (engine/model_graph.py), which stays exact whatever
+    options the model grows; tests check that the two agree for the default architecture."""
     d, v, n = cfg.n_embd, cfg.n_vocab, cfg.n_ctx
     per_layer = (4 * d * d + d) + (2 * d) * 2 + (d * 4 * d + 4 * d) + (4 * d * d + d)
     embedding = v * d + n * d
@@ -14,10 +19,13 @@ def parameter_count(cfg: GPTConfig) -> dict[str, int]:
             "total": embedding + cfg.n_layer * per_layer + 2 * d}
 
 
-def training_flops_per_token(cfg: GPTConfig) -> float:
+def training_flops_per_token(cfg: GPTConfig, params: Optional[dict] = None) -> float:
     """6N for the weights (forward + backward) plus the attention score/value matmuls, counting the keys
-    each query really sees (all previous for global, the window for local), and the output projection."""
-    params = parameter_count(cfg)
+    each query really sees (all previous for global, the window for local), and the output projection.
+
+    `params` is a count like parameter_count's (e.g. ModelGraph.parameter_count() of the built graph);
+    default: the closed form."""
+    params = params or parameter_count(cfg)
     dense = 6 * (params["non_embedding"] + cfg.n_vocab * cfg.n_embd)
     attention = 0
     for kind in cfg.attention_types:

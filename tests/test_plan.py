@@ -1,0 +1,166 @@
+"""--dry_run: parameter counts, per-device memory against what the placement mesh allocates, the smallest
+mesh search, and every shipped config's layout on its real graph."""
+import glob
+import math
+import os
+import re
+
+import mesh_tensorflow as mtf
+import pytest
+import tensorflow.compat.v1 as tf
+
+import main
+from conftest import CPU_DEVICES
+from engine import flops, model_graph, plan
+from models.config import CONFIG_DIR, ConfigError, load_config
+from tiny import random_tokens, tiny_config, train
+
+
+def checkpoint_parameters(model_path):
+    checkpoint = tf.train.latest_checkpoint(model_path)
+    return {name: math.prod(shape) for name, shape in tf.train.list_variables(checkpoint)
+            if name.startswith("gpt2/") and "adam" not in name}
+
+
+def test_parameter_count_is_exactly_the_trained_checkpoints_variables(tmp_path):
+    cfg = tiny_config(n_layer=3, attention_types=[[["local", "global", "local"], 1]], activation_function="relu",
+                      model_path=str(tmp_path / "run"), train_steps=1)
+    train(cfg, random_tokens([8, cfg.n_ctx + 1]))
+    trained = checkpoint_parameters(cfg.model_path)
+    counted = model_graph.build(cfg).parameter_count()
+    assert counted["total"] == sum(trained.values())
+    assert counted["embedding"] == trained["gpt2/wte"] + trained["gpt2/wpe"]
+    assert counted["non_embedding"] == counted["total"] - counted["embedding"]
+    # The closed form (engine/flops.py) agrees for the default architecture, and so FLOPs/token is 6N + attention.
+    assert flops.parameter_count(cfg) == counted
+    assert flops.training_flops_per_token(cfg, counted) == flops.training_flops_per_token(cfg)
+
+
+def allocated_slices(cfg):
+    """Bytes of the slice variables the placement mesh creates on each device, for weights and optimizer state."""
+    built = model_graph.build(cfg, declare_only=False)
+    with built.tf_graph.as_default():
+        impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
+                                                         mtf.convert_to_layout_rules(cfg.layout),
+                                                         CPU_DEVICES[:cfg.n_devices])
+        mtf.Lowering(built.graph, {built.mesh: impl})
+        per_device = {}
+        for op in built.tf_graph.get_operations():
+            if op.type in ("VarHandleOp", "VariableV2") and "_slice_" in op.name:
+                kind = "optimizer" if ("adam_" in op.name or "_slot_" in op.name) else "weights"
+                size = math.prod(op.get_attr("shape").dim[i].size for i in range(len(op.get_attr("shape").dim)))
+                key = (op.device, kind)
+                per_device[key] = per_device.get(key, 0) + size * tf.as_dtype(op.get_attr("dtype")).size
+    return per_device
+
+
+@pytest.mark.parametrize("mesh_shape,layout,opt_name", [
+    ("x:2,y:2", "batch:x,embd:y,memory_length:y", "adam"),
+    ("x:4", "heads:x,intermediate_expanded:x,vocab:x", "adafactor"),
+])
+def test_weight_and_optimizer_bytes_match_what_the_placement_mesh_allocates(mesh_shape, layout, opt_name):
+    cfg = tiny_config(n_embd=64, n_vocab=128, mesh_shape=mesh_shape, layout=layout, opt_name=opt_name,
+                      train_batch_size=8)
+    estimate = plan.memory(plan.collect(cfg), cfg, recompute=False)
+    allocated = allocated_slices(cfg)
+    devices = {device for device, _ in allocated}
+    assert len(devices) == cfg.n_devices
+    for device in devices:
+        for kind, estimated in (("weights", estimate.weights), ("optimizer", estimate.optimizer)):
+            real = allocated[(device, kind)]
+            assert abs(estimated - real) <= 0.05 * real, (device, kind, estimated, real)
+    # The layout really splits weights (so matching is not a replicated full copy matching itself).
+    whole = plan.memory(plan.collect(cfg), cfg.replace(mesh_shape="all:1", layout=""), recompute=False)
+    assert estimate.weights < whole.weights and estimate.optimizer < whole.optimizer
+
+
+def test_activation_estimates_follow_recompute_batch_and_layout():
+    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], train_batch_size=8, n_ctx=32)
+    facts = plan.collect(cfg)
+    off, on = plan.memory(facts, cfg, False), plan.memory(facts, cfg, True)
+    assert on.activations_saved < 0.5 * off.activations_saved  # only block inputs are kept
+    assert on.activations_working > off.activations_working     # one block is rebuilt in the backward pass
+    assert on.weights == off.weights and on.optimizer == off.optimizer == 2 * off.weights  # Adam: m and v
+    split = cfg.replace(mesh_shape="x:2", layout="batch:x")
+    halved = plan.memory(facts, split, False)
+    assert halved.activations_saved == pytest.approx(off.activations_saved / 2, rel=0.02)
+    assert halved.weights == off.weights  # data parallel keeps a full copy of the weights everywhere
+    micro = cfg.replace(tokens_per_mb_per_replica=2 * cfg.n_ctx)  # 8 sequences -> 4 micro-batches of 2
+    assert plan.micro_batches(micro) == 4
+    per_micro = plan.memory(facts, micro, False)
+    assert per_micro.activations_saved == pytest.approx(off.activations_saved / 4, rel=0.02)
+    assert per_micro.accumulators == off.gradients and off.accumulators == 0
+
+
+def test_smallest_mesh_that_fits():
+    cfg = tiny_config(train_batch_size=8)
+    facts = plan.collect(cfg)
+    one = plan.memory(facts, cfg, recompute=False).total
+    fit = plan.smallest_fit(cfg, facts, one, recompute=False)
+    assert fit.n_devices == 1 and fit.mesh_shape == "all:1"
+    fit = plan.smallest_fit(cfg, facts, 0.6 * one, recompute=False)
+    assert fit is not None and fit.n_devices > 1 and fit.memory.total <= 0.6 * one
+    chosen = cfg.replace(mesh_shape=fit.mesh_shape, layout=fit.layout)
+    assert chosen.n_devices == fit.n_devices
+    assert plan.memory(facts, chosen, False).total == fit.memory.total
+    # Nothing on half as many devices fits.
+    for candidate, _ in plan.candidate_layouts(cfg, fit.n_devices // 2):
+        assert plan.memory(facts, candidate, False).total > 0.6 * one
+    assert plan.smallest_fit(cfg, facts, 1000, recompute=False) is None  # 1 kB: not on any mesh
+
+
+def test_parse_bytes():
+    assert plan.parse_bytes("80GB") == 80e9
+    assert plan.parse_bytes("16GiB") == 16 * 2 ** 30
+    assert plan.parse_bytes("512 MB") == 512e6
+    assert plan.parse_bytes("1.5e9") == 1.5e9
+    assert plan.parse_bytes("40g") == 40e9
+    with pytest.raises(ConfigError, match="80GB"):
+        plan.parse_bytes("lots")
+
+
+def test_a_layout_a_layer_cannot_take_is_an_error():
+    # Local attention reshapes `sequence` into blocks (here n_ctx / window = 1 block): splitting it fails.
+    cfg = tiny_config(n_ctx=16, local_attention_radius=16, mesh_shape="x:2", layout="sequence:x")
+    with pytest.raises(ConfigError, match="cannot split"):
+        plan.memory(plan.collect(cfg), cfg, recompute=False)
+
+
+def test_dry_run_cli(capsys):
+    assert main.main(["--model", "colab_XL", "--dry_run", "--device_memory", "16GB"]) == 0
+    out = capsys.readouterr().out
+    cfg = load_config("colab_XL")
+    total = flops.parameter_count(cfg)["total"]
+    assert f"{total:,} " in out and "non-embedding" in out and "FLOPs/token" in out
+    assert "tokens/step    8,192 (4 sequences x 2048)" in out and "micro-batches  1 per step" in out
+    for row in ("weights (float32)", "optimizer state (adam)", "activations kept for backward", "total"):
+        assert row in out
+    assert "recompute_grad off" in out and "recompute_grad on" in out
+    assert "does NOT fit" in out  # a 1.3B model with Adam is more than one 16 GB device holds
+    fit = re.search(r"smallest mesh that fits, recompute_grad on: (\d+) devices, --mesh_shape (\S+) --layout (\S+)", out)
+    assert fit, out
+    fitted = cfg.replace(mesh_shape=fit.group(2), layout=fit.group(3))
+    assert fitted.n_devices == int(fit.group(1)) > 1
+    assert plan.memory(plan.collect(cfg), fitted, recompute=True).total <= 16e9
+    assert "| loss" not in out and not os.path.exists(os.path.join(cfg.model_path, "checkpoint"))  # nothing trained
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))),
+                         ids=lambda p: os.path.basename(p)[:-5])
+def test_every_config_splits_every_tensor_of_its_graph_evenly(path):
+    cfg = load_config(path)  # loads and validates
+    n = model_graph.layers_for_planning(cfg, 2)  # one repeat of its attention pattern: every kind of layer
+    built = model_graph.build(cfg, n_layer=n)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
+                                                     mtf.convert_to_layout_rules(cfg.layout), [""] * cfg.n_devices)
+    mesh = dict(cfg.mesh_dims)
+    split_somewhere = set()
+    for op in built.graph.operations:
+        for t in op.outputs:
+            layout = impl.tensor_layout(t.shape)  # raises if a split dimension does not divide evenly
+            for dim, axis in zip(t.shape.dims, layout.tensor_axis_to_mesh_axis):
+                if axis is not None:
+                    mesh_dim = impl.shape.dims[axis]
+                    assert dim.size % mesh_dim.size == 0
+                    split_somewhere.add(dim.name)
+    assert split_somewhere == {dim for dim, mesh_dim in cfg.layout_rules if mesh[mesh_dim] > 1}
