@@ -16,7 +16,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 from tensorflow.compat.v1 import estimator as tf_estimator
 
-from engine import flops
+from engine import cluster as cluster_lib, flops, tpu
 from engine import train_step
 from engine.optimizer import apply_gradients, learning_rate
 from engine import inference
@@ -29,9 +29,16 @@ TRAIN, EVAL, PREDICT = tf_estimator.ModeKeys.TRAIN, tf_estimator.ModeKeys.EVAL, 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the mesh runs: a list of devices (placement mesh) or a TPU (SIMD mesh)."""
+    """Where the mesh runs: a list of devices (placement mesh) or a TPU (SIMD mesh).
+
+    Across hosts (engine/cluster.py) the devices are /job:worker/task:T/... names, `master` is the chief's
+    server, master variables are spread over `hosts` (each host's CPU) and ops placed nowhere else run on
+    `default_device` (the chief's CPU)."""
     devices: tuple = ()
     tpu: Optional[str] = None
+    master: Optional[str] = None
+    hosts: tuple = ()
+    default_device: Optional[str] = None
 
     @property
     def use_tpu(self) -> bool:
@@ -42,15 +49,9 @@ def _mesh_impl(cfg: GPTConfig, placement: Placement, params: dict):
     shape = mtf.convert_to_shape(cfg.mesh_shape)
     layout = mtf.convert_to_layout_rules(cfg.layout)
     if not placement.use_tpu:
-        return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout, list(placement.devices)), None
-    ctx = params["context"]
-    hosts = [ctx.tpu_host_placement_function(host_id=i) for i in range(ctx.num_hosts)]
-    var_placer = mtf.utils.BalancedVariablePlacer(hosts, [300_000_000 * ctx.num_replicas] + [0] * (len(hosts) - 1))
-    physical = list(ctx.device_assignment.topology.mesh_shape)
-    logical_to_physical = mtf.simd_mesh_impl.auto_logical_to_physical_tpu(shape.to_integer_list, physical)
-    impl = mtf.simd_mesh_impl.SimdMeshImpl(shape, layout, [""] * shape.size, ctx.device_assignment,
-                                           logical_to_physical=logical_to_physical)
-    return impl, var_placer
+        placer = mtf.utils.BalancedVariablePlacer(list(placement.hosts)) if placement.hosts else None
+        return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout, list(placement.devices)), placer
+    return tpu.simd_mesh(cfg, params["context"])  # SIMD mesh over the TPU's cores (engine/tpu.py)
 
 
 def _checkpoint_hooks(lowering: mtf.Lowering, cfg: GPTConfig, save: bool) -> list:
@@ -190,16 +191,12 @@ def make_estimator(cfg: GPTConfig, placement: Placement, log_every: int = 10,
                    peak_flops: float = 0.0) -> tf_estimator.tpu.TPUEstimator:
     session_config = tf.ConfigProto(allow_soft_placement=True,
                                     device_count={"CPU": max(1, sum("CPU" in d for d in placement.devices))})
-    cluster = None
-    if placement.use_tpu:
-        cluster = tf.distribute.cluster_resolver.TPUClusterResolver(None if placement.tpu == "colab" else placement.tpu)
+    cluster = tpu.cluster_resolver(placement.tpu) if placement.use_tpu else None
     run_config = tf_estimator.tpu.RunConfig(
-        cluster=cluster, model_dir=cfg.model_path, tf_random_seed=cfg.seed, session_config=session_config,
+        cluster=cluster, master=placement.master, device_fn=cluster_lib.device_filler(placement.default_device),
+        model_dir=cfg.model_path, tf_random_seed=cfg.seed, session_config=session_config,
         save_checkpoints_steps=None, save_checkpoints_secs=None,  # our CheckpointSaverHook saves
-        save_summary_steps=log_every, log_step_count_steps=None,
-        tpu_config=tf_estimator.tpu.TPUConfig(
-            iterations_per_loop=cfg.iterations, num_cores_per_replica=1,
-            per_host_input_for_training=tf_estimator.tpu.InputPipelineConfig.BROADCAST))
+        save_summary_steps=log_every, log_step_count_steps=None, tpu_config=tpu.tpu_config(cfg))
     return tf_estimator.tpu.TPUEstimator(
         use_tpu=placement.use_tpu, model_fn=make_model_fn(cfg, placement, log_every, peak_flops), config=run_config,
         train_batch_size=cfg.train_batch_size, eval_batch_size=cfg.eval_batch_size,
