@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     except (ConfigError, DeviceError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except tf.errors.InvalidArgumentError as e:  # bad data found while training reads it: one line, not a traceback
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:  # bad data found while training reads it
         from data.inputs import pipeline_error
         error = pipeline_error(e)
         if error is None:

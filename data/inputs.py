@@ -401,14 +401,22 @@ def _parse_tokens(record: tf.Tensor) -> tf.Tensor:
 PIPELINE_ERROR_TAG = "input pipeline: "  # starts the message of every assertion the graph makes on the data
 
 
+_RECORD_CORRUPTION = re.compile(r"(corrupted|truncated) record at \d+")
+
+
 def pipeline_error(error: tf.errors.OpError) -> Optional[DataError]:
-    """The DataError behind an in-graph assertion of this pipeline, or None if ``error`` is another failure.
+    """The DataError behind an in-graph failure of this pipeline, or None if ``error`` is another failure.
 
     Problems found while training reads the data (a short stitched group, a token id beyond
-    n_vocab) surface from ``Estimator.train`` as InvalidArgumentError with TF's long message;
-    callers turn them back into the one-line error the user should see.
+    n_vocab, a record whose checksum fails) surface from ``Estimator.train`` as
+    InvalidArgumentError / DataLossError with TF's long message; callers turn them back into
+    the one-line error the user should see.
     """
     message = error.message or ""
+    corruption = _RECORD_CORRUPTION.search(message)
+    if isinstance(error, tf.errors.DataLossError) and corruption:
+        return DataError(f"a tfrecords file is corrupt ({corruption.group(0)}, found while reading it); "
+                         f"--check_dataset names the file: recreate it")
     if PIPELINE_ERROR_TAG not in message:
         return None
     text = message[message.index(PIPELINE_ERROR_TAG) + len(PIPELINE_ERROR_TAG):]

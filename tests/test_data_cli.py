@@ -46,11 +46,21 @@ def workspace(tmp_path_factory):
     # A registry entry that under-states the vocabulary, so the model's n_vocab (64) passes the config check.
     entry = json.loads((registry / "tiny.json").read_text())
     (registry / "small_vocab.json").write_text(json.dumps(dict(entry, n_vocab=64)))
-    # Ids in range for the first 256 documents (what the build-time check reads), then beyond n_vocab.
+    # Ids in range in the first file (all the build-time check reads), beyond n_vocab in the second.
     (root / "late").mkdir()
-    write_records(root / "late" / output_file_name("late", 0, 256), [[2 + (d + p) % 60 for p in range(40)] for d in range(256)])
-    write_records(root / "late" / output_file_name("late", 1, 256), [[100] * 40] * 256)
+    write_records(root / "late" / output_file_name("late", 0, 8), [[2 + (d + p) % 60 for p in range(40)] for d in range(8)])
+    write_records(root / "late" / output_file_name("late", 1, 64), [[100] * 40] * 64)
     (registry / "late.json").write_text(json.dumps({"n_vocab": 64, "path": str(root / "late" / "late_*.tfrecords")}))
+    # A record whose payload (not its length) is damaged, in the file after the one checked at build time.
+    (root / "flip").mkdir()
+    write_records(root / "flip" / output_file_name("flip", 0, 8), [[2 + (d + p) % 60 for p in range(40)] for d in range(8)])
+    damaged = root / "flip" / output_file_name("flip", 1, 64)
+    write_records(damaged, [[7] * 40] * 64)
+    data = bytearray(damaged.read_bytes())
+    record = len(data) // 64  # all records have the same size: 12-byte header, payload, 4-byte checksum
+    data[32 * record + 12 + 5] ^= 0xFF  # inside the payload of record 32: the lengths stay right
+    damaged.write_bytes(bytes(data))
+    (registry / "flip.json").write_text(json.dumps({"n_vocab": 64, "path": str(root / "flip" / "flip_*.tfrecords")}))
     # A truncated file.
     (root / "cut").mkdir()
     cut = root / "cut" / output_file_name("cut", 0, 8)
@@ -95,6 +105,9 @@ def test_written_dataset_config_serves_check_dataset(workspace, capsys):
     ("vocab_at_build", dict(n_vocab=64, datasets=[["small_vocab", 2, "documents_random", 1.0]]), [],
      "outside the model's vocabulary (0 <= id < n_vocab = 64)"),
     ("truncated", dict(datasets=[["cut", 1, "documents_random", 1.0]]), ["--check_dataset"], "corrupt tfrecords file"),
+    ("truncated_in_training", dict(datasets=[["cut", 1, "documents_random", 1.0]]), [], "corrupt tfrecords file"),
+    ("damaged_check", dict(n_vocab=64, datasets=[["flip", 1, "documents_fixed", 1.0]]), ["--check_dataset"],
+     "corrupt tfrecords file"),  # found while training reads it: see test_data_inputs (same except clause as below)
 ])
 def test_data_errors_are_one_line_with_exit_code_1(workspace, capsys, name, changes, extra, expected):
     code, out, err = main_in_process(capsys, "--model", model_config(workspace, name, **changes), *extra)
@@ -104,7 +117,7 @@ def test_data_errors_are_one_line_with_exit_code_1(workspace, capsys, name, chan
 
 
 def test_bad_ids_found_while_training_are_one_line_from_the_real_cli(workspace):
-    """The first 256 documents pass the build-time check; a later batch fails the in-graph one."""
+    """The first file passes the build-time check; a batch from the second fails the in-graph one."""
     config = model_config(workspace, "late", n_vocab=64, train_steps=200, train_batch_size=16,
                           datasets=[["late", 1, "documents_fixed", 1.0]])
     result = run_main("--model", config, "--log_every", "1000")

@@ -240,3 +240,18 @@ def test_token_ids_beyond_n_vocab_found_later_become_one_line_data_errors(tmp_pa
         take(train_dataset([DatasetSource(write_files(str(tmp_path), "short", in_range + [[1] * 3] * 40, 256), 1, "documents_fixed")], 8, 10, 0), 60)
     assert "has fewer than n_ctx+1 = 9 tokens" in str(pipeline_error(raised.value))
     assert pipeline_error(tf.errors.InvalidArgumentError(None, None, "some other failure")) is None
+
+
+def test_a_damaged_record_found_while_reading_becomes_a_one_line_data_error(tmp_path):
+    """The build-time check reads the first file; a checksum failure in a later one surfaces as DataLossError."""
+    path = write_files(str(tmp_path), "flip", synthetic_documents([20] * 72), 8)  # files of 8 documents
+    damaged = sorted(tf.io.gfile.glob(path))[-1]
+    data = bytearray(open(damaged, "rb").read())
+    record = len(data) // 8  # equal records: 12-byte header, payload, 4-byte checksum
+    data[4 * record + 12 + 5] ^= 0xFF  # inside a payload: the length fields stay right
+    open(damaged, "wb").write(bytes(data))
+    with pytest.raises(tf.errors.DataLossError) as raised:
+        take(train_dataset([DatasetSource(path, 1, "documents_fixed")], 8, 16, 0), 20)
+    error = pipeline_error(raised.value)
+    assert isinstance(error, DataError) and "\n" not in str(error)
+    assert str(error).startswith("a tfrecords file is corrupt (corrupted record at ") and "--check_dataset" in str(error)
