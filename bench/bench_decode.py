@@ -1,0 +1,202 @@
+"""Decoding speed: this project's sampler (kv cache) against HF transformers' GPTNeoForCausalLM.generate.
+
+    .venv/bin/python bench/bench_decode.py                       # prompts of 16, 256 and 1024 tokens (~3 minutes)
+    .venv/bin/python bench/bench_decode.py --prompt_lengths 16 1024 --new_tokens 8 40 --recompute
+
+Same model in both (default: 6 layers, 512 wide, 8 heads, vocabulary 8192, context 2048, global/local with
+GPT-Neo's 256-token window), batch 1, greedy. For each prompt length, each side generates N1 and N2 new tokens
+(best of --repeats runs each); the time per new token is (t(N2) - t(N1)) / (N2 - N1), which leaves out the
+prompt's forward pass (prefill) and the fixed costs of a call, and t(N1) is reported as the prefill-and-first-
+tokens time. Ours runs models/sampling.py's in-graph loop (engine/inference.py's PREDICT graph, one
+session.run per call, the prompt length fed, so one graph serves every prompt length); it uses the kv cache
+(models/kv_cache.py) where the model allows it (`sampling.uses_cache`) and says which path it took.
+--recompute also times the full-recompute path (every new token recomputes the whole context).
+Every side runs in its own process, one after another.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+MARK = "BENCH_RESULT "
+
+
+def attention_types(n_layer: int) -> list:
+    return [[["global", "local"], n_layer // 2]] if n_layer % 2 == 0 else [[["global"], n_layer]]
+
+
+def worker_ours(args) -> dict:
+    import numpy as np
+    import models  # noqa: F401
+    import mesh_tensorflow as mtf
+    import tensorflow.compat.v1 as tf
+    from engine import devices
+    from engine.inference import predict_outputs
+    from models import gpt, sampling
+    from models.config import config_from_dict
+
+    tf.get_logger().setLevel("ERROR")
+    names = devices.configure(["device:CPU:0"])
+    cfg = config_from_dict(dict(
+        n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_ctx=args.n_ctx, n_vocab=args.n_vocab,
+        attention_types=attention_types(args.n_layer), local_attention_radius=args.window, temperature=0.0,
+        predict_batch_size=1, mesh_shape="all:1", layout="", kv_cache=not args.recompute_worker), "bench config")
+    sessions = {}
+    path = None
+    for new in args.new_tokens:
+        options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0)
+        path = "kv cache" if sampling.uses_cache(cfg, options) else "full recompute"
+        graph = tf.Graph()
+        with graph.as_default():
+            mesh = mtf.Mesh(mtf.Graph(), "gpt_mesh")
+            impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
+                                                             mtf.convert_to_layout_rules(cfg.layout), names)
+            tokens = tf.placeholder(tf.int32, [1, cfg.n_ctx])
+            length = tf.placeholder(tf.int32, [1])
+            dims = gpt.Dims.of(cfg, 1)
+            outputs = predict_outputs({"tokens": tokens, "prompt_length": length}, mesh, cfg, dims, options)
+            lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+            fetch = lowering.export_to_tf_tensor(outputs["tokens"])
+            init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+            copy = lowering.copy_masters_to_slices()
+            session = tf.Session(graph=graph, config=tf.ConfigProto(allow_soft_placement=True))
+            session.run(init)
+            session.run(copy)
+        sessions[new] = (session, fetch, tokens, length)
+
+    rng = np.random.RandomState(0)
+    results = {}
+    for p in args.prompt_lengths:
+        row = np.zeros([1, cfg.n_ctx], np.int32)
+        row[0, :p] = rng.randint(0, cfg.n_vocab, p)
+        times = {}
+        for new, (session, fetch, tokens, length) in sessions.items():
+            feed = {tokens: row, length: [p]}
+            out = session.run(fetch, feed)  # warm-up
+            assert (out[0, :p] == row[0, :p]).all()
+            best = float("inf")
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                session.run(fetch, feed)
+                best = min(best, time.perf_counter() - start)
+            times[new] = best
+        n1, n2 = args.new_tokens
+        results[str(p)] = {"t_n1_s": times[n1], "t_n2_s": times[n2], "per_token_ms": 1e3 * (times[n2] - times[n1]) / (n2 - n1)}
+    return {"path": path, "by_prompt": results}
+
+
+def worker_hf(args) -> dict:
+    import torch
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    config = GPTNeoConfig(vocab_size=args.n_vocab, max_position_embeddings=args.n_ctx, hidden_size=args.n_embd,
+                          num_layers=args.n_layer, num_heads=args.n_head, attention_types=attention_types(args.n_layer),
+                          window_size=args.window, activation_function="gelu_new", resid_dropout=0.0,
+                          embed_dropout=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0)
+    model = GPTNeoForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    results = {}
+    for p in args.prompt_lengths:
+        ids = torch.randint(1, args.n_vocab, (1, p), generator=generator)
+        times = {}
+        for new in args.new_tokens:
+            kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0,
+                          attention_mask=torch.ones_like(ids))
+            with torch.no_grad():
+                out = model.generate(ids, **kwargs)  # warm-up
+                assert out.shape[1] == p + new
+                best = float("inf")
+                for _ in range(args.repeats):
+                    start = time.perf_counter()
+                    model.generate(ids, **kwargs)
+                    best = min(best, time.perf_counter() - start)
+            times[new] = best
+        n1, n2 = args.new_tokens
+        results[str(p)] = {"t_n1_s": times[n1], "t_n2_s": times[n2], "per_token_ms": 1e3 * (times[n2] - times[n1]) / (n2 - n1)}
+    return {"path": "HF generate, DynamicCache", "by_prompt": results, "torch_threads": torch.get_num_threads()}
+
+
+WORKERS = {"ours": worker_ours, "hf": worker_hf}
+
+
+def run_worker(kind: str, args, recompute: bool = False) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", kind]
+    for key in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window", "repeats"):
+        command += [f"--{key}", str(getattr(args, key))]
+    command += ["--prompt_lengths", *map(str, args.prompt_lengths), "--new_tokens", *map(str, args.new_tokens)]
+    if recompute:
+        command += ["--recompute_worker"]
+    started = time.time()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"error: the {kind} worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    values = json.loads(lines[-1][len(MARK):])
+    values.update(measure=kind + (" recompute" if recompute else ""), wall_s=round(time.time() - started, 1),
+                  load=[round(x, 2) for x in os.getloadavg()])
+    print(json.dumps(values), flush=True)
+    return values
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n_layer", type=int, default=6)
+    p.add_argument("--n_embd", type=int, default=512)
+    p.add_argument("--n_head", type=int, default=8)
+    p.add_argument("--n_ctx", type=int, default=2048)
+    p.add_argument("--n_vocab", type=int, default=8192)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--prompt_lengths", type=int, nargs="+", default=[16, 256, 1024])
+    p.add_argument("--new_tokens", type=int, nargs=2, default=[8, 40], metavar=("N1", "N2"),
+                   help="two generation lengths; per-token time is the difference over N2 - N1")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--recompute", action="store_true", help="also time this project's full-recompute path")
+    p.add_argument("--skip_hf", action="store_true")
+    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    p.add_argument("--recompute_worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
+        return 0
+    if max(args.prompt_lengths) + max(args.new_tokens) > args.n_ctx:
+        raise SystemExit(f"error: prompts of {max(args.prompt_lengths)} + {max(args.new_tokens)} new tokens do not fit "
+                         f"n_ctx {args.n_ctx}")
+
+    print(f"# {os.cpu_count()} CPUs, load average {[round(x, 2) for x in os.getloadavg()]} at start", flush=True)
+    runs = [run_worker("ours", args)]
+    if args.recompute:
+        runs.append(run_worker("ours", args, recompute=True))
+    if not args.skip_hf:
+        runs.append(run_worker("hf", args))
+    n1, n2 = args.new_tokens
+    print(f"\nmodel: {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, ctx {args.n_ctx}, vocab "
+          f"{args.n_vocab}, global/local (window {args.window}); batch 1, greedy; per-token = (t({n2}) - t({n1})) / "
+          f"{n2 - n1}, best of {args.repeats}")
+    header = "".join(f"{'prompt ' + str(p):>22}" for p in args.prompt_lengths)
+    print(f"{'':<34}{header}")
+    for r in runs:
+        cells = "".join(f"{r['by_prompt'][str(p)]['per_token_ms']:>9.2f} ms ({1e3 / r['by_prompt'][str(p)]['per_token_ms']:>5.0f}/s)"
+                        for p in args.prompt_lengths)
+        print(f"{r['measure'] + ' [' + r['path'] + ']':<34}{cells}")
+    hf = next((r for r in runs if r["measure"] == "hf"), None)
+    if hf:
+        ours = runs[0]
+        ratios = ", ".join(f"prompt {p}: {hf['by_prompt'][str(p)]['per_token_ms'] / ours['by_prompt'][str(p)]['per_token_ms']:.2f}x"
+                           for p in args.prompt_lengths)
+        print(f"decode tokens/s, ours / HF: {ratios}")
+    print(f"# load average {[round(x, 2) for x in os.getloadavg()]} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Training speed: this project against HF transformers' GPTNeoForCausalLM (PyTorch, CPU), same model, same machine.
+
+    .venv/bin/python bench/bench_train.py                     # the default comparison (about 4 minutes on 2 cores)
+    .venv/bin/python bench/bench_train.py --precisions float32 bfloat16 --repeats 2 --steps 8
+
+Trains the same GPT-Neo model (default: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192, batch 8,
+global/local attention alternating with a 128-token window, Adam, gradient clipping 1.0) for --warmup steps
+that are not timed, then --steps timed steps, in this project (the real training path: TPUEstimator with
+use_tpu=False on a one-device placement mesh, checkpoint and summary hooks installed) and in HF's GPTNeo with
+torch.optim.AdamW. Every measurement runs in its own fresh process, one after another, so the two frameworks
+never share the cores or each other's thread pools; with --repeats N each is measured N times, interleaved, and
+the best is kept (the machine is shared: the best run is the one least disturbed).
+
+Reports tokens/s for both and their ratio, model FLOP/s (engine/flops.py: 6 x parameters + attention, per
+token) and MFU against the fp32 (and bf16) matmul peak that TensorFlow reaches on this machine, measured in the
+same run. One JSON object per measurement on stdout, then a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+MARK = "BENCH_RESULT "
+
+
+def model_args(args) -> dict:
+    return dict(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_ctx=args.n_ctx, n_vocab=args.n_vocab,
+                batch=args.batch, window=args.window)
+
+
+def bench_config(m: dict, precision: str = "float32", model_path: str | None = None, train_steps: int = 10):
+    from models.config import config_from_dict
+    return config_from_dict(dict(
+        n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], n_ctx=m["n_ctx"], n_vocab=m["n_vocab"],
+        attention_types=[[["global", "local"], m["n_layer"] // 2]] if m["n_layer"] % 2 == 0 else
+        [[["global"], m["n_layer"]]], local_attention_radius=m["window"], train_batch_size=m["batch"],
+        train_steps=train_steps, steps_per_checkpoint=10 ** 9, lr=1e-4, warmup_steps=0, weight_decay=0.01,
+        gradient_clipping=1.0, precision=precision, mesh_shape="all:1", layout="", model_path=model_path),
+        "bench config")
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Workers: each runs in its own process and prints one MARK line.
+
+
+def matmul_peak(dtype_name: str, size: int, seconds: float) -> float:
+    import tensorflow as tf
+    dtype = getattr(tf, dtype_name)
+    a = tf.cast(tf.random.normal([size, size]), dtype)
+    b = tf.cast(tf.random.normal([size, size]), dtype)
+    matmul = tf.function(lambda x, y: tf.matmul(x, y))
+    matmul(a, b).numpy()
+    best = 0.0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:  # best of short windows: robust to a neighbour's burst
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 0.25:
+            matmul(a, b).numpy()
+            runs += 1
+        best = max(best, 2 * size ** 3 * runs / (time.perf_counter() - start))
+    return best
+
+
+def worker_peak(args) -> dict:
+    import models  # noqa: F401
+    return {"fp32_matmul_flops": matmul_peak("float32", args.peak_size, args.peak_seconds),
+            "bf16_matmul_flops": matmul_peak("bfloat16", args.peak_size, args.peak_seconds)}
+
+
+def worker_ours(args) -> dict:
+    import numpy as np
+    import models  # noqa: F401
+    import tensorflow.compat.v1 as tf
+    from engine import devices
+    from engine.estimator import Placement, make_estimator
+    from engine.flops import training_flops_per_token
+
+    tf.get_logger().setLevel("ERROR")
+    m = model_args(args)
+    names = devices.configure(["device:CPU:0"])
+    total = args.warmup + args.steps
+    with tempfile.TemporaryDirectory() as folder:
+        cfg = bench_config(m, args.precision, os.path.join(folder, "run"), train_steps=total)
+        data = np.random.RandomState(0).randint(0, cfg.n_vocab, size=[64, cfg.n_ctx + 1]).astype(np.int32)
+
+        def input_fn(params):
+            ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
+            return ds.repeat().batch(params["batch_size"], drop_remainder=True).prefetch(2)
+
+        times, losses = [], []
+
+        class Clock(tf.estimator.SessionRunHook):
+            def begin(self):
+                from engine.estimator import LOSS_COLLECTION
+                self.loss = tf.get_collection(LOSS_COLLECTION)[0]
+
+            def before_run(self, run_context):
+                return tf.estimator.SessionRunArgs(self.loss)
+
+            def after_run(self, run_context, run_values):
+                times.append(time.perf_counter())
+                losses.append(float(run_values.results))
+
+        estimator = make_estimator(cfg, Placement(tuple(names)), log_every=10 ** 9)
+        estimator.train(input_fn, max_steps=total, hooks=[Clock()])
+    seconds = times[-1] - times[args.warmup - 1]
+    tokens = args.steps * cfg.train_batch_size * cfg.n_ctx
+    return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,
+            "flops_per_token": training_flops_per_token(cfg), "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def worker_hf(args) -> dict:
+    import torch
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    m = model_args(args)
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    config = GPTNeoConfig(vocab_size=m["n_vocab"], max_position_embeddings=m["n_ctx"], hidden_size=m["n_embd"],
+                          num_layers=m["n_layer"], num_heads=m["n_head"],
+                          attention_types=[[["global", "local"], m["n_layer"] // 2]] if m["n_layer"] % 2 == 0 else
+                          [[["global"], m["n_layer"]]], window_size=m["window"],
+                          activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
+    model = GPTNeoForCausalLM(config)
+    model.train()
+    dtype = torch.bfloat16 if args.precision == "bfloat16" else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    data = torch.randint(0, m["n_vocab"], (64, m["n_ctx"] + 1), generator=torch.Generator().manual_seed(0))
+    times, losses = [], []
+    for step in range(args.warmup + args.steps):
+        rows = torch.arange(step * m["batch"], (step + 1) * m["batch"]) % data.shape[0]
+        batch = data[rows]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            logits = model(input_ids=batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, m["n_vocab"]), batch[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter())
+        losses.append(float(loss))
+    seconds = times[-1] - times[args.warmup - 1]
+    tokens = args.steps * m["batch"] * m["n_ctx"]
+    return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps, "first_loss": losses[0],
+            "last_loss": losses[-1], "torch_threads": torch.get_num_threads()}
+
+
+WORKERS = {"peak": worker_peak, "ours": worker_ours, "hf": worker_hf}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Driver
+
+
+def run_worker(kind: str, args, precision: str = "float32") -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--precision", precision]
+    for key, value in vars(args).items():
+        if key in ("worker", "precision", "precisions", "repeats", "skip_hf"):
+            continue
+        command += [f"--{key}", str(value)]
+    started = time.time()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"error: the {kind} worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    values = json.loads(lines[-1][len(MARK):])
+    values.update(measure=kind, precision=precision, wall_s=round(time.time() - started, 1), load=load())
+    print(json.dumps(values), flush=True)
+    return values
+
+
+def best(results: list[dict]) -> dict:
+    return max(results, key=lambda r: r["tokens_per_s"])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n_layer", type=int, default=6)
+    p.add_argument("--n_embd", type=int, default=512)
+    p.add_argument("--n_head", type=int, default=8)
+    p.add_argument("--n_ctx", type=int, default=256)
+    p.add_argument("--n_vocab", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--window", type=int, default=128, help="local attention window (HF's window_size)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (graph build, allocator warm-up)")
+    p.add_argument("--steps", type=int, default=8, help="timed steps")
+    p.add_argument("--repeats", type=int, default=1, help="measure each N times, interleaved; keep the best")
+    p.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
+                   help="this project's precisions to measure (HF runs fp32)")
+    p.add_argument("--skip_hf", action="store_true", help="only this project")
+    p.add_argument("--peak_size", type=int, default=1024)
+    p.add_argument("--peak_seconds", type=float, default=3.0)
+    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker:
+        print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
+        return 0
+
+    print(f"# {os.cpu_count()} CPUs, load average {load()} at start", flush=True)
+    peaks, ours, hf = [], {p_: [] for p_ in args.precisions}, []
+    for _ in range(args.repeats):
+        peaks.append(run_worker("peak", args))
+        for precision in args.precisions:
+            ours[precision].append(run_worker("ours", args, precision))
+        if not args.skip_hf:
+            hf.append(run_worker("hf", args))
+    peaks.append(run_worker("peak", args))  # before and after: how much the machine moved meanwhile
+    fp32_peak = max(p_["fp32_matmul_flops"] for p_ in peaks)
+    bf16_peak = max(p_["bf16_matmul_flops"] for p_ in peaks)
+
+    print(f"\nmodel: {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, ctx {args.n_ctx}, vocab "
+          f"{args.n_vocab}, batch {args.batch}, global/local (window {args.window}); {args.warmup} warm-up + "
+          f"{args.steps} timed steps, best of {args.repeats}")
+    print(f"matmul peak (TF, {args.peak_size}^2): fp32 {fp32_peak / 1e9:.1f} GFLOP/s, bf16 {bf16_peak / 1e9:.1f} "
+          f"GFLOP/s (range over the run: fp32 {min(p_['fp32_matmul_flops'] for p_ in peaks) / 1e9:.1f}.."
+          f"{fp32_peak / 1e9:.1f})")
+    print(f"{'':<24}{'tokens/s':>10}{'s/step':>9}{'GFLOP/s':>10}{'MFU fp32':>10}{'vs HF':>8}")
+    hf_best = best(hf) if hf else None
+    for precision, results in ours.items():
+        r = best(results)
+        flops = r["tokens_per_s"] * r["flops_per_token"]
+        ratio = f"{r['tokens_per_s'] / hf_best['tokens_per_s']:.2f}x" if hf_best else "-"
+        print(f"{'this project ' + precision:<24}{r['tokens_per_s']:>10,.0f}{r['step_s']:>9.2f}{flops / 1e9:>10.1f}"
+              f"{100 * flops / fp32_peak:>9.1f}%{ratio:>8}")
+    if hf_best:
+        fpt = best(next(iter(ours.values())))["flops_per_token"] if ours else 0
+        flops = hf_best["tokens_per_s"] * fpt
+        print(f"{'HF GPTNeo float32':<24}{hf_best['tokens_per_s']:>10,.0f}{hf_best['step_s']:>9.2f}"
+              f"{flops / 1e9:>10.1f}{100 * flops / fp32_peak:>9.1f}%{'1.00x':>8}")
+    if "float32" in ours and "bfloat16" in ours:
+        print(f"bf16 / fp32 (this project): {best(ours['bfloat16'])['tokens_per_s'] / best(ours['float32'])['tokens_per_s']:.2f}x; "
+              f"bf16 / fp32 matmul peak: {bf16_peak / fp32_peak:.2f}x")
+    print(f"# load average {load()} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
