@@ -1,0 +1,121 @@
+"""tools/hf.py: our checkpoints <-> HF transformers' GPTNeoForCausalLM folders, both ways, on small random models."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from data.tokenizer import load_tokenizer
+from engine.session import compute_logits
+from models.config import load_config
+from tiny import devices_for, random_tokens, train
+from tools import hf
+from workspace import TOKENIZER, make_workspace, run_main
+
+torch = pytest.importorskip("torch")
+from transformers import AutoTokenizer, GPTNeoConfig, GPTNeoForCausalLM  # noqa: E402
+from transformers.models.gpt_neo.modeling_gpt_neo import load_tf_weights_in_gpt_neo  # noqa: E402
+
+
+def hf_logits(model, tokens):
+    model.eval()
+    with torch.no_grad():
+        return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+
+
+def parameters(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_our_checkpoint_becomes_a_folder_transformers_loads_with_equal_logits(tmp_path):
+    registry = tmp_path / "configs" / "dataset_configs"
+    registry.mkdir(parents=True)
+    (registry / "tok.json").write_text(json.dumps({"n_vocab": 4096, "path": "unused_*.tfrecords",
+                                                   "tokenizer_path": TOKENIZER, "eos_id": 0, "padding_id": 1}))
+    (tmp_path / "configs" / "model.json").write_text(json.dumps(dict(
+        n_layer=4, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 2]],
+        local_attention_radius=4, scale_by_depth=True, train_batch_size=4, train_steps=2, steps_per_checkpoint=2,
+        lr=3e-3, datasets=[["tok"]], model_path=str(tmp_path / "run"), mesh_shape="all:1", layout="")))
+    cfg = load_config(str(tmp_path / "configs" / "model.json"))
+    train(cfg, random_tokens([8, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=4))
+    checkpoint = tf.train.latest_checkpoint(cfg.model_path)
+
+    out = tmp_path / "hf"
+    hf.to_hf(cfg, cfg.model_path, str(out))
+    written = json.loads((out / "config.json").read_text())
+    assert written["attention_layers"] == ["global", "local"] * 2 and written["window_size"] == 4
+    assert written["activation_function"] == "gelu_new" and written["max_position_embeddings"] == 16
+
+    model = GPTNeoForCausalLM.from_pretrained(str(out))
+    tokens = random_tokens([3, cfg.n_ctx], vocab=cfg.n_vocab, seed=5)
+    ours = compute_logits(cfg, tokens, devices_for(cfg), checkpoint)
+    assert np.abs(ours).max() > 0.1
+    np.testing.assert_allclose(hf_logits(model, tokens), ours, atol=1e-4, rtol=0)
+
+    # transformers' own reader of mesh-tf checkpoints puts exactly the same numbers in the same places.
+    oracle = GPTNeoForCausalLM(model.config)
+    load_tf_weights_in_gpt_neo(oracle, model.config, checkpoint)
+    ours_params, oracle_params = parameters(model), parameters(oracle)
+    assert ours_params.keys() == oracle_params.keys()
+    for name, value in ours_params.items():
+        assert torch.equal(value, oracle_params[name]), name
+
+    # The tokenizer loaders read the folder and encode as our tokenizer does.
+    text = "import json\nclass Foo(object):\n    pass\n"
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.encode(text) == load_tokenizer(TOKENIZER).encode(text)
+    assert tokenizer.eos_token_id == 0 and tokenizer.pad_token_id == 1
+
+    with pytest.raises(hf.ConversionError, match="attention types"):
+        hf.check_convertible(cfg.replace(attention_types=("global", "local", "global", "none")))
+
+
+def test_hf_folder_becomes_a_checkpoint_that_main_trains_and_predicts_from(tmp_path):
+    config = make_workspace(tmp_path, lr=1e-3)
+    torch.manual_seed(0)
+    hf_config = GPTNeoConfig(vocab_size=4096, max_position_embeddings=32, hidden_size=32, num_layers=2,
+                             attention_types=[[["local", "global"], 1]], num_heads=4, window_size=8,
+                             activation_function="gelu_new", embed_dropout=0.0, attention_dropout=0.0,
+                             resid_dropout=0.0, bos_token_id=0, eos_token_id=0)
+    source = GPTNeoForCausalLM(hf_config)
+    with torch.no_grad():  # non-trivial norms and biases, so every mapping is checked
+        for name, value in source.named_parameters():
+            if value.dim() == 1:
+                value.add_(0.1 * torch.randn_like(value))
+    source.save_pretrained(str(tmp_path / "neo"))
+
+    converted = hf.main(["from_hf", str(tmp_path / "neo"), "--config", str(tmp_path / "configs" / "neo.json"),
+                         "--model_path", str(tmp_path / "neo_run"), "--base_config", config])
+    assert converted == 0
+    cfg = load_config(str(tmp_path / "configs" / "neo.json"))
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_ctx, cfg.local_attention_radius) == (2, 32, 4, 32, 8)
+    assert cfg.attention_types == ("local", "global") and cfg.activation_function == "gelu"
+    assert cfg.model_path == str(tmp_path / "neo_run") and cfg.datasets[0].dataset.id == "tiny"
+
+    tokens = random_tokens([2, cfg.n_ctx], vocab=cfg.n_vocab, seed=6)
+    imported = compute_logits(cfg, tokens, devices_for(cfg), cfg.model_path)
+    np.testing.assert_allclose(imported, hf_logits(source, tokens), atol=1e-4, rtol=0)
+
+    # Round trip: back to HF gives the very same weights.
+    hf.to_hf(cfg, cfg.model_path, str(tmp_path / "back"))
+    back = parameters(GPTNeoForCausalLM.from_pretrained(str(tmp_path / "back")))
+    for name, value in parameters(source).items():
+        assert torch.equal(back[name], value), name
+
+    before = {n: tf.train.load_variable(cfg.model_path, n) for n in ("gpt2/wte", "gpt2/h1/attn/q")}
+    trained = run_main("--model", str(tmp_path / "configs" / "neo.json"), "--log_every", "1")
+    assert trained.returncode == 0, trained.stderr
+    assert "steps 0 -> 2" in trained.stdout and "step      2/2" in trained.stdout
+    step2 = tf.train.latest_checkpoint(cfg.model_path)
+    assert step2.endswith("model.ckpt-2")
+    for name, value in before.items():
+        # Training started from the imported weights and moved them a little: mesh-tensorflow's Adam has no bias
+        # correction, so an early step moves a weight by up to ~(1 - beta1) / sqrt(1 - beta2) ~ 3-5 lr. Two
+        # independent initialisations differ by ~0.1 somewhere, so this bound tells the two apart.
+        change = np.abs(tf.train.load_variable(step2, name) - value).max()
+        assert 0 < change < 10 * 2 * cfg.lr, (name, change)
+
+    predicted = run_main("--model", str(tmp_path / "configs" / "neo.json"), "--predict", "--max_new_tokens", "3")
+    assert predicted.returncode == 0, predicted.stderr
+    records = [json.loads(line) for line in open(tmp_path / "neo_run" / "predictions_2.jsonl")]
+    assert len(records) == cfg.predict_batch_size and all(r["step"] == 2 for r in records)
