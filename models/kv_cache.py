@@ -53,20 +53,29 @@ PLAIN_GPT_FIELDS = {
 }
 
 
+# Options that change only per-position computation (norms, feed-forward, output projection, the position
+# table's contents) or training, so one token's step is the same computation as its position in a full pass.
+# Not here, so decoded by full recompute: rotary positions and memory key/values (they change attention) and
+# MoE layers (mesh-tensorflow's MoE routes groups of a whole sequence; the reference recomputed for MoE too).
+INCREMENTAL_SAFE_OPTIONS = {"mlp_glu", "scalenorm", "rezero", "macaron", "share_parameters", "no_weight_tie",
+                            "axial_pos_emb", "tokens_per_mb_per_replica"}
+NO_ATTENTION = {"none"}  # layer types without attention keep no cache
+
+
 def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
     """None if `cfg` can be decoded with the cache, else why not (then the sampler recomputes in full)."""
     for kind in sorted(set(cfg.attention_types)):
-        if kind not in INCREMENTAL:
+        if kind not in INCREMENTAL and kind not in NO_ATTENTION:
             return f"attention type {kind!r} has no incremental path"
-    extra = extra_options(cfg)
+    extra = extra_options(cfg, allowed=INCREMENTAL_SAFE_OPTIONS)
     return f"option {extra[0]} has no incremental path" if extra else None
 
 
-def extra_options(cfg: GPTConfig) -> list[str]:
-    """'name=value' for every field outside PLAIN_GPT_FIELDS that is not at its default."""
+def extra_options(cfg: GPTConfig, allowed=frozenset()) -> list[str]:
+    """'name=value' for every field outside PLAIN_GPT_FIELDS (and `allowed`) that is not at its default."""
     found = []
     for f in dataclasses.fields(cfg):
-        if f.name in PLAIN_GPT_FIELDS:
+        if f.name in PLAIN_GPT_FIELDS or f.name in allowed:
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default

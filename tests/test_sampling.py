@@ -188,3 +188,21 @@ def test_models_without_an_incremental_path_fall_back_to_full_recompute(cfg, mon
     tokens, lengths = prompts(plain, lengths=(4, 7))
     np.testing.assert_array_equal(sample(other, tokens, lengths, temperature=1.0)[0],
                                   sample(plain, tokens, lengths, temperature=1.0)[0])
+
+
+def test_model_options_decode_with_the_cache_where_they_can_and_fall_back_where_not(cfg):
+    # Per-position options (GLU, ScaleNorm, macaron, untied output, axial positions, a layer without attention)
+    # keep the cache and give the tokens full recompute gives.
+    options = tiny_config(n_layer=3, attention_types=[[["global", "none", "local"], 1]], mlp_glu=True, scalenorm=True,
+                          macaron=True, no_weight_tie=True, axial_pos_emb=[4, 4])
+    assert uses_cache(options, SamplingOptions.from_config(options))
+    tokens, lengths = prompts(options, lengths=(3, 6))
+    np.testing.assert_array_equal(sample(options, tokens, lengths, temperature=0.0)[0],
+                                  sample(options, tokens, lengths, temperature=0.0, incremental=False)[0])
+    # MoE layers (as in the reference), rotary positions and memory key/values decode by full recompute.
+    for changes in (dict(moe_layers=[1]), dict(rotary_emb=True), dict(num_mem_kv=2)):
+        assert kv_cache.incremental_unsupported(tiny_config(**changes)) is not None, changes
+    moe = tiny_config(moe_layers=[1])
+    out, out_lengths = sample(moe, tokens, lengths, temperature=1.0)
+    np.testing.assert_array_equal(out_lengths, lengths + MAX_NEW)
+    assert ((out >= 0) & (out < moe.n_vocab)).all()
