@@ -146,7 +146,9 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     with tf.Graph().as_default():
         dequeue = _release_queue(tf, cluster, cluster.task_index).dequeue()
-        with tf.Session(server.target) as session:
+        # Only this task's devices: a session over the whole cluster would first wait for every other task.
+        config = tf.ConfigProto(device_filters=[f"/job:{JOB}/task:{cluster.task_index}"])
+        with tf.Session(server.target, config=config) as session:
             while True:
                 wait_ms = 2000 if deadline is None else int(max(1, min(2.0, deadline - time.monotonic())) * 1000)
                 try:
