@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="device peak TFLOP/s for MFU (default: measured fp32 matmul peak of this machine)")
     p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
                    "model_path/run_info.json")
+    p.add_argument("--xla", action="store_true", help="fuse element-wise ops with XLA (matmuls stay TF's); faster "
+                   "training steps after a one-off compile (engine/speed.py)")
     # Planning and scale (engine/scale_cli.py): no training starts with the first three.
     p.add_argument("--dry_run", action="store_true", help="print parameters, FLOPs/token, tokens/step, micro-batches "
                    "and per-device memory (with and without recompute_grad) for the mesh and layout, then exit")
@@ -79,6 +81,9 @@ def main(argv=None) -> int:
 
     import models  # noqa: F401  (installs the mesh-tensorflow compatibility alias)
     import tensorflow.compat.v1 as tf
+    if args.xla:
+        from engine.speed import enable_xla_fusion
+        enable_xla_fusion()
     from data.errors import DataError
     from engine.devices import DeviceError
     from models.config import ConfigError

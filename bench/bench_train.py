@@ -1,7 +1,7 @@
 """Training speed: this project against HF transformers' GPTNeoForCausalLM (PyTorch, CPU), same model, same machine.
 
     .venv/bin/python bench/bench_train.py                     # the default comparison (about 4 minutes on 2 cores)
-    .venv/bin/python bench/bench_train.py --precisions float32 bfloat16 --repeats 2 --steps 8
+    .venv/bin/python bench/bench_train.py --variants float32 float32+xla --repeats 2 --steps 8
 
 Trains the same GPT-Neo model (default: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192, batch 8,
 global/local attention alternating with a 128-token window, Adam, gradient clipping 1.0) for --warmup steps
@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 MARK = "BENCH_RESULT "
+VARIANTS = ["float32", "float32+xla", "bfloat16", "bfloat16+xla"]
 
 
 def model_args(args) -> dict:
@@ -83,6 +84,9 @@ def worker_peak(args) -> dict:
 def worker_ours(args) -> dict:
     import numpy as np
     import models  # noqa: F401
+    if args.xla:
+        from engine.speed import enable_xla_fusion
+        enable_xla_fusion()
     import tensorflow.compat.v1 as tf
     from engine import devices
     from engine.estimator import Placement, make_estimator
@@ -165,10 +169,13 @@ WORKERS = {"peak": worker_peak, "ours": worker_ours, "hf": worker_hf}
 # Driver
 
 
-def run_worker(kind: str, args, precision: str = "float32") -> dict:
+def run_worker(kind: str, args, variant: str = "float32") -> dict:
+    precision, _, extra = variant.partition("+")
     command = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--precision", precision]
+    if extra == "xla":
+        command.append("--xla")
     for key, value in vars(args).items():
-        if key in ("worker", "precision", "precisions", "repeats", "skip_hf"):
+        if key in ("worker", "precision", "variants", "repeats", "skip_hf", "xla"):
             continue
         command += [f"--{key}", str(value)]
     started = time.time()
@@ -177,7 +184,7 @@ def run_worker(kind: str, args, precision: str = "float32") -> dict:
     if result.returncode != 0 or not lines:
         raise SystemExit(f"error: the {kind} worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
-    values.update(measure=kind, precision=precision, wall_s=round(time.time() - started, 1), load=load())
+    values.update(measure=kind, variant=variant, wall_s=round(time.time() - started, 1), load=load())
     print(json.dumps(values), flush=True)
     return values
 
@@ -198,13 +205,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (graph build, allocator warm-up)")
     p.add_argument("--steps", type=int, default=8, help="timed steps")
     p.add_argument("--repeats", type=int, default=1, help="measure each N times, interleaved; keep the best")
-    p.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
-                   help="this project's precisions to measure (HF runs fp32)")
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS,
+                   help="this project's set-ups to measure: precision, +xla for XLA element-wise fusion "
+                        "(engine/speed.py, main.py --xla); HF runs fp32")
     p.add_argument("--skip_hf", action="store_true", help="only this project")
     p.add_argument("--peak_size", type=int, default=1024)
     p.add_argument("--peak_seconds", type=float, default=3.0)
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
+    p.add_argument("--xla", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.worker:
@@ -212,11 +221,11 @@ def main(argv=None) -> int:
         return 0
 
     print(f"# {os.cpu_count()} CPUs, load average {load()} at start", flush=True)
-    peaks, ours, hf = [], {p_: [] for p_ in args.precisions}, []
+    peaks, ours, hf = [], {v: [] for v in args.variants}, []
     for _ in range(args.repeats):
         peaks.append(run_worker("peak", args))
-        for precision in args.precisions:
-            ours[precision].append(run_worker("ours", args, precision))
+        for variant in args.variants:
+            ours[variant].append(run_worker("ours", args, variant))
         if not args.skip_hf:
             hf.append(run_worker("hf", args))
     peaks.append(run_worker("peak", args))  # before and after: how much the machine moved meanwhile
@@ -231,20 +240,22 @@ def main(argv=None) -> int:
           f"{fp32_peak / 1e9:.1f})")
     print(f"{'':<24}{'tokens/s':>10}{'s/step':>9}{'GFLOP/s':>10}{'MFU fp32':>10}{'vs HF':>8}")
     hf_best = best(hf) if hf else None
-    for precision, results in ours.items():
+    for variant, results in ours.items():
         r = best(results)
         flops = r["tokens_per_s"] * r["flops_per_token"]
         ratio = f"{r['tokens_per_s'] / hf_best['tokens_per_s']:.2f}x" if hf_best else "-"
-        print(f"{'this project ' + precision:<24}{r['tokens_per_s']:>10,.0f}{r['step_s']:>9.2f}{flops / 1e9:>10.1f}"
+        print(f"{'ours ' + variant:<24}{r['tokens_per_s']:>10,.0f}{r['step_s']:>9.2f}{flops / 1e9:>10.1f}"
               f"{100 * flops / fp32_peak:>9.1f}%{ratio:>8}")
     if hf_best:
         fpt = best(next(iter(ours.values())))["flops_per_token"] if ours else 0
         flops = hf_best["tokens_per_s"] * fpt
         print(f"{'HF GPTNeo float32':<24}{hf_best['tokens_per_s']:>10,.0f}{hf_best['step_s']:>9.2f}"
               f"{flops / 1e9:>10.1f}{100 * flops / fp32_peak:>9.1f}%{'1.00x':>8}")
-    if "float32" in ours and "bfloat16" in ours:
-        print(f"bf16 / fp32 (this project): {best(ours['bfloat16'])['tokens_per_s'] / best(ours['float32'])['tokens_per_s']:.2f}x; "
-              f"bf16 / fp32 matmul peak: {bf16_peak / fp32_peak:.2f}x")
+    for suffix in ("", "+xla"):
+        fp32, bf16 = ours.get("float32" + suffix), ours.get("bfloat16" + suffix)
+        if fp32 and bf16:
+            print(f"bf16 / fp32{suffix} (this project): {best(bf16)['tokens_per_s'] / best(fp32)['tokens_per_s']:.2f}x; "
+                  f"bf16 / fp32 matmul peak: {bf16_peak / fp32_peak:.2f}x")
     print(f"# load average {load()} at end")
     return 0
 
