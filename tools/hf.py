@@ -291,6 +291,8 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
     from models.config import _read_json, resolve_config_path
 
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        raise ConversionError(f"{hf_dir} has no config.json: pass a GPTNeoForCausalLM folder (save_pretrained's output)")
     if tf.train.latest_checkpoint(model_path) if os.path.isdir(model_path) else False:
         raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
     hf_config = GPTNeoConfig.from_pretrained(hf_dir, local_files_only=True)
