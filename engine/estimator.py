@@ -18,7 +18,7 @@ from tensorflow.compat.v1 import estimator as tf_estimator
 
 from engine import cluster as cluster_lib, flops, tpu
 from engine import train_step
-from engine.optimizer import apply_gradients, learning_rate
+from engine.optimizer import apply_gradients, learning_rate, updates_then_step
 from engine import inference
 from models import gpt
 from models.config import GPTConfig
@@ -102,7 +102,7 @@ def make_model_fn(cfg: GPTConfig, placement: Placement, log_every: int = 10, pea
             return tf_estimator.tpu.TPUEstimatorSpec(mode, loss=tf_loss,
                                                      evaluation_hooks=_checkpoint_hooks(lowering, cfg, save=False))
 
-        train_op = tf.group([lowering.lowered_operation(op) for op in updates] + [tf.assign_add(global_step, 1)])
+        train_op = updates_then_step([lowering.lowered_operation(op) for op in updates], global_step)
         tf_grad_norm = lowering.export_to_tf_tensor(grad_norm) if grad_norm is not None else tf.constant(0.0)
         hooks = _checkpoint_hooks(lowering, cfg, save=True)
         # The MoE load-balancing loss is part of the objective; logged beside the cross-entropy "loss".

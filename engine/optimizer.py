@@ -82,3 +82,10 @@ def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor
         grads, grad_norm = clip_by_global_norm(grads, cfg.gradient_clipping)
     updates = make_optimizer(cfg, lr).apply_grads(grads, variables)
     return updates, grad_norm
+
+
+def updates_then_step(updates: list, global_step: tf.Variable) -> tf.Operation:
+    """The train op: the (lowered) updates, then the step increment. The updates read the step (learning-rate
+    schedule, Adafactor's decay rate); unordered, some would see the incremented step, at random run to run."""
+    with tf.control_dependencies(updates):
+        return tf.group(updates + [tf.assign_add(global_step, 1)])

@@ -15,7 +15,7 @@ import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from engine import train_step
-from engine.optimizer import apply_gradients, learning_rate
+from engine.optimizer import apply_gradients, learning_rate, updates_then_step
 from models import gpt
 from models.config import GPTConfig
 
@@ -121,7 +121,7 @@ def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) 
             scalars["moe_loss"] = losses.moe_loss
         tf_scalars = {name: lowering.export_to_tf_tensor(t) for name, t in scalars.items()}
         tf_grads = {v.name: lowering.export_to_tf_tensor(g) for v, g in zip(variables, grads) if g is not None}
-        train_op = tf.group([lowering.lowered_operation(op) for op in updates] + [tf.assign_add(global_step, 1)])
+        train_op = updates_then_step([lowering.lowered_operation(op) for op in updates], global_step)
         names = {v.name: v for v in variables}
         copy_to_slices, copy_to_masters = lowering.copy_masters_to_slices(), lowering.copy_slices_to_masters()
         session_config = _session_config(devices)
