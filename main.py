@@ -173,6 +173,7 @@ def latest_step(model_path: str) -> int:
 
 def train(cfg, placement, args) -> int:
     from data.inputs import DatasetSource, train_dataset
+    from data.mlm import mask_dataset
     from engine.estimator import make_estimator
     from engine.flops import measure_matmul_peak
     from models.config import ConfigError
@@ -201,7 +202,8 @@ def train(cfg, placement, args) -> int:
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
 
         def input_fn(params, first=step):
-            return train_dataset(sources, cfg.n_ctx, params["batch_size"], cfg.seed, start_step=first, n_vocab=cfg.n_vocab)
+            batches = train_dataset(sources, cfg.n_ctx, params["batch_size"], cfg.seed, start_step=first, n_vocab=cfg.n_vocab)
+            return mask_dataset(batches, cfg, first_step=first)  # MLM masking; unchanged for language modelling
 
         estimator.train(input_fn, max_steps=target)
         step = target
@@ -214,6 +216,7 @@ def train(cfg, placement, args) -> int:
 
 def report_eval(estimator, cfg) -> dict:
     from data.inputs import eval_batches, eval_dataset
+    from data.mlm import mask_dataset
     from models.config import ConfigError
 
     path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
@@ -221,7 +224,8 @@ def report_eval(estimator, cfg) -> dict:
         raise ConfigError("no eval_path: set it in the dataset config to evaluate")
     available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
     steps = min(cfg.eval_steps or available, available)
-    results = estimator.evaluate(lambda params: eval_dataset(path, cfg.n_ctx, params["batch_size"], n_vocab=cfg.n_vocab), steps=steps)
+    results = estimator.evaluate(lambda params: mask_dataset(eval_dataset(path, cfg.n_ctx, params["batch_size"],
+                                                                          n_vocab=cfg.n_vocab), cfg), steps=steps)
     loss = float(results["loss"])
     print(f"eval at step {int(results['global_step'])}: loss {loss:.4f} | perplexity {math.exp(min(loss, 50)):.2f} "
           f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)

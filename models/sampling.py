@@ -26,7 +26,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import gpt, kv_cache
-from models.config import GPTConfig
+from models.config import ConfigError, GPTConfig
 
 NEG_INF = -1e10
 
@@ -140,6 +140,9 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
     token included) followed by padding, and how many of its positions are filled. With
     `remove_partial_sequences` the prompt is cut off: rows start with the new tokens and `lengths` counts them.
     """
+    if cfg.mlm_training:
+        raise ConfigError("a masked language model (mlm_training) was not trained to continue text left to right: "
+                          "sample from a causal model")
     mesh = tokens.mesh
     seq = dims.sequence
     incremental = uses_cache(cfg, options)
