@@ -147,7 +147,12 @@ def _causal_linear_attention(q, k, v, ctx: AttentionContext, value: mtf.Dimensio
 
     exp(k) is stabilised by subtracting, per chunk, the running maximum of k over this and earlier chunks
     (never a later one, so nothing leaks from the future; earlier chunks' sums are rescaled to it). The
-    result does not depend on the stabiliser, so it carries no gradient.
+    result does not depend on the stabiliser, so it carries no gradient. Nothing overflows (GPT-Neo's
+    unstabilised exp does for keys above 88). The one limit: a key more than ~85 above an earlier key of
+    the same feature in the same chunk underflows that earlier position's sums to zero; per-position
+    stabilisers would need the O(sequence * d**2) memory this avoids. The running maximum over chunks is a
+    [chunks, chunks, d] product per batch and head, (sequence / d)**2 * d, below sequence * d while
+    sequence < d**2.
     """
     mesh, sequence, d = q.mesh, ctx.sequence, ctx.kv
     length = linear_attention_chunk(sequence.size, d.size)
