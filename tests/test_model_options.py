@@ -11,7 +11,9 @@ from tiny import devices_for, random_tokens, tiny_config
 MOE = dict(moe_layers=[1], moe_params={"moe_num_experts": 4})
 MLM = dict(mlm_training=True, mlm_mask_id=63, padding_id=0, mlm_mask_ignore_ids=[62])
 
-# option -> (config overrides, model-parallel layout on mesh x:2,y:2, variables the option adds)
+# option -> (config overrides, model-parallel layout on mesh x:2,y:2, variables the option adds). Options
+# that do not change the forward pass (Adafactor, recompute_grad) have no layout here: they train on a
+# 2x2 mesh in test_training_options.py, all options together.
 OPTIONS = {
     "linear": (dict(attention_types=[[["global", "linear"], 1]]), "batch:x,heads:y", []),
     "linear_only": (dict(attention_types=[[["linear"], 2]]), "batch:x,embd:y", []),
@@ -32,9 +34,9 @@ OPTIONS = {
                       ["gpt2/wte_final_linear/conv1d_main/linear_out/kernel"]),
     "selu": (dict(activation_function="selu"), "batch:x,embd:y", []),
     "prelu": (dict(activation_function="prelu"), "batch:x,heads:y", ["gpt2/h0/mlp/activation/prelu_alpha"]),
-    "adafactor": (dict(opt_name="adafactor", lr=0.3, beta1=0.0), "batch:x,heads:y", []),
+    "adafactor": (dict(opt_name="adafactor", lr=0.3, beta1=0.0), None, []),
     "z_loss": (dict(z_loss=1e-2), "batch:x,vocab:y", []),
-    "recompute_grad": (dict(recompute_grad=True, **MOE), "batch:x,heads:y", []),
+    "recompute_grad": (dict(recompute_grad=True, **MOE), None, []),
     "mlm": (dict(MLM, attention_types=[[["global", "linear"], 1]]), "batch:x,heads:y", []),
     "mlm_local": (dict(MLM, attention_types=[[["local"], 2]], mlm_cls_token_id=61), "batch:x,embd:y", []),
 }
@@ -75,7 +77,7 @@ def test_option_trains_and_every_variable_gets_a_gradient(name):
         np.testing.assert_array_less(run.losses, run.objectives)  # the MoE loss is part of the objective
 
 
-@pytest.mark.parametrize("name", list(OPTIONS))
+@pytest.mark.parametrize("name", [name for name, (_, layout, _) in OPTIONS.items() if layout])
 def test_option_gives_the_same_loss_on_a_model_parallel_mesh(name):
     cfg = option_config(name)
     inputs, labels = pattern_batches(cfg, count=1)[0]
