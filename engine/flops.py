@@ -27,11 +27,19 @@ def training_flops_per_token(cfg: GPTConfig, params: Optional[dict] = None) -> f
     default: the closed form."""
     params = params or parameter_count(cfg)
     dense = 6 * (params["non_embedding"] + cfg.n_vocab * cfg.n_embd)
-    attention = 0
-    for kind in cfg.attention_types:
-        keys = cfg.n_ctx / 2 if kind == "global" else min(cfg.local_attention_radius, cfg.n_ctx)
-        attention += 6 * 2 * keys * cfg.n_embd
+    attention = sum(6 * 2 * _keys_per_query(cfg, kind) * cfg.n_embd for kind in cfg.attention_types)
     return float(dense + attention)
+
+
+def _keys_per_query(cfg: GPTConfig, kind: str) -> float:
+    """How many keys one query's score and value matmuls cover, on average, in a layer of this type."""
+    if kind == "global":  # causal: half the context on average; MLM: all of it; plus memory key/values
+        return (cfg.n_ctx / 2 if cfg.causal else cfg.n_ctx) + cfg.num_mem_kv
+    if kind == "local":
+        return min(cfg.local_attention_radius * (1 if cfg.causal else 2), cfg.n_ctx)
+    if kind == "linear":  # a [head_size, head_size] state per head read and written, plus half a chunk
+        return 1.5 * cfg.head_size
+    return 0.0  # "none": no attention
 
 
 def measure_matmul_peak(size: int = 1024, seconds: float = 1.0) -> float:
