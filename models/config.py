@@ -174,7 +174,8 @@ class GPTConfig:
         return self.datasets[-1].dataset if self.datasets else None
 
     def replace(self, **changes) -> "GPTConfig":
-        """A copy with some fields changed, validated again."""
+        """A copy with some fields changed, validated again. List/object options may be given as in JSON."""
+        changes.update(_parse_model_options(changes))
         return validate(dataclasses.replace(self, **changes))
 
 
