@@ -5,7 +5,7 @@ that minimises the peak per-device memory of the graph, as an integer program so
 It works on the mtf graph alone (engine/model_graph.py builds the full training graph: forward, backward
 and optimizer updates), so planning needs none of the config's hardware.
 
-Two changes to the stock optimizer, neither of which changes its answer:
+Three changes to the stock optimizer, none of which changes its answer on a graph it handles:
 
 * Only dimensions a config may name in `layout` (models/config.py `tensor_dim_sizes`) are offered to the
   solver, so every layout it returns loads and validates. (Left alone it also splits internal dimensions of
@@ -16,12 +16,12 @@ Two changes to the stock optimizer, neither of which changes its answer:
   assignment variables, so each constraint is a vector of coefficients over those variables; identical
   vectors and vectors dominated by another (every coefficient smaller or equal, and the variables are
   0/1) add nothing, and are dropped. The integer program keeps the same optimum.
+* Operations and tensors are renamed to unique names first (see `unique_names`): with recompute_grad the
+  stock scheduler otherwise plans on a prefix of the training step only.
 """
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -62,17 +62,13 @@ class _PlanningEstimator(memory_estimator.MemoryEstimator):
 
 class _AggregatedLayoutOptimizer(layout_optimizer.LayoutOptimizer):
     """auto_mtf's LayoutOptimizer with the same variables, constraints and objective, but with the memory
-    constraints aggregated and deduplicated (see the module docstring)."""
+    constraints aggregated and deduplicated (see the module docstring). `schedule` is the operation order
+    (auto_mtf's LIST scheduler), shared between mesh shapes."""
 
-    def __init__(self, estimator, memory_contents=None):
-        self._shared_memory_contents = memory_contents
-        self.memory_constraints = (0, 0)  # (before, after) aggregation, for reporting
+    def __init__(self, estimator, schedule):
+        self._schedule = schedule
+        self.memory_constraints = (0, 0)  # (stock: one per scheduled operation, kept), for reporting
         super().__init__(estimator)
-
-    def _get_memory_contents(self):
-        if self._memory_contents is None and self._shared_memory_contents is not None:
-            self._memory_contents = self._shared_memory_contents
-        return super()._get_memory_contents()
 
     def _add_constraints(self):
         model = self._model
@@ -106,50 +102,96 @@ class _AggregatedLayoutOptimizer(layout_optimizer.LayoutOptimizer):
                             model.AddImplication(global_vars[(dim, mesh_dim)], local.Not())
 
         # Memory: peak >= the bytes live at every step of the schedule, as coefficients over local variables.
-        columns, column_vars = {}, []
+        self._columns, column_vars = [], []
+        column_of = {}
         for dim_set in self._mtf_dimension_sets:
             for assignment in self._assignments[dim_set]:
                 name = layout_optimizer._local_var_name(dim_set, assignment)
-                columns[(dim_set, name)] = len(column_vars)
+                column_of[(dim_set, name)] = len(column_vars)
+                self._columns.append((dim_set, assignment))
                 column_vars.append(local_vars[dim_set][name])
-        sizes = validator.mesh_dimension_name_to_size
-        by_signature, tensor_terms = {}, {}
-        for tensor in self._graph.get_all_tensor_names():
-            if not self._graph.is_tensor_on_canonical_device(tensor):
-                continue
-            dim_set = self._tensor_name_to_mtf_dimension_set[tensor]
-            shape = self._graph.get_tensor_shape(tensor)
-            signature = (dim_set, self._graph.get_tensor_dtype(tensor).size,
-                         tuple(self._graph.get_tensor_mtf_dimension_names(tensor)), tuple(shape.as_list()))
-            if signature not in by_signature:
-                cols, values = [], []
-                for assignment in self._assignments[dim_set]:
-                    cols.append(columns[(dim_set, layout_optimizer._local_var_name(dim_set, assignment))])
-                    values.append(int(self._graph.get_tensor_size(tensor, assignment, sizes)))
-                by_signature[signature] = (np.array(cols, np.int64), np.array(values, np.int64))
-            tensor_terms[tensor] = by_signature[signature]
-
-        contents = self._get_memory_contents()
-        unique = {}
-        current = np.zeros(len(column_vars), np.int64)
-        previous: frozenset = frozenset()
-        for live in contents:
-            for tensor in live - previous:
-                if tensor in tensor_terms:
-                    cols, values = tensor_terms[tensor]
-                    current[cols] += values
-            for tensor in previous - live:
-                if tensor in tensor_terms:
-                    cols, values = tensor_terms[tensor]
-                    current[cols] -= values
-            previous = live
-            unique.setdefault(current.tobytes(), current.copy())
-        kept = _undominated(list(unique.values()))
-        self.memory_constraints = (len(contents), len(kept))
-        for row in kept:
+        rows = self._live_bytes_rows(column_of, len(column_vars))
+        self._kept = np.stack(_undominated(rows)) if rows else np.zeros((0, len(column_vars)), np.int64)
+        self.memory_constraints = (len(self._schedule), len(self._kept))
+        for row in self._kept:
             nonzero = np.nonzero(row)[0]
             model.Add(cp_model.LinearExpr.WeightedSum([column_vars[i] for i in nonzero],
                                                       [int(row[i]) for i in nonzero]) <= self._memory_var)
+
+    def _live_bytes_rows(self, column_of: dict, n_columns: int) -> list:
+        """Replays the schedule as auto_mtf's compute_memory_contents_under_schedule does, keeping, instead of
+        each step's set of live tensors, its bytes per assignment column; returns the distinct rows."""
+        graph, sizes = self._graph, self._layout_validator.mesh_dimension_name_to_size
+        by_signature, terms = {}, {}
+        for tensor in graph.get_all_tensor_names():
+            if not graph.is_tensor_on_canonical_device(tensor):
+                continue
+            dim_set = self._tensor_name_to_mtf_dimension_set[tensor]
+            signature = (dim_set, graph.get_tensor_dtype(tensor).size,
+                         tuple(graph.get_tensor_mtf_dimension_names(tensor)),
+                         tuple(graph.get_tensor_shape(tensor).as_list()))
+            if signature not in by_signature:
+                cols, values = [], []
+                for assignment in self._assignments[dim_set]:
+                    cols.append(column_of[(dim_set, layout_optimizer._local_var_name(dim_set, assignment))])
+                    values.append(int(graph.get_tensor_size(tensor, assignment, sizes)))
+                by_signature[signature] = (np.array(cols, np.int64), np.array(values, np.int64))
+            terms[tensor] = by_signature[signature]
+
+        out_degree = graph._compute_initial_out_degree()  # pylint: disable=protected-access
+        operations = list(graph.get_all_operation_names())
+        current = np.zeros(n_columns, np.int64)
+        live, unique = set(), {}
+
+        def change(tensor, sign):
+            if tensor in terms:
+                cols, values = terms[tensor]
+                current[cols] += sign * values
+
+        for op_id in self._schedule:
+            name = operations[op_id]
+            outputs = list(graph.get_operation_output_names(name))
+            for t in outputs:
+                if t not in live:
+                    live.add(t)
+                    change(t, +1)
+            unique.setdefault(current.tobytes(), current.copy())
+            for t in outputs:
+                if out_degree[t] == 0 and t in live:
+                    live.remove(t)
+                    change(t, -1)
+            for t in graph.get_operation_input_names(name):
+                out_degree[t] -= 1
+                if out_degree[t] == 0 and t in live:
+                    live.remove(t)
+                    change(t, -1)
+        return list(unique.values())
+
+    def evaluate_layout(self, layout):
+        """auto_mtf's peak-memory value of a layout ('a:x;b:y'), from the aggregated rows (the same number the
+        stock method sums tensor by tensor)."""
+        chosen = {}
+        for pair in filter(None, str(layout).split(";")):
+            dim, mesh_dim = pair.split(":", 1)
+            if dim in self._layout_validator.splittable_mtf_dimension_names:
+                chosen[dim] = mesh_dim
+        y = np.array([1 if assignment == {d: chosen[d] for d in dim_set if d in chosen} else 0
+                      for dim_set, assignment in self._columns], np.int64)
+        return float((self._kept @ y).max()) if len(self._kept) else 0.0
+
+
+def unique_names(graph: mtf.Graph) -> None:
+    """Gives every operation and tensor of a (planning-only) graph its own name. auto_mtf's GraphInterface
+    finds operations and tensors by name, but recompute_grad rebuilds each block's forward operations under
+    the same names for the backward pass, and a slicewise operation with two outputs names both ':0'; with
+    clashing names the scheduler silently orders only a prefix of the graph."""
+    seen = set()
+    for i, op in enumerate(graph.operations):
+        if op.name in seen:
+            op._name = f"{op.name}_{i}"  # pylint: disable=protected-access
+        seen.add(op.name)
+        for j, t in enumerate(op.outputs):
+            t._name = f"{op.name}:{j}"  # pylint: disable=protected-access
 
 
 def _undominated(rows: list) -> list:
@@ -158,15 +200,15 @@ def _undominated(rows: list) -> list:
         return []
     matrix = np.stack(rows)
     order = np.argsort(-matrix.sum(axis=1), kind="stable")
-    kept: list = []
-    kept_matrix = np.zeros((0, matrix.shape[1]), np.int64)
+    kept = np.zeros_like(matrix)
+    n = 0
     for i in order:
         row = matrix[i]
-        if len(kept) and np.any(np.all(kept_matrix >= row, axis=1)):
+        if n and np.any(np.all(kept[:n] >= row, axis=1)):
             continue
-        kept.append(row)
-        kept_matrix = np.vstack([kept_matrix, row[None]])
-    return kept
+        kept[n] = row
+        n += 1
+    return list(kept[:n])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -225,19 +267,22 @@ class _Planner:
         self.cfg = cfg
         self.built = model_graph.build(cfg, train=True, n_layer=n_layer)
         self.allowed = set(tensor_dim_sizes(cfg))
+        unique_names(self.built.graph)
         with self.built.tf_graph.as_default():
             self.interface = graph_interface_lib.GraphInterface(self.built.graph)
             for output in (self.built.cross_entropy, self.built.objective):
                 self.interface.set_tensor_final(output.name)
-            schedule = scheduler.minimize_peak_memory(self.interface, "LIST")
-            self.contents = self.interface.compute_memory_contents_under_schedule(schedule)
+            self.schedule = list(scheduler.minimize_peak_memory(self.interface, "LIST"))
+            if len(self.schedule) != len(self.built.graph.operations):  # would plan on part of the step
+                raise RuntimeError(f"auto_mtf's scheduler ordered {len(self.schedule)} of "
+                                   f"{len(self.built.graph.operations)} operations")
 
     def solve(self, mesh_dims: list[tuple[str, int]]):
         mesh = mtf.Shape([mtf.Dimension(name, size) for name, size in mesh_dims])
         with self.built.tf_graph.as_default():
             estimator = _PlanningEstimator(self.built.graph, mesh, [self.built.cross_entropy, self.built.objective],
                                            self.allowed, graph_interface=self.interface)
-            optimizer = _AggregatedLayoutOptimizer(estimator, memory_contents=self.contents)
+            optimizer = _AggregatedLayoutOptimizer(estimator, self.schedule)
             solution = optimizer.solve()
             peak = optimizer.evaluate_layout(solution)
         trivial = {name for name, size in mesh_dims if size == 1}  # splitting over a size-1 dimension is a no-op
@@ -310,6 +355,8 @@ def describe(plan: LayoutPlan, cfg_name: str, with_mesh: bool) -> str:
         f'  "layout": "{plan.layout}",',
         f"  peak memory per device by auto_mtf's estimate: {gib:.3f} GiB (activation-dtype tensors of the "
         f"planned graph; see --dry_run for weights, optimizer state and activations)",
+        "  auto_mtf minimises peak memory only and does not model communication: a layout that splits `batch` "
+        "(data parallel) usually trains faster where it fits; compare layouts with --dry_run",
         "to use it: put these two lines in the config, or run with",
         f"  --mesh_shape {plan.mesh_shape} --layout {plan.layout or quoted_empty}",
         "  (or pass --write_config PATH to write a copy of the config with them)",

@@ -76,22 +76,10 @@ def reduced(cfg: GPTConfig, n_layer: int) -> GPTConfig:
     n_layer = max(1, min(n_layer, cfg.n_layer))
     if n_layer == cfg.n_layer:
         return cfg
-    return cfg.replace(n_layer=n_layer, attention_types=tuple(cfg.attention_types[:n_layer]))
-
-
-def layers_for_planning(cfg: GPTConfig, at_least: int) -> int:
-    """The fewest layers, at least `at_least`, that hold whole repeats of the config's attention pattern (so
-    every attention type, and its dimensions, is in the planned graph)."""
-    types = list(cfg.attention_types)
-    period = len(types)
-    for p in range(1, len(types) + 1):
-        if len(types) % p == 0 and types == types[:p] * (len(types) // p):
-            period = p
-            break
-    n = period
-    while n < min(at_least, cfg.n_layer):
-        n += period
-    return min(n, cfg.n_layer)
+    changes = dict(n_layer=n_layer, attention_types=tuple(cfg.attention_types[:n_layer]))
+    if getattr(cfg, "moe_layers", None):  # per-layer options name layers: keep those that remain
+        changes["moe_layers"] = tuple(layer for layer in cfg.moe_layers if layer < n_layer)
+    return cfg.replace(**changes)
 
 
 class _DeclaredVariable:

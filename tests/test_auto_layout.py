@@ -20,17 +20,19 @@ def _solve(planner, mesh_dims, aggregated: bool):
                                                       [planner.built.cross_entropy, planner.built.objective],
                                                       planner.allowed, graph_interface=planner.interface)
         if aggregated:
-            optimizer = layout_planner._AggregatedLayoutOptimizer(estimator, memory_contents=planner.contents)
+            optimizer = layout_planner._AggregatedLayoutOptimizer(estimator, planner.schedule)
         else:
             optimizer = layout_optimizer.LayoutOptimizer(estimator)
         solution = optimizer.solve()
         return solution, optimizer.evaluate_layout(solution), optimizer
 
 
-@pytest.mark.parametrize("mesh_dims", [[("x", 2), ("y", 2)], [("x", 4), ("y", 2)]])
-def test_aggregated_constraints_keep_the_stock_optimum(mesh_dims):
-    cfg = tiny_config(n_ctx=32, train_batch_size=8)
+@pytest.mark.parametrize("mesh_dims,recompute", [([("x", 2), ("y", 2)], False), ([("x", 4), ("y", 2)], True)])
+def test_aggregated_constraints_keep_the_stock_optimum(mesh_dims, recompute):
+    cfg = tiny_config(n_ctx=32, train_batch_size=8, recompute_grad=recompute)
     planner = layout_planner._Planner(cfg, None)
+    # The whole training step is planned (recompute_grad's copies of the forward ops included).
+    assert sorted(planner.schedule) == list(range(len(planner.built.graph.operations)))
     stock_layout, stock_peak, _ = _solve(planner, mesh_dims, aggregated=False)
     layout, peak, optimizer = _solve(planner, mesh_dims, aggregated=True)
     assert peak == stock_peak
