@@ -31,6 +31,8 @@ def dispatch(args, cfg) -> Optional[int]:
     if len(chosen) > 1:
         raise ConfigError(f"pass one of --dry_run, --auto_layout, --auto_layout_and_mesh_shape, not "
                           f"{' and '.join('--' + c for c in chosen)}")
+    if args.tpu and (multi_host(args) or args.task_index is not None):
+        raise ConfigError("--tpu runs on the TPU's own hosts: leave out --cluster/--workers/--task_index")
     if args.device_memory and not args.dry_run:
         raise ConfigError("--device_memory goes with --dry_run")
     if args.write_config and not (args.auto_layout or args.auto_layout_and_mesh_shape):

@@ -158,3 +158,12 @@ def test_unplaced_ops_go_to_the_chief_and_placed_ops_stay():
     assert free.device == "/job:worker/replica:0/task:0/device:CPU:0"
     assert partial.device == "/job:worker/replica:0/task:0/device:CPU:0"
     assert pinned.device == "/job:worker/replica:0/task:1/device:CPU:0"
+
+
+def test_conflicting_flags_are_one_line_errors(capsys):
+    assert main.main(["--model", "default", "--tpu", "my-tpu", "--workers", "a:1,b:2", "--task_index", "0"]) == 1
+    assert "leave out --cluster" in capsys.readouterr().err
+    assert main.main(["--model", "default", "--task_index", "1"]) == 1
+    assert "needs --cluster" in capsys.readouterr().err
+    assert main.main(["--model", "default", "--device_memory", "80GB"]) == 1
+    assert "goes with --dry_run" in capsys.readouterr().err
