@@ -606,7 +606,22 @@ def _validate_mesh(cfg: GPTConfig) -> None:
                 if mesh_a == mesh_b:
                     raise ConfigError(f"layout maps {dim_a!r} and {dim_b!r} to the same mesh dimension {mesh_a!r}, "
                                       f"but one tensor has both: split one of them over another mesh dimension")
+    if "sequence" in mapping and "local" in cfg.attention_types:
+        blocks = local_attention_blocks(cfg.n_ctx, cfg.local_attention_radius)
+        ways = mesh[mapping["sequence"]]
+        if blocks % ways:
+            raise ConfigError(f"local attention cuts the sequence into {blocks} blocks, which {ways}-way splitting of "
+                              f"'sequence' over {mapping['sequence']!r} does not divide: split 'sequence' over a mesh "
+                              f"dimension dividing {blocks}, or leave it whole")
 
+
+def local_attention_blocks(n_ctx: int, radius: int) -> int:
+    """How many blocks mesh-tensorflow's local_attention_1d cuts the sequence into: the blocks keep the name
+    'sequence', so a layout that splits 'sequence' splits them."""
+    block_length = max(radius, 128)
+    while n_ctx % block_length:
+        block_length -= 1
+    return n_ctx // block_length
 
 
 def load_config(name_or_path: str, overrides: Optional[dict] = None,

@@ -56,6 +56,11 @@ def test_mesh_and_layout_errors():
     assert "same mesh dimension" in error_of(mesh_shape="x:2,y:2", layout="embd:y,heads:y")
     assert "malformed" in error_of(mesh_shape="x=2")
     assert "not a dimension of this model" in error_of(mesh_shape="x:2", layout="batchh:x")
+    # Local attention cuts n_ctx 256 into 2 blocks of 128: a 4-way split of 'sequence' cannot divide them,
+    # though 4 divides 256; global-only models split it freely.
+    assert "2 blocks" in error_of(n_ctx=256, local_attention_radius=4, mesh_shape="x:4", layout="sequence:x")
+    config_from_dict(dict(TINY, n_ctx=256, attention_types=[[["global"], 2]], mesh_shape="x:4", layout="sequence:x"))
+    config_from_dict(dict(TINY, n_ctx=256, local_attention_radius=4, mesh_shape="x:2", layout="sequence:x"))
 
 
 def write_dataset(tmp_path, dataset_id, **values):
