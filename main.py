@@ -18,9 +18,6 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
 warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
 
-NOT_BUILT = {
-}
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,18 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--task_index", type=int, help="multi-host: this host's index in the cluster (0 trains)")
     p.add_argument("--worker_timeout", type=float, help="multi-host: a non-chief exits after this many seconds "
                    "without being released by the chief (default: wait)")
-    for flag in NOT_BUILT:
-        p.add_argument(f"--{flag}", action="store_true" if flag != "sacred_id" else None,
-                       default=None, help="(not built yet)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    for flag, message in NOT_BUILT.items():
-        if getattr(args, flag):
-            print(f"error: {message}", file=sys.stderr)
-            return 2
 
     import models  # noqa: F401  (installs the mesh-tensorflow compatibility alias)
     import tensorflow.compat.v1 as tf

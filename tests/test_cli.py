@@ -127,14 +127,6 @@ def test_bad_inputs_exit_non_zero_with_one_line(workspace):
         assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (args, result.stderr)
 
 
-def test_flags_not_built_yet_say_so(workspace):
-    from main import NOT_BUILT
-    for flag in NOT_BUILT:
-        args = [f"--{flag}"] + (["7"] if flag == "sacred_id" else [])
-        result = run_main("--model", config_path(workspace), *args)
-        assert result.returncode == 2 and "not built yet" in result.stderr
-
-
 def test_new_asks_before_deleting(workspace):
     victim = workspace / "victim"
     victim.mkdir()
