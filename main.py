@@ -261,7 +261,8 @@ def tokenizer_for(cfg):
 
 
 def predict(cfg, placement, args) -> int:
-    from engine.predict import predict as sample
+    from engine.predict import predict as sample, read_prompts
+    read_prompts(args.prompt, args.prompt_per_line)  # a missing prompt file is reported before anything else
     require_checkpoint(cfg)
     return sample(cfg, placement, args, latest_step(cfg.model_path), tokenizer_for(cfg))
 
