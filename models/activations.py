@@ -11,6 +11,8 @@ from __future__ import annotations
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
+from models import fast_ops
+
 
 def _scalar(x: mtf.Tensor, name: str, init: float) -> mtf.Tensor:
     """A learned scalar in x's activation dtype, fp32 master (reused if the scope already has it)."""
@@ -53,7 +55,7 @@ def _aria(x):
 _RRELU_SLOPE = (1 / 8 + 1 / 3) / 2
 
 ACTIVATIONS = {
-    "gelu": mtf.gelu,  # tanh approximation, as GPT-Neo and HF's "gelu_new"
+    "gelu": fast_ops.gelu,  # mtf.gelu's tanh approximation (GPT-Neo, HF's "gelu_new"), XLA-fused
     "relu": mtf.relu,
     "selu": mtf.selu,
     "elu": mtf.elu,

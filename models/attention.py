@@ -19,7 +19,7 @@ import mesh_tensorflow as mtf
 import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
-from models import kv_cache
+from models import fast_ops, kv_cache
 from models.config import GPTConfig
 from models.embeddings import rotary
 from models.layers import dropout, variable
@@ -69,8 +69,10 @@ def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
         memory_pos = mtf.range(q.mesh, memory_length, tf.int32) - n_mem  # memory slots sit at negative positions
         future = mtf.less(query_pos, memory_pos)  # [sequence, memory_length]
         bias = mtf.cast(future, q.dtype) * -1e10
-    return mtf_attention.attention(q, k, v, memory_length_dim=memory_length, key_dim=ctx.kv,
-                                   value_dim=ctx.kv, bias=bias, **_mtf_attention_kwargs(ctx))
+    # mtf's attention math, with the logits laid out for batched matmuls (models/fast_ops.py)
+    return fast_ops.attention(q, k, v, memory_length_dim=memory_length, key_dim=ctx.kv, value_dim=ctx.kv, bias=bias,
+                              memory_split=fast_ops.dimension_is_split(ctx.cfg, memory_length.name),
+                              **_mtf_attention_kwargs(ctx))
 
 
 def _with_memory_key_values(k: mtf.Tensor, v: mtf.Tensor, ctx: AttentionContext) -> tuple[mtf.Tensor, mtf.Tensor]:
@@ -97,10 +99,9 @@ def _with_memory_key_values(k: mtf.Tensor, v: mtf.Tensor, ctx: AttentionContext)
 def local_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     """Sliding-window attention, mesh-tensorflow's blocked implementation (cost linear in sequence length).
     Causal: position t sees t - radius + 1 .. t. Bidirectional: t - radius + 1 .. t + radius."""
-    return mtf_attention.local_attention_1d(q, k, v, length_dim=ctx.sequence, key_dim=ctx.kv, value_dim=ctx.kv,
-                                            radius=ctx.cfg.local_attention_radius, length_dim_num_splits=1,
-                                            fully_autoregressive=ctx.causal,
-                                            attention_kwargs=_mtf_attention_kwargs(ctx))
+    return fast_ops.local_attention_1d(q, k, v, length_dim=ctx.sequence, key_dim=ctx.kv, value_dim=ctx.kv,
+                                       radius=ctx.cfg.local_attention_radius, fully_autoregressive=ctx.causal,
+                                       attention_kwargs=_mtf_attention_kwargs(ctx))
 
 
 @register("linear")

@@ -96,3 +96,75 @@ def test_split_vocab_is_detected():
     assert not fast_ops.vocab_is_split(tiny_config())
     assert not fast_ops.vocab_is_split(tiny_config(mesh_shape="x:2", layout="batch:x"))
     assert fast_ops.vocab_is_split(tiny_config(mesh_shape="x:2", layout="vocab:x"))
+
+
+ATTENTION_LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,heads:y"), ("x:2", "sequence:x"),
+                     ("x:2", "memory_length:x")]
+
+
+@pytest.mark.parametrize("mesh_shape,layout", ATTENTION_LAYOUTS)
+@pytest.mark.parametrize("kind,length", [("global", 16), ("local_causal", 16), ("local_bidirectional", 16),
+                                         ("local_causal", 512), ("local_bidirectional", 512)])
+def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind, length):
+    import mesh_tensorflow.transformer.attention as mtf_attention
+    if kind != "global" and "sequence" in layout and length < 256:
+        pytest.skip("blocks are max(radius, 128) long: 16 positions are one block, which cannot be split")
+    rng = np.random.RandomState(2)
+    batch, seq, heads, kv = (mtf.Dimension("batch", 2), mtf.Dimension("sequence", length), mtf.Dimension("heads", 4),
+                             mtf.Dimension("features_per_head", 8))
+    memory = mtf.Dimension("memory_length", seq.size)
+    values = [rng.randn(batch.size, seq.size, heads.size, kv.size).astype(np.float32) for _ in range(4)]
+    radius = 4
+    from types import SimpleNamespace
+    context = SimpleNamespace(train=False, model=SimpleNamespace(layout=None, mesh_shape=None))
+
+    def build(fast):
+        def graph(mesh):
+            q, k, v, upstream = [mtf.import_tf_tensor(mesh, tf.constant(x), mtf.Shape([batch, seq, heads, kv]))
+                                 for x in values]
+            if kind == "global":
+                km, vm = (mtf.replace_dimensions(t, seq, memory) for t in (k, v))
+                future = mtf.less(mtf.range(mesh, seq, tf.int32), mtf.range(mesh, memory, tf.int32))
+                bias = mtf.cast(future, tf.float32) * -1e10
+                if fast:
+                    out = fast_ops.attention(q, km, vm, memory, kv, kv, bias, memory_split="memory_length" in layout)
+                else:
+                    out = mtf_attention.attention(q, km, vm, memory, kv, kv, bias, context=context)
+            else:
+                causal = kind == "local_causal"
+                if fast:
+                    out = fast_ops.local_attention_1d(q, k, v, seq, kv, kv, radius, fully_autoregressive=causal)
+                else:
+                    out = mtf_attention.local_attention_1d(q, k, v, seq, kv, kv, radius=radius,
+                                                           fully_autoregressive=causal,
+                                                           attention_kwargs={"context": context})
+            loss = mtf.reduce_sum(out * upstream)
+            return [out] + mtf.gradients([loss], [q, k, v])
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    assert np.abs(expected[0]).max() > 0.1
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,embd:y")])
+def test_gelu_matches_mtf_gelu_with_gradient(mesh_shape, layout):
+    rng = np.random.RandomState(3)
+    batch, seq, _, embd = dims()
+    x_value = (3 * rng.randn(batch.size, seq.size, embd.size)).astype(np.float32)
+    upstream = rng.randn(batch.size, seq.size, embd.size).astype(np.float32)
+
+    def build(fast):
+        def graph(mesh):
+            x = mtf.import_tf_tensor(mesh, tf.constant(x_value), mtf.Shape([batch, seq, embd]))
+            u = mtf.import_tf_tensor(mesh, tf.constant(upstream), mtf.Shape([batch, seq, embd]))
+            y = fast_ops.gelu(x) if fast else mtf.gelu(x)
+            return [y] + mtf.gradients([mtf.reduce_sum(y * u)], [x])
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
