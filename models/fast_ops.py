@@ -1,19 +1,25 @@
-"""Cheaper lowerings of two operations that mesh-tensorflow spells as dense math.
+"""Faster formulations of the operations that dominated a training step after the matmuls (profiled with TF's
+step timelines on the benchmark model, bench/bench_train.py). Each gives mesh-tensorflow's values (the same
+formulas; only rounding differs), and tests/test_fast_ops.py checks values and gradients on split layouts.
 
 * **Embedding lookup.** `mtf.gather(table, ids, dim)` is `einsum(one_hot(ids, dim), table)`: for the token
-  embedding that is 2 x tokens x n_vocab x n_embd FLOPs forward and as many again for the table's gradient (on
-  the benchmark model, 12% of a training step's work, for a lookup). `gather` here is `tf.gather` forward and
-  an `unsorted_segment_sum` of the output gradient backward, summed over the mesh axes that split the ids.
+  embedding that is 2 x tokens x n_vocab x n_embd FLOPs forward and as many again for the table's gradient (12%
+  of a step's work, for a lookup). `gather` is `tf.gather` forward and an `unsorted_segment_sum` of the output
+  gradient backward, summed over the mesh axes that split the ids.
 * **Cross-entropy and log Z.** `mtf.layers.softmax_cross_entropy_with_logits` multiplies the log-softmax by a
   one-hot of the targets and sums over the vocabulary, and GPT-Neo's z-loss takes a second logsumexp over the
-  same [batch, sequence, vocab] logits; through mtf's gradients that is a dozen passes over the largest tensor
-  of the step. `cross_entropy_and_log_z` returns both from one logsumexp, and its gradient is one fused
-  `softmax * (d_xent + d_log_z) - one_hot * d_xent`.
+  same [batch, sequence, vocab] logits: a dozen passes over the largest tensor of the step, forward and back.
+  `cross_entropy_and_log_z` returns both from one logsumexp; its gradient is one XLA-fused pass.
+* **Attention.** mtf lays the attention logits out like q ([batch, sequence, heads, memory]), so TF's einsum
+  transposes them inside every attention matmul, forward and backward. `attention` transposes q, k, v once so
+  that every einsum is a plain batched matmul, and uses one softmax kernel with an XLA-fused gradient
+  (attention einsums 3x faster); `local_attention_1d` is mtf's blocked local attention on top of it.
+* **GELU.** mtf.gelu is ~8 element-wise ops forward and ~20 backward over [batch, sequence, 4 x embd]; `gelu`
+  is one XLA-fused pass each way (`tf.function(jit_compile=True)`, compiled once per shape).
 
-Both need the dimension they look up / reduce over (`vocab`, `embed_sequence`) to be whole on every device; with
-a layout that splits it, `vocab_is_split` is true and callers keep mtf's formulation (which all-reduces across
-the split). Values are those of the mtf formulations (the same formulas: a lookup instead of a one-hot product;
-log Z - logit[target] instead of -sum(one_hot * (logits - log Z))); gradients differ only in summation order.
+The embedding, cross-entropy and softmax need the dimension they look up or reduce over whole on each device;
+callers pass whether the layout splits it (`dimension_is_split`), and a split dimension keeps mtf's
+formulation, which reduces across devices.
 """
 from __future__ import annotations
 
@@ -106,22 +112,18 @@ def gather(table: mtf.Tensor, ids: mtf.Tensor, dim: mtf.Dimension, split: bool) 
 # Cross-entropy with log Z
 
 
+@tf.function(jit_compile=True)
 def _xent_forward(logits: tf.Tensor, labels: tf.Tensor):
     log_z = tf.reduce_logsumexp(logits, axis=-1)
-    target = tf.gather(logits, labels, axis=-1, batch_dims=labels.shape.ndims)
+    target = tf.gather(logits, labels, axis=-1, batch_dims=len(labels.shape))
     return log_z - target, log_z
 
 
-def _xent_backward(logits: tf.Tensor, labels: tf.Tensor, d_xent: tf.Tensor, d_log_z):
-    log_z = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
-    scale = d_xent if d_log_z is None else d_xent + d_log_z
-    grad = tf.exp(logits - log_z) * scale[..., None]
-    vocab = logits.shape[-1]
-    flat = tf.reshape(grad, [-1, vocab])
-    rows = tf.range(tf.shape(flat)[0])
-    index = tf.stack([rows, tf.reshape(labels, [-1])], axis=1)
-    flat = tf.tensor_scatter_nd_sub(flat, index, tf.reshape(d_xent, [-1]))
-    return tf.reshape(flat, tf.shape(logits))
+@tf.function(jit_compile=True)
+def _xent_backward(logits: tf.Tensor, labels: tf.Tensor, log_z: tf.Tensor, d_xent: tf.Tensor, d_log_z: tf.Tensor):
+    """d logits = softmax * (d_xent + d_log_z) - one_hot(label) * d_xent, one fused pass (XLA)."""
+    target = tf.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    return tf.exp(logits - log_z[..., None]) * (d_xent + d_log_z)[..., None] - target * d_xent[..., None]
 
 
 def cross_entropy_and_log_z(logits: mtf.Tensor, labels: mtf.Tensor, vocab: mtf.Dimension):
@@ -136,12 +138,12 @@ def cross_entropy_and_log_z(logits: mtf.Tensor, labels: mtf.Tensor, vocab: mtf.D
     splittable = rest.dims
 
     def grad_function(op, d_xent, d_log_z):
-        if d_xent is None:
-            d_xent = mtf.zeros(op.inputs[0].mesh, rest, dtype=op.inputs[0].dtype)
-        inputs = [op.inputs[0], op.inputs[1], d_xent] + ([d_log_z] if d_log_z is not None else [])
-        d_logits = mtf.slicewise(
-            lambda lg, lb, dx, dz=None: _xent_backward(lg, lb, dx, dz), inputs, output_shape=op.inputs[0].shape,
-            output_dtype=op.inputs[0].dtype, splittable_dims=splittable, grad_function=0, name="xent_grad")
+        zeros = mtf.zeros(op.inputs[0].mesh, rest, dtype=op.inputs[0].dtype)
+        inputs = [op.inputs[0], op.inputs[1], op.outputs[1], zeros if d_xent is None else d_xent,
+                  zeros if d_log_z is None else d_log_z]
+        d_logits = mtf.slicewise(_xent_backward, inputs, output_shape=op.inputs[0].shape,
+                                 output_dtype=op.inputs[0].dtype, splittable_dims=splittable, grad_function=0,
+                                 name="xent_grad")
         return [d_logits, None]
 
     return mtf.slicewise(_xent_forward, [logits, labels], output_shape=[rest, rest],
@@ -153,9 +155,14 @@ def cross_entropy_and_log_z(logits: mtf.Tensor, labels: mtf.Tensor, vocab: mtf.D
 # Attention
 
 
+@tf.function(jit_compile=True)
+def _softmax_backward(y, dy):
+    return (dy - tf.reduce_sum(dy * y, axis=-1, keepdims=True)) * y
+
+
 def softmax(logits: mtf.Tensor, dim: mtf.Dimension, split: bool) -> mtf.Tensor:
-    """Softmax over `dim` (the last dimension), one tf.nn.softmax per slice and a 3-op gradient, instead of
-    mtf.softmax's exp(x - logsumexp(x)) chain (a dozen passes forward and backward). `split`: the layout
+    """Softmax over `dim` (the last dimension), one tf.nn.softmax per slice and an XLA-fused gradient, instead
+    of mtf.softmax's exp(x - logsumexp(x)) chain (a dozen passes forward and backward). `split`: the layout
     splits `dim` (then mtf.softmax, which reduces across the split)."""
     if split or logits.shape.dims[-1] != dim:
         return mtf.softmax(logits, dim)
@@ -163,9 +170,8 @@ def softmax(logits: mtf.Tensor, dim: mtf.Dimension, split: bool) -> mtf.Tensor:
 
     def grad_function(op, dy):
         y = op.outputs[0]
-        dx = mtf.slicewise(lambda y_, dy_: (dy_ - tf.reduce_sum(dy_ * y_, axis=-1, keepdims=True)) * y_, [y, dy],
-                           output_shape=y.shape, output_dtype=y.dtype, splittable_dims=splittable, grad_function=0,
-                           name="softmax_grad")
+        dx = mtf.slicewise(_softmax_backward, [y, dy], output_shape=y.shape, output_dtype=y.dtype,
+                           splittable_dims=splittable, grad_function=0, name="softmax_grad")
         return [dx]
 
     return mtf.slicewise(lambda x: tf.nn.softmax(x, axis=-1), [logits], output_shape=logits.shape,
@@ -264,3 +270,115 @@ def gelu(x: mtf.Tensor) -> mtf.Tensor:
 
     return mtf.slicewise(_gelu_forward, [x], output_shape=x.shape, output_dtype=x.dtype, splittable_dims=dims,
                          grad_function=grad_function, name="gelu")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layer norm
+
+
+@tf.function(jit_compile=True)
+def _layer_norm_forward(x, g, b, epsilon):
+    xc = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    return xc * tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon) * g + b
+
+
+@tf.function(jit_compile=True)
+def _layer_norm_backward_fused(x, g, dy, epsilon):
+    xc = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    r = tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon)
+    x_hat = xc * r
+    d_hat = dy * g
+    dx = r * (d_hat - tf.reduce_mean(d_hat, axis=-1, keepdims=True)
+              - x_hat * tf.reduce_mean(d_hat * x_hat, axis=-1, keepdims=True))
+    return dx, dy * x_hat
+
+
+def _layer_norm_backward(x, g, dy, epsilon):
+    """dx, and dg / db summed over this slice's rows (the caller all-reduces them over the other devices). The
+    row sums run outside XLA: its column reductions are slower on CPU than TF's own."""
+    dx, dy_x_hat = _layer_norm_backward_fused(x, g, dy, epsilon)
+    rows = list(range(len(x.shape) - 1))
+    return dx, tf.reduce_sum(dy_x_hat, axis=rows), tf.reduce_sum(dy, axis=rows)
+
+
+def _split_moments(mesh_impl, x, axis: int, size: int, epsilon: float):
+    """(x - mean, 1/sqrt(var + eps)) over a last dimension split along mesh axis `axis`, as laid-out tensors."""
+    total = mesh_impl.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_sum(t, -1, keepdims=True), x), [axis], "SUM")
+    xc = mesh_impl.slicewise(lambda t, s: t - s / size, x, total)
+    squares = mesh_impl.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_sum(t * t, -1, keepdims=True), xc), [axis],
+                                  "SUM")
+    return xc, mesh_impl.slicewise(lambda s: tf.math.rsqrt(s / size + epsilon), squares)
+
+
+class LayerNormOperation(mtf.Operation):
+    """(x - mean) / sqrt(var + eps) * g + b over x's last dimension, as one XLA-fused pass per slice; when the
+    layout splits that dimension, the means are all-reduced across it."""
+
+    def __init__(self, x: mtf.Tensor, g: mtf.Tensor, b: mtf.Tensor, epsilon: float):
+        super().__init__([x, g, b], name="layer_norm")
+        self._epsilon = epsilon
+        self._outputs = [mtf.Tensor(self, x.shape, x.dtype)]
+
+    def gradient(self, grad_ys):
+        x, g, _ = self.inputs
+        dx, dg, db = LayerNormGradOperation(x, g, grad_ys[0], self._epsilon).outputs
+        return [dx, dg, db]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        x, g, b = (lowering.tensors[t] for t in self.inputs)
+        dim = self.inputs[0].shape.dims[-1]
+        axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
+        eps = self._epsilon
+        if axis is None:
+            y = mesh_impl.slicewise(lambda x_, g_, b_: _layer_norm_forward(x_, g_, b_, eps), x, g, b)
+        else:
+            xc, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
+            y = mesh_impl.slicewise(lambda c, r_, g_, b_: c * r_ * g_ + b_, xc, r, g, b)
+        lowering.set_tensor_lowering(self.outputs[0], y)
+
+
+class LayerNormGradOperation(mtf.Operation):
+    def __init__(self, x: mtf.Tensor, g: mtf.Tensor, dy: mtf.Tensor, epsilon: float):
+        super().__init__([x, g, dy], name="layer_norm_grad")
+        self._epsilon = epsilon
+        self._outputs = [mtf.Tensor(self, x.shape, x.dtype), mtf.Tensor(self, g.shape, g.dtype),
+                         mtf.Tensor(self, g.shape, g.dtype)]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        x_shape = self.inputs[0].shape
+        x, g, dy = (lowering.tensors[t] for t in self.inputs)
+        dim = x_shape.dims[-1]
+        axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
+        eps = self._epsilon
+        if axis is None:
+            dx, dg, db = mesh_impl.slicewise(lambda x_, g_, dy_: _layer_norm_backward(x_, g_, dy_, eps), x, g, dy)
+        else:
+            xc, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
+            x_hat = mesh_impl.slicewise(lambda c, r_: c * r_, xc, r)
+            d_hat = mesh_impl.slicewise(lambda d, g_: d * g_, dy, g)
+            mean_d = mesh_impl.allreduce(mesh_impl.slicewise(lambda d: tf.reduce_sum(d, -1, keepdims=True), d_hat),
+                                         [axis], "SUM")
+            mean_dx = mesh_impl.allreduce(
+                mesh_impl.slicewise(lambda d, h: tf.reduce_sum(d * h, -1, keepdims=True), d_hat, x_hat), [axis], "SUM")
+            n = dim.size
+            dx = mesh_impl.slicewise(lambda r_, d, h, m1, m2: r_ * (d - m1 / n - h * (m2 / n)), r, d_hat, x_hat,
+                                     mean_d, mean_dx)
+            rows = list(range(x_shape.ndims - 1))
+            dg = mesh_impl.slicewise(lambda d, h: tf.reduce_sum(d * h, axis=rows), dy, x_hat)
+            db = mesh_impl.slicewise(lambda d: tf.reduce_sum(d, axis=rows), dy)
+        row_axes = _reduced_mesh_axes(mesh_impl, x_shape.dims[:-1])
+        if row_axes:  # each device summed its own rows
+            dg = mtf.LazyAllreduceSum(mesh_impl, dg, row_axes)
+            db = mtf.LazyAllreduceSum(mesh_impl, db, row_axes)
+        for output, value in zip(self.outputs, (dx, dg, db)):
+            lowering.set_tensor_lowering(output, value)
+
+
+def layer_norm(x: mtf.Tensor, g: mtf.Tensor, b: mtf.Tensor, epsilon: float = 1e-5) -> mtf.Tensor:
+    """LayerNorm over x's last dimension with gain g and bias b (shape [that dimension]): the formula of
+    models/layers.py's mtf version (mean, centred mean square, rsqrt(var + eps)), fused forward and backward."""
+    if g.shape.dims != [x.shape.dims[-1]] or b.shape.dims != [x.shape.dims[-1]]:
+        raise ValueError(f"layer_norm's gain and bias must be [{x.shape.dims[-1]}], got {g.shape} and {b.shape}")
+    return LayerNormOperation(x, g, b, epsilon).outputs[0]

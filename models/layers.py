@@ -12,6 +12,7 @@ import zlib
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
+from models import fast_ops
 from models.activations import ACTIVATIONS
 from models.config import GPTConfig
 
@@ -44,9 +45,8 @@ def layer_norm(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType, epsilon: flo
     with tf.variable_scope(scope):
         g = variable(x.mesh, "g", [dim], dtype, constant=1.0)
         b = variable(x.mesh, "b", [dim], dtype, constant=0.0)
-        x = x - mtf.reduce_mean(x, reduced_dim=dim)
-        variance = mtf.reduce_mean(mtf.square(x), reduced_dim=dim)
-        return x * mtf.rsqrt(variance + epsilon) * g + b
+        # x - mean, * rsqrt(mean square + eps) * g + b, fused forward and backward (models/fast_ops.py)
+        return fast_ops.layer_norm(x, g, b, epsilon)
 
 
 def scale_norm(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType, epsilon: float = 1e-5) -> mtf.Tensor:

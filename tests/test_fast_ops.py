@@ -168,3 +168,32 @@ def test_gelu_matches_mtf_gelu_with_gradient(mesh_shape, layout):
     got = run(build(True), mesh_shape, layout)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,embd:y"),
+                                               ("x:2,y:2", "sequence:x,embd:y")])
+def test_layer_norm_matches_the_mtf_formula_with_gradients(mesh_shape, layout):
+    rng = np.random.RandomState(4)
+    batch, seq, _, embd = dims()
+    x_value = (2 * rng.randn(batch.size, seq.size, embd.size) + 1).astype(np.float32)
+    g_value, b_value = (rng.randn(embd.size).astype(np.float32) for _ in range(2))
+    upstream = rng.randn(batch.size, seq.size, embd.size).astype(np.float32)
+
+    def build(fast):
+        def graph(mesh):
+            x = mtf.import_tf_tensor(mesh, tf.constant(x_value), mtf.Shape([batch, seq, embd]))
+            g = mtf.import_tf_tensor(mesh, tf.constant(g_value), mtf.Shape([embd]))
+            b = mtf.import_tf_tensor(mesh, tf.constant(b_value), mtf.Shape([embd]))
+            u = mtf.import_tf_tensor(mesh, tf.constant(upstream), mtf.Shape([batch, seq, embd]))
+            if fast:
+                y = fast_ops.layer_norm(x, g, b, 1e-5)
+            else:  # models/layers.py's formula before fast_ops
+                c = x - mtf.reduce_mean(x, reduced_dim=embd)
+                y = c * mtf.rsqrt(mtf.reduce_mean(mtf.square(c), reduced_dim=embd) + 1e-5) * g + b
+            return [y] + mtf.gradients([mtf.reduce_sum(y * u)], [x, g, b])
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
