@@ -98,7 +98,7 @@ def worker_hf(args) -> dict:
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
     torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     config = GPTNeoConfig(vocab_size=args.n_vocab, max_position_embeddings=args.n_ctx, hidden_size=args.n_embd,
                           num_layers=args.n_layer, num_heads=args.n_head, attention_types=attention_types(args.n_layer),
                           window_size=args.window, activation_function="gelu_new", resid_dropout=0.0,
@@ -131,7 +131,7 @@ WORKERS = {"ours": worker_ours, "hf": worker_hf}
 
 def run_worker(kind: str, args, recompute: bool = False) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--worker", kind]
-    for key in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window", "repeats"):
+    for key in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window", "repeats", "cpus"):
         command += [f"--{key}", str(getattr(args, key))]
     command += ["--prompt_lengths", *map(str, args.prompt_lengths), "--new_tokens", *map(str, args.new_tokens)]
     if recompute:
@@ -162,17 +162,21 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--recompute", action="store_true", help="also time this project's full-recompute path")
     p.add_argument("--skip_hf", action="store_true")
+    p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0 or 0,1 (default: "
+                   "all); on a shared machine one pinned core is disturbed less than all cores")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--recompute_worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
+        if args.cpus:
+            os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])  # before TF/torch size their pools
         print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
         return 0
     if max(args.prompt_lengths) + max(args.new_tokens) > args.n_ctx:
         raise SystemExit(f"error: prompts of {max(args.prompt_lengths)} + {max(args.new_tokens)} new tokens do not fit "
                          f"n_ctx {args.n_ctx}")
 
-    print(f"# {os.cpu_count()} CPUs, load average {[round(x, 2) for x in os.getloadavg()]} at start", flush=True)
+    print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {[round(x, 2) for x in os.getloadavg()]} at start", flush=True)
     runs = [run_worker("ours", args)]
     if args.recompute:
         runs.append(run_worker("ours", args, recompute=True))
