@@ -15,11 +15,12 @@ import tensorflow.compat.v1 as tf
 import main
 from engine import cluster as cluster_lib
 from engine.devices import DeviceError
+from workspace import make_workspace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
             local_attention_radius=4, train_batch_size=4, eval_batch_size=4, train_steps=3, steps_per_checkpoint=3,
-            lr=0.003, datasets=[["stdlib", 2, "documents_random", 1.0]], mesh_shape="x:2", layout="batch:x")
+            lr=0.003, datasets=[["tiny", 2, "documents_random", 1.0]], mesh_shape="x:2", layout="batch:x")
 LOSS = re.compile(r"step +(\d+)/3 \| loss ([0-9.]+)")
 
 
@@ -64,7 +65,8 @@ def weights(model_path):
 
 
 def test_two_processes_train_like_one_process_on_two_devices(tmp_path, capsys):
-    config = tmp_path / "tiny_x2.json"
+    make_workspace(tmp_path)  # tokenized text and the "tiny" dataset entry under tmp_path/configs/
+    config = tmp_path / "configs" / "tiny_x2.json"
     config.write_text(json.dumps(dict(TINY, model_path=str(tmp_path / "multi"))))
     ports = free_ports(4)  # all held at once, so all different
     cluster_file = tmp_path / "cluster.json"
@@ -93,7 +95,7 @@ def test_two_processes_train_like_one_process_on_two_devices(tmp_path, capsys):
         assert f'device: "/job:worker/replica:0/task:{task}/device:CPU:0"' in graph_text
     assert (tmp_path / "multi" / "model.ckpt-3.data-00001-of-00002").exists()
 
-    single_config = tmp_path / "tiny_single.json"
+    single_config = tmp_path / "configs" / "tiny_single.json"
     single_config.write_text(json.dumps(dict(TINY, model_path=str(tmp_path / "single"))))
     capsys.readouterr()
     assert main.main(["--model", str(single_config), "--gpu_ids", "device:CPU:0", "device:CPU:1",

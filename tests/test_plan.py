@@ -1,5 +1,6 @@
 """--dry_run: parameter counts, per-device memory against what the placement mesh allocates, the smallest
 mesh search, and every shipped config's layout on its real graph."""
+import dataclasses
 import glob
 import math
 import os
@@ -121,8 +122,13 @@ def test_parse_bytes():
 
 def test_a_layout_a_layer_cannot_take_is_an_error():
     # Local attention reshapes `sequence` into blocks (here n_ctx / window = 1 block): splitting it fails.
-    cfg = tiny_config(n_ctx=16, local_attention_radius=16, mesh_shape="x:2", layout="sequence:x")
-    with pytest.raises(ConfigError, match="cannot split"):
+    # The config check refuses it up front ...
+    with pytest.raises(ConfigError, match="1 blocks"):
+        tiny_config(n_ctx=16, local_attention_radius=16, mesh_shape="x:2", layout="sequence:x")
+    # ... and the planner refuses it too for a config that skipped validation (by the same check, or by its own
+    # reading of the built graph).
+    cfg = dataclasses.replace(tiny_config(n_ctx=16, local_attention_radius=16), mesh_shape="x:2", layout="sequence:x")
+    with pytest.raises(ConfigError, match="1 blocks|cannot split"):
         plan.memory(plan.collect(cfg), cfg, recompute=False)
 
 
