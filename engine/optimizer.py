@@ -58,8 +58,9 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
 def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
     if cfg.opt_name == "adam":
         # Slots are named `<var>/adam_m|adam_v`, which HF's GPT-Neo loader knows to skip.
-        return AdamWeightDecay(learning_rate=lr, weight_decay_rate=cfg.weight_decay, beta_1=cfg.beta1,
-                               beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY)
+        from engine.speed import FusedAdamWeightDecay  # AdamWeightDecay, one fused pass per variable
+        return FusedAdamWeightDecay(learning_rate=lr, weight_decay_rate=cfg.weight_decay, beta_1=cfg.beta1,
+                                    beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY)
     # Adafactor (mesh-tensorflow's): the update is relative to each weight's scale; weight_decay is Adam's only.
     return mtf.optimize.AdafactorOptimizer(learning_rate=lr, beta1=cfg.beta1, epsilon1=cfg.ada_epsilon1,
                                            epsilon2=cfg.ada_epsilon2)
