@@ -382,3 +382,41 @@ def layer_norm(x: mtf.Tensor, g: mtf.Tensor, b: mtf.Tensor, epsilon: float = 1e-
     if g.shape.dims != [x.shape.dims[-1]] or b.shape.dims != [x.shape.dims[-1]]:
         raise ValueError(f"layer_norm's gain and bias must be [{x.shape.dims[-1]}], got {g.shape} and {b.shape}")
     return LayerNormOperation(x, g, b, epsilon).outputs[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Key/value cache writes
+
+
+class WriteAtPositionOperation(mtf.Operation):
+    """cache [batch, memory, rest...] with cache[:, position] = value [batch, rest...], by a scatter of one
+    row per batch entry (TF updates in place when nothing else holds the cache, as in a decoding loop), where
+    the one-hot formula `cache * (1 - one_hot) + value * one_hot` makes ~6 passes over the whole cache."""
+
+    def __init__(self, cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor, name=None):
+        super().__init__([cache, value, position], name=name or "write_at_position")
+        self._outputs = [mtf.Tensor(self, cache.shape, cache.dtype)]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+
+        def scatter(cache, value, position):
+            rows = tf.range(tf.shape(cache)[0])
+            index = tf.stack([rows, tf.fill(tf.shape(rows), position)], axis=1)
+            return tf.tensor_scatter_nd_update(cache, index, value)
+
+        y = mesh_impl.slicewise(scatter, *(lowering.tensors[t] for t in self.inputs))
+        lowering.set_tensor_lowering(self.outputs[0], y)
+
+
+def write_at_position(cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor, memory: mtf.Dimension,
+                      split: bool) -> mtf.Tensor:
+    """cache with its entry at `position` (a scalar) along `memory` replaced by `value` (cache's shape without
+    `memory`). Needs cache laid out [batch, memory, ...] with `memory` whole on each device (`split`: the layout
+    splits it); otherwise the one-hot formula, which any layout runs."""
+    dims = cache.shape.dims
+    if split or len(dims) < 2 or dims[1] != memory or position.shape.dims:
+        write = mtf.one_hot(position, memory, dtype=cache.dtype)
+        return cache * (1.0 - write) + mtf.einsum([value, write], output_shape=cache.shape)
+    value = mtf.transpose(mtf.cast(value, cache.dtype), mtf.Shape([dims[0]] + dims[2:]))
+    return WriteAtPositionOperation(cache, value, position).outputs[0]

@@ -113,7 +113,9 @@ def forward(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: 
                     positions = cache.position - 1
                 else:
                     positions = mtf.range(mesh, dims.sequence, tf.int32)
-                h += dropout(mtf.gather(wpe, positions, wpe.shape[0]), cfg.embed_dropout, train)
+                h += dropout(fast_ops.gather(wpe, positions, wpe.shape[0],
+                                             fast_ops.dimension_is_split(cfg, wpe.shape[0].name)),
+                             cfg.embed_dropout, train)
 
         moe_losses = []
         for layer in range(cfg.n_layer):

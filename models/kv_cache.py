@@ -26,6 +26,7 @@ import mesh_tensorflow as mtf
 import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
+from models import fast_ops
 from models.config import GPTConfig
 
 PREFILL, STEP = "prefill", "step"
@@ -141,10 +142,9 @@ def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str
     k_cache, v_cache = state.take(2)
     memory_length = k_cache.shape.get_dim_by_name("memory_length")
     query_pos = state.position - 1
-    write = mtf.one_hot(query_pos, memory_length, dtype=k_cache.dtype)
-    keep = 1.0 - write
-    k_cache = k_cache * keep + mtf.einsum([k, write], output_shape=k_cache.shape)
-    v_cache = v_cache * keep + mtf.einsum([v, write], output_shape=v_cache.shape)
+    split = fast_ops.dimension_is_split(cfg, memory_length.name)  # a scatter, not a pass over the whole cache
+    k_cache = fast_ops.write_at_position(k_cache, k, query_pos, memory_length, split)
+    v_cache = fast_ops.write_at_position(v_cache, v, query_pos, memory_length, split)
     state.record(k_cache, v_cache)
 
     memory_pos = mtf.range(q.mesh, memory_length, tf.int32)

@@ -197,3 +197,27 @@ def test_layer_norm_matches_the_mtf_formula_with_gradients(mesh_shape, layout):
     got = run(build(True), mesh_shape, layout)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y")])
+def test_write_at_position_equals_the_one_hot_write(mesh_shape, layout):
+    rng = np.random.RandomState(5)
+    batch, memory, heads, kv = (mtf.Dimension("batch", 2), mtf.Dimension("memory_length", 16),
+                                mtf.Dimension("heads", 4), mtf.Dimension("features_per_head", 8))
+    cache_value = rng.randn(2, 16, 4, 8).astype(np.float32)
+    new_value = rng.randn(2, 4, 8).astype(np.float32)
+
+    def build(fast):
+        def graph(mesh):
+            cache = mtf.import_tf_tensor(mesh, tf.constant(cache_value), mtf.Shape([batch, memory, heads, kv]))
+            value = mtf.import_tf_tensor(mesh, tf.constant(new_value), mtf.Shape([batch, heads, kv]))
+            position = mtf.import_fully_replicated(mesh, tf.constant(11), mtf.Shape([]))
+            return [fast_ops.write_at_position(cache, value, position, memory, split=not fast)]
+        return graph
+
+    expected = run(build(False), "all:1", "")[0]
+    got = run(build(True), mesh_shape, layout)[0]
+    np.testing.assert_array_equal(got, expected)
+    reference = cache_value.copy()
+    reference[:, 11] = new_value
+    np.testing.assert_array_equal(got, reference)
