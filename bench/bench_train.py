@@ -1,6 +1,7 @@
 """Training speed: this project against HF transformers' GPTNeoForCausalLM (PyTorch, CPU), same model, same machine.
 
-    .venv/bin/python bench/bench_train.py                     # the default comparison (about 4 minutes on 2 cores)
+    .venv/bin/python bench/bench_train.py                     # fp32, bf16 and HF on all cores (about 4 minutes)
+    .venv/bin/python bench/bench_train.py --cpus 0            # the same on one pinned core (a shared machine)
     .venv/bin/python bench/bench_train.py --variants float32 float32+xla --repeats 2 --steps 8
 
 Trains the same GPT-Neo model (default: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192, batch 8,
@@ -222,7 +223,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (graph build, allocator warm-up)")
     p.add_argument("--steps", type=int, default=8, help="timed steps")
     p.add_argument("--repeats", type=int, default=1, help="measure each N times, interleaved; keep the best")
-    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS,
+    p.add_argument("--variants", nargs="+", default=["float32", "bfloat16"], choices=VARIANTS,
                    help="this project's set-ups to measure: precision, +xla for XLA element-wise fusion "
                         "(engine/speed.py, main.py --xla); HF runs fp32")
     p.add_argument("--skip_hf", action="store_true", help="only this project")
