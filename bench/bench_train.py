@@ -141,7 +141,8 @@ def worker_ours(args) -> dict:
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * cfg.train_batch_size * cfg.n_ctx
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,
-            "flops_per_token": training_flops_per_token(cfg), "first_loss": losses[0], "last_loss": losses[-1]}
+            "flops_per_token": training_flops_per_token(cfg), "first_loss": losses[0], "last_loss": losses[-1],
+            "step_times": [round(b - a, 3) for a, b in zip(times[args.warmup - 1:], times[args.warmup:])]}
 
 
 def worker_hf(args) -> dict:

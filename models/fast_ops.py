@@ -24,8 +24,10 @@ formulation, which reduces across devices.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import mesh_tensorflow as mtf
+import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
 from models.config import GPTConfig
@@ -69,7 +71,10 @@ class GatherOperation(mtf.Operation):
         if mesh_impl.tensor_dimension_to_mesh_axis(self._dim) is not None:
             raise ValueError(f"fast gather needs {self._dim.name} whole on each device; the layout splits it")
         table, ids = self.inputs
-        y = mesh_impl.slicewise(lambda t, i: tf.gather(t, i, axis=0), lowering.tensors[table], lowering.tensors[ids])
+        # Gather from a dense read of the table: tf.gather on the variable itself (ResourceGather) would switch
+        # it to copy-on-read, and every later read of the table (the tied output projection, Adam) would copy it.
+        y = mesh_impl.slicewise(lambda t, i: tf.gather(tf.convert_to_tensor(t), i, axis=0), lowering.tensors[table],
+                                lowering.tensors[ids])
         lowering.set_tensor_lowering(self.outputs[0], y)
 
 
@@ -385,25 +390,30 @@ def layer_norm(x: mtf.Tensor, g: mtf.Tensor, b: mtf.Tensor, epsilon: float = 1e-
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Key/value cache writes
+# Key/value cache: writes and one query's attention
 
 
 class WriteAtPositionOperation(mtf.Operation):
-    """cache [batch, memory, rest...] with cache[:, position] = value [batch, rest...], by a scatter of one
-    row per batch entry (TF updates in place when nothing else holds the cache, as in a decoding loop), where
-    the one-hot formula `cache * (1 - one_hot) + value * one_hot` makes ~6 passes over the whole cache."""
+    """cache [lead..., memory, rest...] with cache[..., position, ...] = value [lead..., rest...], by a scatter of
+    one row per leading index (TF updates in place when nothing else holds the cache), where the one-hot formula
+    `cache * (1 - one_hot) + value * one_hot` makes ~6 passes over the whole cache."""
 
-    def __init__(self, cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor, name=None):
+    def __init__(self, cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor, axis: int, name=None):
         super().__init__([cache, value, position], name=name or "write_at_position")
+        self._axis = axis
         self._outputs = [mtf.Tensor(self, cache.shape, cache.dtype)]
 
     def lower(self, lowering):
         mesh_impl = lowering.mesh_impl(self)
+        axis = self._axis
 
         def scatter(cache, value, position):
-            rows = tf.range(tf.shape(cache)[0])
-            index = tf.stack([rows, tf.fill(tf.shape(rows), position)], axis=1)
-            return tf.tensor_scatter_nd_update(cache, index, value)
+            shape = tf.shape(cache)
+            rows = tf.reduce_prod(shape[:axis])
+            flat = tf.reshape(cache, tf.concat([[rows], shape[axis:]], 0))        # [rows, memory, rest...]
+            index = tf.stack([tf.range(rows), tf.fill([rows], position)], axis=1)
+            written = tf.tensor_scatter_nd_update(flat, index, tf.reshape(value, tf.concat([[rows], shape[axis + 1:]], 0)))
+            return tf.reshape(written, shape)
 
         y = mesh_impl.slicewise(scatter, *(lowering.tensors[t] for t in self.inputs))
         lowering.set_tensor_lowering(self.outputs[0], y)
@@ -412,11 +422,35 @@ class WriteAtPositionOperation(mtf.Operation):
 def write_at_position(cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor, memory: mtf.Dimension,
                       split: bool) -> mtf.Tensor:
     """cache with its entry at `position` (a scalar) along `memory` replaced by `value` (cache's shape without
-    `memory`). Needs cache laid out [batch, memory, ...] with `memory` whole on each device (`split`: the layout
-    splits it); otherwise the one-hot formula, which any layout runs."""
+    `memory`). Needs `memory` whole on each device and not first (`split`: the layout splits it); otherwise the
+    one-hot formula, which any layout runs."""
     dims = cache.shape.dims
-    if split or len(dims) < 2 or dims[1] != memory or position.shape.dims:
+    axis = dims.index(memory) if memory in dims else -1
+    if split or axis < 1 or position.shape.dims:
         write = mtf.one_hot(position, memory, dtype=cache.dtype)
         return cache * (1.0 - write) + mtf.einsum([value, write], output_shape=cache.shape)
-    value = mtf.transpose(mtf.cast(value, cache.dtype), mtf.Shape([dims[0]] + dims[2:]))
-    return WriteAtPositionOperation(cache, value, position).outputs[0]
+    value = mtf.transpose(mtf.cast(value, cache.dtype), mtf.Shape(dims[:axis] + dims[axis + 1:]))
+    return WriteAtPositionOperation(cache, value, position, axis).outputs[0]
+
+
+def _attend_one_query(q, k_cache, v_cache, bias):
+    """q [lead..., kv], caches [lead..., memory, kv], bias [memory] -> [lead..., kv]: two batched matrix-vector
+    products, no transposes (the caches are laid out for them) and no [lead..., memory, kv] temporaries."""
+    logits = tf.matmul(tf.cast(q[..., None, :], tf.float32), tf.cast(k_cache, tf.float32), transpose_b=True)
+    weights = tf.nn.softmax(logits + tf.cast(bias, tf.float32), axis=-1)              # [lead..., 1, memory]
+    return tf.cast(tf.matmul(weights, tf.cast(v_cache, tf.float32))[..., 0, :], q.dtype)
+
+
+def cached_attention(q: mtf.Tensor, k_cache: mtf.Tensor, v_cache: mtf.Tensor, bias: mtf.Tensor,
+                     memory: mtf.Dimension, kv: mtf.Dimension, split: bool) -> mtf.Tensor:
+    """One query per row against a key/value cache (decoding): mtf attention's values (fp32 logits plus bias,
+    softmax over memory, weighted values) for q [lead..., kv] and caches laid out [lead..., memory, kv].
+    mtf.einsum would broadcast q over the whole cache and reduce, several passes over it per layer and token.
+    `split`: the layout splits memory or kv (then mtf's attention, which reduces across devices)."""
+    cache_dims = q.shape.dims[:-1] + [memory, kv]
+    if split or q.shape.dims[-1] != kv or k_cache.shape.dims != cache_dims or v_cache.shape.dims != cache_dims:
+        no_dropout = SimpleNamespace(train=False, model=SimpleNamespace(layout=None, mesh_shape=None))
+        return mtf_attention.attention(q, k_cache, v_cache, memory_length_dim=memory, key_dim=kv, value_dim=kv,
+                                       bias=bias, dropout_rate=0.0, context=no_dropout)
+    return mtf.slicewise(_attend_one_query, [q, k_cache, v_cache, bias], output_shape=q.shape,
+                         output_dtype=q.dtype, splittable_dims=q.shape.dims[:-1], name="cached_attention")

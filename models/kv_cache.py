@@ -19,11 +19,9 @@ or option this module does not know is decoded by full recompute instead (`incre
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 from typing import Optional
 
 import mesh_tensorflow as mtf
-import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
 from models import fast_ops
@@ -123,9 +121,13 @@ class DecodeState:
 
 def record_prefill(state: DecodeState, k: mtf.Tensor, v: mtf.Tensor, sequence: mtf.Dimension,
                    memory_length: mtf.Dimension) -> None:
-    """Prefill: keep this layer's keys and values [batch, memory_length, heads, kv] for the step passes."""
-    state.record(mtf.replace_dimensions(k, sequence, memory_length),
-                 mtf.replace_dimensions(v, sequence, memory_length))
+    """Prefill: keep this layer's keys and values for the step passes, laid out [batch, heads, memory_length, kv]
+    (each step's query is [batch, heads, kv], so its products with the cache are batched matrix-vector ones)."""
+    def as_cache(x):
+        x = mtf.replace_dimensions(x, sequence, memory_length)
+        rest = [d for d in x.shape.dims if d.name not in (memory_length.name, "features_per_head")]
+        return mtf.transpose(x, rest + [memory_length, x.shape.get_dim_by_name("features_per_head")])
+    state.record(as_cache(k), as_cache(v))
 
 
 def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str, cfg: GPTConfig,
@@ -153,6 +155,5 @@ def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str
     if window is not None:
         hidden = mtf.logical_or(hidden, mtf.less_equal(memory_pos, query_pos - window))
     bias = mtf.cast(hidden, q.dtype) * -1e10
-    no_dropout = SimpleNamespace(train=False, model=SimpleNamespace(layout=None, mesh_shape=None))  # sampling
-    return mtf_attention.attention(q, k_cache, v_cache, memory_length_dim=memory_length, key_dim=kv, value_dim=kv,
-                                   bias=bias, dropout_rate=0.0, context=no_dropout)
+    split = split or fast_ops.dimension_is_split(cfg, kv.name)
+    return fast_ops.cached_attention(q, k_cache, v_cache, bias, memory_length, kv, split)

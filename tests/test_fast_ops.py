@@ -1,4 +1,6 @@
 """models/fast_ops.py gives mesh-tensorflow's values and gradients, on one device and on split layouts."""
+import types
+
 import mesh_tensorflow as mtf
 import numpy as np
 import pytest
@@ -197,6 +199,60 @@ def test_layer_norm_matches_the_mtf_formula_with_gradients(mesh_shape, layout):
     got = run(build(True), mesh_shape, layout)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y")])
+def test_write_at_position_in_a_cache_laid_out_for_decoding(mesh_shape, layout):
+    """The decoding cache is [batch, heads, memory, kv]: the write is at axis 2, one row per (batch, head)."""
+    rng = np.random.RandomState(6)
+    batch, heads, memory, kv = (mtf.Dimension("batch", 2), mtf.Dimension("heads", 4),
+                                mtf.Dimension("memory_length", 16), mtf.Dimension("features_per_head", 8))
+    cache_value = rng.randn(2, 4, 16, 8).astype(np.float32)
+    new_value = rng.randn(2, 4, 8).astype(np.float32)
+
+    def graph(mesh):
+        cache = mtf.import_tf_tensor(mesh, tf.constant(cache_value), mtf.Shape([batch, heads, memory, kv]))
+        value = mtf.import_tf_tensor(mesh, tf.constant(new_value), mtf.Shape([batch, heads, kv]))
+        position = mtf.import_fully_replicated(mesh, tf.constant(5), mtf.Shape([]))
+        return [fast_ops.write_at_position(cache, value, position, memory, split=False)]
+
+    reference = cache_value.copy()
+    reference[:, :, 5] = new_value
+    np.testing.assert_array_equal(run(graph, mesh_shape, layout)[0], reference)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y"),
+                                               ("x:2", "memory_length:x"), ("x:2", "features_per_head:x")])
+def test_cached_attention_equals_mtf_attention(mesh_shape, layout):
+    """One query against a [batch, heads, memory, kv] cache, as mesh-tensorflow's attention computes it; a
+    layout that splits memory or kv takes mtf's path (split=True), the others the batched products."""
+    import mesh_tensorflow.transformer.attention as mtf_attention
+    rng = np.random.RandomState(7)
+    batch, heads, memory, kv = (mtf.Dimension("batch", 2), mtf.Dimension("heads", 4),
+                                mtf.Dimension("memory_length", 16), mtf.Dimension("features_per_head", 8))
+    q_value = rng.randn(2, 4, 8).astype(np.float32)
+    k_value, v_value = rng.randn(2, 2, 4, 16, 8).astype(np.float32)
+    bias_value = np.where(np.arange(16) > 9, -1e10, 0.0).astype(np.float32)  # positions after 9 are hidden
+    split = "memory_length" in layout or "features_per_head" in layout
+
+    def build(fast):
+        def graph(mesh):
+            q = mtf.import_tf_tensor(mesh, tf.constant(q_value), mtf.Shape([batch, heads, kv]))
+            k = mtf.import_tf_tensor(mesh, tf.constant(k_value), mtf.Shape([batch, heads, memory, kv]))
+            v = mtf.import_tf_tensor(mesh, tf.constant(v_value), mtf.Shape([batch, heads, memory, kv]))
+            bias = mtf.import_tf_tensor(mesh, tf.constant(bias_value), mtf.Shape([memory]))
+            if fast:
+                return [fast_ops.cached_attention(q, k, v, bias, memory, kv, split)]
+            context = types.SimpleNamespace(train=False, model=types.SimpleNamespace(layout=None, mesh_shape=None))
+            return [mtf_attention.attention(q, k, v, memory, kv, kv, bias=bias, context=context)]
+        return graph
+
+    expected = run(build(False), "all:1", "")[0]
+    got = run(build(True), mesh_shape, layout)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    weights = np.exp(np.einsum("bhk,bhmk->bhm", q_value, k_value) + bias_value)
+    weights /= weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(got, np.einsum("bhm,bhmk->bhk", weights, v_value), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y")])
