@@ -218,7 +218,7 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
         wo = variable(x.mesh, "o", [combined, embd], dtype, stddev=combined.size ** -0.5, seed=cfg.seed)
 
         def project(w):
-            y = mtf.einsum([x, w], reduced_dims=[embd])
+            y = fast_ops.matmul(x, w, [d for d in x.shape.dims if d != embd] + [combined])
             return mtf.replace_dimensions(y, combined, [heads, kv])
 
         q, k, v = project(wq), project(wk), project(wv)
@@ -236,7 +236,7 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
             with tf.variable_scope("attention"):
                 a = ATTENTION[attention_type](q, k, v, ctx)
         a = mtf.replace_dimensions(a, [heads, kv], combined)
-        out = mtf.einsum([a, wo], reduced_dims=[combined])
+        out = fast_ops.matmul(a, wo, [d for d in a.shape.dims if d != combined] + [embd])
         with tf.variable_scope("compute_output_bias"):
             out += variable(x.mesh, "o_b", [embd], dtype, constant=0.0)
         return dropout(out, cfg.res_dropout, train)

@@ -14,6 +14,9 @@ formulas; only rounding differs), and tests/test_fast_ops.py checks values and g
   transposes them inside every attention matmul, forward and backward. `attention` transposes q, k, v once so
   that every einsum is a plain batched matmul, and uses one softmax kernel with an XLA-fused gradient
   (attention einsums 3x faster); `local_attention_1d` is mtf's blocked local attention on top of it.
+* **Matrix products.** The projections are einsums of two tensors that are each one matrix product; `matmul`
+  runs them as tf.matmul on 2-D reshapes (with transpose flags for the gradients), about 2x faster than TF's
+  einsum kernel for decoding's matrix-vector products.
 * **GELU.** mtf.gelu is ~8 element-wise ops forward and ~20 backward over [batch, sequence, 4 x embd]; `gelu`
   is one XLA-fused pass each way (`tf.function(jit_compile=True)`, compiled once per shape).
 
@@ -41,6 +44,83 @@ def dimension_is_split(cfg: GPTConfig, name: str) -> bool:
 
 def vocab_is_split(cfg: GPTConfig) -> bool:
     return dimension_is_split(cfg, "vocab")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Matrix products
+
+
+def _matmul_plan(a_dims, b_dims, out_dims):
+    """How einsum(a, b) -> out is one tf.matmul per device: (swap, transpose_a, transpose_b, n_free_a, n_free_b),
+    after swapping the operands if `swap`; None if it is not a single matrix product (a dimension in both inputs
+    and the output, or dimensions out of order)."""
+    contracted = [d for d in a_dims if d in b_dims]
+    a_free = [d for d in a_dims if d not in contracted]
+    b_free = [d for d in b_dims if d not in contracted]
+    if not contracted or any(d in out_dims for d in contracted):
+        return None
+    if list(out_dims) == a_free + b_free:
+        swap = False
+    elif list(out_dims) == b_free + a_free:
+        swap, a_dims, b_dims, a_free, b_free = True, b_dims, a_dims, b_free, a_free
+    else:
+        return None
+    order = [d for d in a_dims if d in contracted]
+    if order != [d for d in b_dims if d in contracted]:
+        return None
+    if list(a_dims) not in (a_free + order, order + a_free) or list(b_dims) not in (order + b_free, b_free + order):
+        return None
+    return swap, list(a_dims) == order + a_free, list(b_dims) == b_free + order, len(a_free), len(b_free)
+
+
+class MatmulOperation(mtf.Operation):
+    """mtf.einsum([a, b], output_shape) when it is one matrix product (`_matmul_plan`): a reshape of each slice
+    to 2-D and one tf.matmul with transpose flags, summed over the mesh axes that split the contracted
+    dimensions. TF's einsum (oneDNN's on x86) takes about twice as long for the same product on CPU: 2x for
+    decoding's matrix-vector products (bench/bench_decode.py)."""
+
+    def __init__(self, a: mtf.Tensor, b: mtf.Tensor, output_shape: mtf.Shape, name=None):
+        super().__init__([a, b], name=name or "matmul")
+        self._plan = _matmul_plan(a.shape.dims, b.shape.dims, output_shape.dims)
+        if self._plan is None or a.dtype != b.dtype:
+            raise ValueError(f"{a.shape} x {b.shape} -> {output_shape} is not one matrix product of equal dtypes")
+        self._outputs = [mtf.Tensor(self, output_shape, a.dtype)]
+
+    def gradient(self, grad_ys):
+        dy = grad_ys[0]
+        a, b = self.inputs
+        return [matmul(dy, b, a.shape), matmul(a, dy, b.shape)]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        swap, transpose_a, transpose_b, n_free_a, n_free_b = self._plan
+        out_shape = mesh_impl.slice_shape(self.outputs[0].shape)
+
+        def product(a, b):
+            if swap:
+                a, b = b, a
+            a_shape, b_shape = a.shape.as_list(), b.shape.as_list()
+            m = math.prod(a_shape[len(a_shape) - n_free_a:] if transpose_a else a_shape[:n_free_a])
+            n = math.prod(b_shape[:n_free_b] if transpose_b else b_shape[len(b_shape) - n_free_b:])
+            a2 = tf.reshape(a, [-1, m] if transpose_a else [m, -1])
+            b2 = tf.reshape(b, [n, -1] if transpose_b else [-1, n])
+            return tf.reshape(tf.matmul(a2, b2, transpose_a=transpose_a, transpose_b=transpose_b), out_shape)
+
+        a, b = self.inputs
+        y = mesh_impl.slicewise(product, lowering.tensors[a], lowering.tensors[b])
+        axes = _reduced_mesh_axes(mesh_impl, [d for d in a.shape.dims if d in b.shape.dims])
+        if axes:
+            y = mtf.LazyAllreduceSum(mesh_impl, y, axes)
+        lowering.set_tensor_lowering(self.outputs[0], y)
+
+
+def matmul(a: mtf.Tensor, b: mtf.Tensor, output_shape) -> mtf.Tensor:
+    """mtf.einsum([a, b], output_shape): as one tf.matmul per device where it is a single matrix product (the
+    projections of every layer and the output layer), else mtf.einsum itself."""
+    output_shape = mtf.convert_to_shape(output_shape)
+    if a.dtype != b.dtype or _matmul_plan(a.shape.dims, b.shape.dims, output_shape.dims) is None:
+        return mtf.einsum([a, b], output_shape=output_shape)
+    return MatmulOperation(a, b, output_shape).outputs[0]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -441,16 +521,71 @@ def _attend_one_query(q, k_cache, v_cache, bias):
     return tf.cast(tf.matmul(weights, tf.cast(v_cache, tf.float32))[..., 0, :], q.dtype)
 
 
-def cached_attention(q: mtf.Tensor, k_cache: mtf.Tensor, v_cache: mtf.Tensor, bias: mtf.Tensor,
-                     memory: mtf.Dimension, kv: mtf.Dimension, split: bool) -> mtf.Tensor:
-    """One query per row against a key/value cache (decoding): mtf attention's values (fp32 logits plus bias,
-    softmax over memory, weighted values) for q [lead..., kv] and caches laid out [lead..., memory, kv].
-    mtf.einsum would broadcast q over the whole cache and reduce, several passes over it per layer and token.
-    `split`: the layout splits memory or kv (then mtf's attention, which reduces across devices)."""
+def _write_row_in_place(cache, value, position):
+    """cache [lead..., memory, kv] with row `position` of every [memory, kv] block set to value [lead..., kv],
+    written into cache's own buffer (InplaceUpdate aliases its input; see DecodeStepAttentionOperation)."""
+    shape = cache.shape.as_list()
+    rows, memory, kv = math.prod(shape[:-2]), shape[-2], shape[-1]
+    index = tf.range(rows) * memory + position
+    flat = tf.raw_ops.InplaceUpdate(x=tf.reshape(cache, [rows * memory, kv]), i=index,
+                                    v=tf.reshape(tf.cast(value, cache.dtype), [rows, kv]))
+    return tf.reshape(flat, shape)
+
+
+class DecodeStepAttentionOperation(mtf.Operation):
+    """One decoding step of one attention layer, on each device's slices: writes this token's key and value into
+    the caches at `position`, attends the one query over them (`_attend_one_query`) and hands the caches on.
+
+    The writes are in place. A copying write (tensor_scatter_nd_update) copied the whole cache on every step
+    (4 MB per layer and token on the benchmark model, a quarter of the step): TF's executor hands each
+    consumer of a tensor its own reference, and the next step's write ran while this step's reads still held
+    one. In place is safe because (1) the caches entering the loop are private copies (`private_copy`, at
+    prefill) that only the loop holds, and (2) the caches are handed on only after this step's reads of them
+    have finished (control dependencies on the output), so the next write never races a read."""
+
+    def __init__(self, q, k, v, k_cache, v_cache, bias, position, name=None):
+        super().__init__([q, k, v, k_cache, v_cache, bias, position], name=name or "decode_step_attention")
+        self._outputs = [mtf.Tensor(self, q.shape, q.dtype), mtf.Tensor(self, k_cache.shape, k_cache.dtype),
+                         mtf.Tensor(self, v_cache.shape, v_cache.dtype)]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+
+        def step(q, k, v, k_cache, v_cache, bias, position):
+            k_cache = _write_row_in_place(k_cache, k, position)
+            v_cache = _write_row_in_place(v_cache, v, position)
+            out = _attend_one_query(q, k_cache, v_cache, bias)
+            with tf.control_dependencies([out]):
+                return out, tf.identity(k_cache), tf.identity(v_cache)
+
+        outputs = mesh_impl.slicewise(step, *(lowering.tensors[t] for t in self.inputs))
+        for output, value in zip(self.outputs, outputs):
+            lowering.set_tensor_lowering(output, value)
+
+
+def private_copy(x: mtf.Tensor) -> mtf.Tensor:
+    """x in buffers of its own (a deep copy on each device): what DecodeStepAttentionOperation may write into."""
+    return mtf.slicewise(lambda t: tf.raw_ops.DeepCopy(x=t), [x], output_shape=x.shape, output_dtype=x.dtype,
+                         splittable_dims=x.shape.dims, name="private_copy")
+
+
+def decode_step_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, k_cache: mtf.Tensor, v_cache: mtf.Tensor,
+                          bias: mtf.Tensor, position: mtf.Tensor, memory: mtf.Dimension, kv: mtf.Dimension,
+                          memory_split: bool, kv_split: bool):
+    """One query per row against a key/value cache, after writing this token's key and value at `position`:
+    q, k, v [lead..., kv], caches [lead..., memory, kv] (from `private_copy` or a previous step), bias [memory]
+    -> (attention output [lead..., kv], k_cache, v_cache). mtf attention's values (fp32 logits plus bias, softmax
+    over memory, weighted values); mtf.einsum would broadcast q over the whole cache, several passes over it per
+    layer and token. `memory_split`, `kv_split`: the layout splits memory or kv; then `write_at_position` and
+    mtf's attention, which reduce across devices."""
     cache_dims = q.shape.dims[:-1] + [memory, kv]
-    if split or q.shape.dims[-1] != kv or k_cache.shape.dims != cache_dims or v_cache.shape.dims != cache_dims:
+    if (memory_split or kv_split or q.shape.dims[-1] != kv or k_cache.shape.dims != cache_dims
+            or v_cache.shape.dims != cache_dims):
+        k_cache = write_at_position(k_cache, k, position, memory, memory_split)
+        v_cache = write_at_position(v_cache, v, position, memory, memory_split)
         no_dropout = SimpleNamespace(train=False, model=SimpleNamespace(layout=None, mesh_shape=None))
-        return mtf_attention.attention(q, k_cache, v_cache, memory_length_dim=memory, key_dim=kv, value_dim=kv,
-                                       bias=bias, dropout_rate=0.0, context=no_dropout)
-    return mtf.slicewise(_attend_one_query, [q, k_cache, v_cache, bias], output_shape=q.shape,
-                         output_dtype=q.dtype, splittable_dims=q.shape.dims[:-1], name="cached_attention")
+        out = mtf_attention.attention(q, k_cache, v_cache, memory_length_dim=memory, key_dim=kv, value_dim=kv,
+                                      bias=bias, dropout_rate=0.0, context=no_dropout)
+        return out, k_cache, v_cache
+    k, v = (mtf.transpose(mtf.cast(t, k_cache.dtype), q.shape) for t in (k, v))
+    return tuple(DecodeStepAttentionOperation(q, k, v, k_cache, v_cache, bias, position).outputs)

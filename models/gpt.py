@@ -138,7 +138,7 @@ def forward(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: 
                 out = dense(h, "linear_out", dims.vocab, cfg, dtype)
         else:
             with tf.variable_scope("wte_final_einsum"):
-                out = mtf.einsum([h, wte], output_shape=h.shape.dims[:-1] + [dims.vocab])
+                out = fast_ops.matmul(h, wte, h.shape.dims[:-1] + [dims.vocab])
         return ModelOutput(mtf.cast(out, tf.float32), mtf.add_n(moe_losses) if moe_losses else None)
 
 

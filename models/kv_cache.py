@@ -122,11 +122,12 @@ class DecodeState:
 def record_prefill(state: DecodeState, k: mtf.Tensor, v: mtf.Tensor, sequence: mtf.Dimension,
                    memory_length: mtf.Dimension) -> None:
     """Prefill: keep this layer's keys and values for the step passes, laid out [batch, heads, memory_length, kv]
-    (each step's query is [batch, heads, kv], so its products with the cache are batched matrix-vector ones)."""
+    (each step's query is [batch, heads, kv], so its products with the cache are batched matrix-vector ones), in
+    buffers of their own: the steps write into them in place (fast_ops.DecodeStepAttentionOperation)."""
     def as_cache(x):
         x = mtf.replace_dimensions(x, sequence, memory_length)
         rest = [d for d in x.shape.dims if d.name not in (memory_length.name, "features_per_head")]
-        return mtf.transpose(x, rest + [memory_length, x.shape.get_dim_by_name("features_per_head")])
+        return fast_ops.private_copy(mtf.transpose(x, rest + [memory_length, x.shape.get_dim_by_name("features_per_head")]))
     state.record(as_cache(k), as_cache(v))
 
 
@@ -144,16 +145,15 @@ def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str
     k_cache, v_cache = state.take(2)
     memory_length = k_cache.shape.get_dim_by_name("memory_length")
     query_pos = state.position - 1
-    split = fast_ops.dimension_is_split(cfg, memory_length.name)  # a scatter, not a pass over the whole cache
-    k_cache = fast_ops.write_at_position(k_cache, k, query_pos, memory_length, split)
-    v_cache = fast_ops.write_at_position(v_cache, v, query_pos, memory_length, split)
-    state.record(k_cache, v_cache)
-
     memory_pos = mtf.range(q.mesh, memory_length, tf.int32)
     hidden = mtf.greater(memory_pos, query_pos)  # the future
     window = INCREMENTAL[attention_type](cfg)
     if window is not None:
         hidden = mtf.logical_or(hidden, mtf.less_equal(memory_pos, query_pos - window))
     bias = mtf.cast(hidden, q.dtype) * -1e10
-    split = split or fast_ops.dimension_is_split(cfg, kv.name)
-    return fast_ops.cached_attention(q, k_cache, v_cache, bias, memory_length, kv, split)
+    out, k_cache, v_cache = fast_ops.decode_step_attention(
+        q, k, v, k_cache, v_cache, bias, query_pos, memory_length, kv,
+        memory_split=fast_ops.dimension_is_split(cfg, memory_length.name),
+        kv_split=fast_ops.dimension_is_split(cfg, kv.name))
+    state.record(k_cache, v_cache)
+    return out

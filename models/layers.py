@@ -88,12 +88,12 @@ def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension | list, cfg: GPTConf
         stddev /= math.sqrt(cfg.n_layer)
     if cfg.scale_by_in:
         stddev /= math.sqrt(x.shape[-1].size)
-    with tf.variable_scope("conv1d_main"):
-        with tf.variable_scope(scope):
-            init = seeded_normal(stddev, "kernel", cfg.seed)
-        new_dims = new_dim if isinstance(new_dim, list) else [new_dim]
-        return mtf.layers.dense(x, new_dims=new_dims, reduced_dims=[x.shape[-1]], name=scope, use_bias=True,
-                                kernel_initializer=init, variable_dtype=dtype)
+    new_dims = new_dim if isinstance(new_dim, list) else [new_dim]
+    with tf.variable_scope("conv1d_main"), tf.variable_scope(scope):
+        # mtf.layers.dense's variables (kernel [in, new...], bias [new...]), its product as one matmul
+        kernel = variable(x.mesh, "kernel", [x.shape[-1]] + new_dims, dtype, stddev=stddev, seed=cfg.seed)
+        y = fast_ops.matmul(x, mtf.cast(kernel, x.dtype), x.shape.dims[:-1] + new_dims)
+        return y + variable(x.mesh, "bias", new_dims, dtype, constant=0.0)
 
 
 def mlp(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType, train: bool) -> mtf.Tensor:

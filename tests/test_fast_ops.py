@@ -33,6 +33,49 @@ def dims(b=4, s=6, v=11, e=8):
             mtf.Dimension("embd", e))
 
 
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS + [("x:2,y:2", "vocab:x,embd:y")])
+def test_matmul_equals_mtf_einsum_with_gradients(mesh_shape, layout):
+    """The projections' products: x [batch, seq, embd] times a kernel [embd, vocab] and times a tied table
+    [vocab, embd] (transposed), values and both gradients, on layouts that split the free or the summed dims."""
+    rng = np.random.RandomState(3)
+    batch, seq, vocab, embd = dims(v=12)
+    x_value = rng.randn(batch.size, seq.size, embd.size).astype(np.float32)
+    kernel_value = rng.randn(embd.size, vocab.size).astype(np.float32)
+    table_value = rng.randn(vocab.size, embd.size).astype(np.float32)
+    upstream = rng.randn(2, batch.size, seq.size, vocab.size).astype(np.float32)
+
+    def build(fast):
+        product = fast_ops.matmul if fast else (lambda a, b, shape: mtf.einsum([a, b], output_shape=shape))
+
+        def graph(mesh):
+            x = mtf.import_tf_tensor(mesh, tf.constant(x_value), mtf.Shape([batch, seq, embd]))
+            kernel = mtf.import_tf_tensor(mesh, tf.constant(kernel_value), mtf.Shape([embd, vocab]))
+            table = mtf.import_tf_tensor(mesh, tf.constant(table_value), mtf.Shape([vocab, embd]))
+            outputs = [product(x, kernel, [batch, seq, vocab]), product(x, table, [batch, seq, vocab])]
+            loss = mtf.add_n([mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(u), y.shape))
+                              for y, u in zip(outputs, upstream)])
+            return outputs + mtf.gradients([loss], [x, kernel, table])
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    np.testing.assert_allclose(got[0], x_value @ kernel_value, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], x_value @ table_value.T, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_falls_back_to_einsum_where_it_is_not_one_matrix_product():
+    mesh = mtf.Mesh(mtf.Graph(), "m")
+    batch, heads, kv = mtf.Dimension("batch", 2), mtf.Dimension("heads", 3), mtf.Dimension("kv", 4)
+    a = mtf.zeros(mesh, [batch, heads, kv])
+    b = mtf.zeros(mesh, [batch, kv])
+    y = fast_ops.matmul(a, b, [batch, heads])  # batch is in both inputs and the output: a batched product
+    assert not isinstance(y.operation, fast_ops.MatmulOperation)
+    with pytest.raises(ValueError, match="not one matrix product"):
+        fast_ops.MatmulOperation(a, b, mtf.Shape([batch, heads]))
+
+
 @pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
 def test_gather_matches_one_hot_einsum_with_gradient(mesh_shape, layout):
     rng = np.random.RandomState(0)
@@ -223,36 +266,58 @@ def test_write_at_position_in_a_cache_laid_out_for_decoding(mesh_shape, layout):
 
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y"),
                                                ("x:2", "memory_length:x"), ("x:2", "features_per_head:x")])
-def test_cached_attention_equals_mtf_attention(mesh_shape, layout):
-    """One query against a [batch, heads, memory, kv] cache, as mesh-tensorflow's attention computes it; a
-    layout that splits memory or kv takes mtf's path (split=True), the others the batched products."""
+def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_shape, layout):
+    """A decoding step against [batch, heads, memory, kv] caches: the caches come back with this token's key and
+    value at the position, and the output is mesh-tensorflow's attention over the written caches. A layout that
+    splits memory or kv takes mtf's path, the others the in-place writes and batched products; three steps in
+    a row check that each step's writes land in the caches the next step reads."""
     import mesh_tensorflow.transformer.attention as mtf_attention
     rng = np.random.RandomState(7)
     batch, heads, memory, kv = (mtf.Dimension("batch", 2), mtf.Dimension("heads", 4),
                                 mtf.Dimension("memory_length", 16), mtf.Dimension("features_per_head", 8))
-    q_value = rng.randn(2, 4, 8).astype(np.float32)
-    k_value, v_value = rng.randn(2, 2, 4, 16, 8).astype(np.float32)
-    bias_value = np.where(np.arange(16) > 9, -1e10, 0.0).astype(np.float32)  # positions after 9 are hidden
-    split = "memory_length" in layout or "features_per_head" in layout
+    steps = [9, 10, 11]
+    q_value, k_value, v_value = rng.randn(3, len(steps), 2, 4, 8).astype(np.float32)
+    k_cache_value, v_cache_value = rng.randn(2, 2, 4, 16, 8).astype(np.float32)
+    memory_split, kv_split = "memory_length" in layout, "features_per_head" in layout
+
+    def bias_for(position):
+        return np.where(np.arange(16) > position, -1e10, 0.0).astype(np.float32)  # later positions are hidden
 
     def build(fast):
         def graph(mesh):
-            q = mtf.import_tf_tensor(mesh, tf.constant(q_value), mtf.Shape([batch, heads, kv]))
-            k = mtf.import_tf_tensor(mesh, tf.constant(k_value), mtf.Shape([batch, heads, memory, kv]))
-            v = mtf.import_tf_tensor(mesh, tf.constant(v_value), mtf.Shape([batch, heads, memory, kv]))
-            bias = mtf.import_tf_tensor(mesh, tf.constant(bias_value), mtf.Shape([memory]))
-            if fast:
-                return [fast_ops.cached_attention(q, k, v, bias, memory, kv, split)]
-            context = types.SimpleNamespace(train=False, model=types.SimpleNamespace(layout=None, mesh_shape=None))
-            return [mtf_attention.attention(q, k, v, memory, kv, kv, bias=bias, context=context)]
+            shape = mtf.Shape([batch, heads, memory, kv])
+            k_cache = fast_ops.private_copy(mtf.import_tf_tensor(mesh, tf.constant(k_cache_value), shape))
+            v_cache = fast_ops.private_copy(mtf.import_tf_tensor(mesh, tf.constant(v_cache_value), shape))
+            outputs = []
+            for i, position in enumerate(steps):
+                q, k, v = (mtf.import_tf_tensor(mesh, tf.constant(x[i]), mtf.Shape([batch, heads, kv]))
+                           for x in (q_value, k_value, v_value))
+                bias = mtf.import_tf_tensor(mesh, tf.constant(bias_for(position)), mtf.Shape([memory]))
+                at = mtf.import_fully_replicated(mesh, tf.constant(position), mtf.Shape([]))
+                if fast:
+                    out, k_cache, v_cache = fast_ops.decode_step_attention(q, k, v, k_cache, v_cache, bias, at, memory,
+                                                                           kv, memory_split, kv_split)
+                else:
+                    k_cache = fast_ops.write_at_position(k_cache, k, at, memory, split=True)
+                    v_cache = fast_ops.write_at_position(v_cache, v, at, memory, split=True)
+                    context = types.SimpleNamespace(train=False,
+                                                    model=types.SimpleNamespace(layout=None, mesh_shape=None))
+                    out = mtf_attention.attention(q, k_cache, v_cache, memory, kv, kv, bias=bias, context=context)
+                outputs.append(out)
+            return outputs + [k_cache, v_cache]
         return graph
 
-    expected = run(build(False), "all:1", "")[0]
-    got = run(build(True), mesh_shape, layout)[0]
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    weights = np.exp(np.einsum("bhk,bhmk->bhm", q_value, k_value) + bias_value)
-    weights /= weights.sum(-1, keepdims=True)
-    np.testing.assert_allclose(got, np.einsum("bhm,bhmk->bhk", weights, v_value), rtol=1e-5, atol=1e-6)
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    k_ref, v_ref = k_cache_value.copy(), v_cache_value.copy()
+    for i, position in enumerate(steps):
+        k_ref[:, :, position], v_ref[:, :, position] = k_value[i], v_value[i]
+        weights = np.exp(np.einsum("bhk,bhmk->bhm", q_value[i], k_ref) + bias_for(position))
+        weights /= weights.sum(-1, keepdims=True)
+        np.testing.assert_allclose(got[i], expected[i], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[i], np.einsum("bhm,bhmk->bhk", weights, v_ref), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[-2], k_ref)
+    np.testing.assert_array_equal(got[-1], v_ref)
 
 
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y")])
