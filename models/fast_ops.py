@@ -513,9 +513,18 @@ def write_at_position(cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor
     return WriteAtPositionOperation(cache, value, position, axis).outputs[0]
 
 
-def _attend_one_query(q, k_cache, v_cache, bias):
+def _attend_one_query(q, k_cache, v_cache, bias, position=None, window=None):
     """q [lead..., kv], caches [lead..., memory, kv], bias [memory] -> [lead..., kv]: two batched matrix-vector
-    products, no transposes (the caches are laid out for them) and no [lead..., memory, kv] temporaries."""
+    products, no transposes (the caches are laid out for them) and no [lead..., memory, kv] temporaries.
+
+    With a `window` (local attention: the bias hides all but the last `window` positions up to `position`), only
+    those positions of the caches are read: a slice of window rows, not a pass over the whole cache."""
+    memory = k_cache.shape.as_list()[-2]
+    if window is not None and window < memory:
+        start = tf.clip_by_value(position - window + 1, 0, memory - window)
+        lead = k_cache.shape.ndims - 2
+        k_cache, v_cache = (tf.slice(t, [0] * lead + [start, 0], [-1] * lead + [window, -1]) for t in (k_cache, v_cache))
+        bias = tf.slice(bias, [start], [window])
     logits = tf.matmul(tf.cast(q[..., None, :], tf.float32), tf.cast(k_cache, tf.float32), transpose_b=True)
     weights = tf.nn.softmax(logits + tf.cast(bias, tf.float32), axis=-1)              # [lead..., 1, memory]
     return tf.cast(tf.matmul(weights, tf.cast(v_cache, tf.float32))[..., 0, :], q.dtype)
@@ -543,8 +552,9 @@ class DecodeStepAttentionOperation(mtf.Operation):
     prefill) that only the loop holds, and (2) the caches are handed on only after this step's reads of them
     have finished (control dependencies on the output), so the next write never races a read."""
 
-    def __init__(self, q, k, v, k_cache, v_cache, bias, position, name=None):
+    def __init__(self, q, k, v, k_cache, v_cache, bias, position, window=None, name=None):
         super().__init__([q, k, v, k_cache, v_cache, bias, position], name=name or "decode_step_attention")
+        self._window = window
         self._outputs = [mtf.Tensor(self, q.shape, q.dtype), mtf.Tensor(self, k_cache.shape, k_cache.dtype),
                          mtf.Tensor(self, v_cache.shape, v_cache.dtype)]
 
@@ -554,7 +564,7 @@ class DecodeStepAttentionOperation(mtf.Operation):
         def step(q, k, v, k_cache, v_cache, bias, position):
             k_cache = _write_row_in_place(k_cache, k, position)
             v_cache = _write_row_in_place(v_cache, v, position)
-            out = _attend_one_query(q, k_cache, v_cache, bias)
+            out = _attend_one_query(q, k_cache, v_cache, bias, position, self._window)
             with tf.control_dependencies([out]):
                 return out, tf.identity(k_cache), tf.identity(v_cache)
 
@@ -571,13 +581,14 @@ def private_copy(x: mtf.Tensor) -> mtf.Tensor:
 
 def decode_step_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, k_cache: mtf.Tensor, v_cache: mtf.Tensor,
                           bias: mtf.Tensor, position: mtf.Tensor, memory: mtf.Dimension, kv: mtf.Dimension,
-                          memory_split: bool, kv_split: bool):
+                          memory_split: bool, kv_split: bool, window: int | None = None):
     """One query per row against a key/value cache, after writing this token's key and value at `position`:
     q, k, v [lead..., kv], caches [lead..., memory, kv] (from `private_copy` or a previous step), bias [memory]
     -> (attention output [lead..., kv], k_cache, v_cache). mtf attention's values (fp32 logits plus bias, softmax
     over memory, weighted values); mtf.einsum would broadcast q over the whole cache, several passes over it per
     layer and token. `memory_split`, `kv_split`: the layout splits memory or kv; then `write_at_position` and
-    mtf's attention, which reduce across devices."""
+    mtf's attention, which reduce across devices. `window`: the bias hides every position but the last `window`
+    up to `position` (local attention), so only those are read."""
     cache_dims = q.shape.dims[:-1] + [memory, kv]
     if (memory_split or kv_split or q.shape.dims[-1] != kv or k_cache.shape.dims != cache_dims
             or v_cache.shape.dims != cache_dims):
@@ -588,4 +599,4 @@ def decode_step_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, k_cache: 
                                       bias=bias, dropout_rate=0.0, context=no_dropout)
         return out, k_cache, v_cache
     k, v = (mtf.transpose(mtf.cast(t, k_cache.dtype), q.shape) for t in (k, v))
-    return tuple(DecodeStepAttentionOperation(q, k, v, k_cache, v_cache, bias, position).outputs)
+    return tuple(DecodeStepAttentionOperation(q, k, v, k_cache, v_cache, bias, position, window).outputs)

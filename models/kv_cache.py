@@ -154,6 +154,6 @@ def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str
     out, k_cache, v_cache = fast_ops.decode_step_attention(
         q, k, v, k_cache, v_cache, bias, query_pos, memory_length, kv,
         memory_split=fast_ops.dimension_is_split(cfg, memory_length.name),
-        kv_split=fast_ops.dimension_is_split(cfg, kv.name))
+        kv_split=fast_ops.dimension_is_split(cfg, kv.name), window=window)
     state.record(k_cache, v_cache)
     return out

@@ -264,24 +264,29 @@ def test_write_at_position_in_a_cache_laid_out_for_decoding(mesh_shape, layout):
     np.testing.assert_array_equal(run(graph, mesh_shape, layout)[0], reference)
 
 
+@pytest.mark.parametrize("window", [None, 4])
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y"),
                                                ("x:2", "memory_length:x"), ("x:2", "features_per_head:x")])
-def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_shape, layout):
+def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_shape, layout, window):
     """A decoding step against [batch, heads, memory, kv] caches: the caches come back with this token's key and
     value at the position, and the output is mesh-tensorflow's attention over the written caches. A layout that
     splits memory or kv takes mtf's path, the others the in-place writes and batched products; three steps in
-    a row check that each step's writes land in the caches the next step reads."""
+    a row check that each step's writes land in the caches the next step reads. With a local window only the
+    last `window` positions are visible (and read: the window is clipped at both ends of the cache)."""
     import mesh_tensorflow.transformer.attention as mtf_attention
     rng = np.random.RandomState(7)
     batch, heads, memory, kv = (mtf.Dimension("batch", 2), mtf.Dimension("heads", 4),
                                 mtf.Dimension("memory_length", 16), mtf.Dimension("features_per_head", 8))
-    steps = [9, 10, 11]
+    steps = [2, 10, 15]
     q_value, k_value, v_value = rng.randn(3, len(steps), 2, 4, 8).astype(np.float32)
     k_cache_value, v_cache_value = rng.randn(2, 2, 4, 16, 8).astype(np.float32)
     memory_split, kv_split = "memory_length" in layout, "features_per_head" in layout
 
     def bias_for(position):
-        return np.where(np.arange(16) > position, -1e10, 0.0).astype(np.float32)  # later positions are hidden
+        hidden = np.arange(16) > position  # later positions
+        if window:
+            hidden |= np.arange(16) <= position - window
+        return np.where(hidden, -1e10, 0.0).astype(np.float32)
 
     def build(fast):
         def graph(mesh):
@@ -296,7 +301,7 @@ def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_s
                 at = mtf.import_fully_replicated(mesh, tf.constant(position), mtf.Shape([]))
                 if fast:
                     out, k_cache, v_cache = fast_ops.decode_step_attention(q, k, v, k_cache, v_cache, bias, at, memory,
-                                                                           kv, memory_split, kv_split)
+                                                                           kv, memory_split, kv_split, window)
                 else:
                     k_cache = fast_ops.write_at_position(k_cache, k, at, memory, split=True)
                     v_cache = fast_ops.write_at_position(v_cache, v, at, memory, split=True)
