@@ -46,6 +46,19 @@ def vocab_is_split(cfg: GPTConfig) -> bool:
     return dimension_is_split(cfg, "vocab")
 
 
+XLA_MIN_ELEMENTS = 1 << 14
+
+
+def _fused(fn, *args):
+    """fn(*args) for a tf.function(jit_compile=True) `fn`; on a small first argument (decoding's one-token
+    activations) its Python body as plain TF ops instead, where launching the compiled kernel costs more (~80 us)
+    than the passes it saves."""
+    size = args[0].shape.num_elements()
+    if size is not None and size < XLA_MIN_ELEMENTS:
+        return fn.python_function(*args)
+    return fn(*args)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Matrix products
 
@@ -350,11 +363,12 @@ def gelu(x: mtf.Tensor) -> mtf.Tensor:
     dims = x.shape.dims
 
     def grad_function(op, dy):
-        return [mtf.slicewise(_gelu_backward, [op.inputs[0], dy], output_shape=x.shape, output_dtype=x.dtype,
-                              splittable_dims=dims, grad_function=0, name="gelu_grad")]
+        return [mtf.slicewise(lambda x_, dy_: _fused(_gelu_backward, x_, dy_), [op.inputs[0], dy],
+                              output_shape=x.shape, output_dtype=x.dtype, splittable_dims=dims, grad_function=0,
+                              name="gelu_grad")]
 
-    return mtf.slicewise(_gelu_forward, [x], output_shape=x.shape, output_dtype=x.dtype, splittable_dims=dims,
-                         grad_function=grad_function, name="gelu")
+    return mtf.slicewise(lambda x_: _fused(_gelu_forward, x_), [x], output_shape=x.shape, output_dtype=x.dtype,
+                         splittable_dims=dims, grad_function=grad_function, name="gelu")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -381,7 +395,7 @@ def _layer_norm_backward_fused(x, g, dy, epsilon):
 def _layer_norm_backward(x, g, dy, epsilon):
     """dx, and dg / db summed over this slice's rows (the caller all-reduces them over the other devices). The
     row sums run outside XLA: its column reductions are slower on CPU than TF's own."""
-    dx, dy_x_hat = _layer_norm_backward_fused(x, g, dy, epsilon)
+    dx, dy_x_hat = _fused(_layer_norm_backward_fused, x, g, dy, epsilon)
     rows = list(range(len(x.shape) - 1))
     return dx, tf.reduce_sum(dy_x_hat, axis=rows), tf.reduce_sum(dy, axis=rows)
 
@@ -416,7 +430,7 @@ class LayerNormOperation(mtf.Operation):
         axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
         eps = self._epsilon
         if axis is None:
-            y = mesh_impl.slicewise(lambda x_, g_, b_: _layer_norm_forward(x_, g_, b_, eps), x, g, b)
+            y = mesh_impl.slicewise(lambda x_, g_, b_: _fused(_layer_norm_forward, x_, g_, b_, eps), x, g, b)
         else:
             xc, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
             y = mesh_impl.slicewise(lambda c, r_, g_, b_: c * r_ * g_ + b_, xc, r, g, b)
@@ -513,21 +527,38 @@ def write_at_position(cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor
     return WriteAtPositionOperation(cache, value, position, axis).outputs[0]
 
 
+PREFIX_BLOCK = 128  # global attention reads the cache in prefixes of whole blocks (few distinct shapes)
+
+
 def _attend_one_query(q, k_cache, v_cache, bias, position=None, window=None):
     """q [lead..., kv], caches [lead..., memory, kv], bias [memory] -> [lead..., kv]: two batched matrix-vector
     products, no transposes (the caches are laid out for them) and no [lead..., memory, kv] temporaries.
 
-    With a `window` (local attention: the bias hides all but the last `window` positions up to `position`), only
-    those positions of the caches are read: a slice of window rows, not a pass over the whole cache."""
-    memory = k_cache.shape.as_list()[-2]
-    if window is not None and window < memory:
-        start = tf.clip_by_value(position - window + 1, 0, memory - window)
+    Given the query's `position`, only the cache rows the bias can leave visible are read: with a `window` (local
+    attention) the last `window` rows up to it; without (global attention) the rows up to it, rounded up to
+    whole blocks, while that prefix is at most half the cache (slicing copies the rows it keeps)."""
+    def attend(k, v, b):
+        logits = tf.matmul(tf.cast(q[..., None, :], tf.float32), tf.cast(k, tf.float32), transpose_b=True)
+        weights = tf.nn.softmax(logits + tf.cast(b, tf.float32), axis=-1)              # [lead..., 1, memory]
+        return tf.cast(tf.matmul(weights, tf.cast(v, tf.float32))[..., 0, :], q.dtype)
+
+    def rows(start, size):
         lead = k_cache.shape.ndims - 2
-        k_cache, v_cache = (tf.slice(t, [0] * lead + [start, 0], [-1] * lead + [window, -1]) for t in (k_cache, v_cache))
-        bias = tf.slice(bias, [start], [window])
-    logits = tf.matmul(tf.cast(q[..., None, :], tf.float32), tf.cast(k_cache, tf.float32), transpose_b=True)
-    weights = tf.nn.softmax(logits + tf.cast(bias, tf.float32), axis=-1)              # [lead..., 1, memory]
-    return tf.cast(tf.matmul(weights, tf.cast(v_cache, tf.float32))[..., 0, :], q.dtype)
+        k, v = (tf.slice(t, [0] * lead + [start, 0], [-1] * lead + [size, -1]) for t in (k_cache, v_cache))
+        return k, v, tf.slice(bias, [start], [size])
+
+    memory = k_cache.shape.as_list()[-2]
+    if position is None:
+        return attend(k_cache, v_cache, bias)
+    if window is not None:
+        if window >= memory:
+            return attend(k_cache, v_cache, bias)
+        return attend(*rows(tf.clip_by_value(position - window + 1, 0, memory - window), window))
+    if memory < 2 * PREFIX_BLOCK:
+        return attend(k_cache, v_cache, bias)
+    prefix = (position // PREFIX_BLOCK + 1) * PREFIX_BLOCK
+    out = tf.cond(prefix <= memory // 2, lambda: attend(*rows(0, prefix)), lambda: attend(k_cache, v_cache, bias))
+    return tf.ensure_shape(out, q.shape)
 
 
 def _write_row_in_place(cache, value, position):

@@ -127,7 +127,8 @@ def record_prefill(state: DecodeState, k: mtf.Tensor, v: mtf.Tensor, sequence: m
     def as_cache(x):
         x = mtf.replace_dimensions(x, sequence, memory_length)
         rest = [d for d in x.shape.dims if d.name not in (memory_length.name, "features_per_head")]
-        return fast_ops.private_copy(mtf.transpose(x, rest + [memory_length, x.shape.get_dim_by_name("features_per_head")]))
+        kv = x.shape.get_dim_by_name("features_per_head")
+        return fast_ops.private_copy(mtf.transpose(x, rest + [memory_length, kv]))
     state.record(as_cache(k), as_cache(v))
 
 
