@@ -178,7 +178,25 @@ def worker_hf(args) -> dict:
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * m["batch"] * m["n_ctx"]
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps, "first_loss": losses[0],
-            "last_loss": losses[-1], "torch_threads": torch.get_num_threads()}
+            "last_loss": losses[-1], "torch_threads": torch.get_num_threads(),
+            "torch_fp32_matmul_flops": torch_matmul_peak(args.peak_size, args.peak_seconds)}
+
+
+def torch_matmul_peak(size: int, seconds: float) -> float:
+    """PyTorch's own fp32 square-matmul FLOP/s here (its BLAS, not TF's oneDNN), best of 0.25 s windows: how fast
+    HF's matmuls could run, which differs from TF's peak by CPU vendor and BLAS build."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best_rate, end = 0.0, time.perf_counter() + seconds / 2
+    while time.perf_counter() < end:
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 0.25:
+            a @ b
+            runs += 1
+        best_rate = max(best_rate, 2 * size ** 3 * runs / (time.perf_counter() - start))
+    return best_rate
 
 
 WORKERS = {"peak": worker_peak, "ours": worker_ours, "hf": worker_hf}
@@ -274,6 +292,9 @@ def main(argv=None) -> int:
         flops = hf_best["tokens_per_s"] * fpt
         print(f"{'HF GPTNeo float32':<24}{hf_best['tokens_per_s']:>10,.0f}{hf_best['step_s']:>9.2f}"
               f"{flops / 1e9:>10.1f}{100 * flops / fp32_peak:>9.1f}%{'1.00x':>8}")
+        torch_peak = max(r["torch_fp32_matmul_flops"] for r in hf)
+        print(f"matmul peak (PyTorch, {args.peak_size}^2): fp32 {torch_peak / 1e9:.1f} GFLOP/s; HF's MFU against it "
+              f"{100 * flops / torch_peak:.1f}% (TF's fp32 peak / PyTorch's: {fp32_peak / torch_peak:.2f}x)")
     for suffix in ("", "+xla"):
         fp32, bf16 = ours.get("float32" + suffix), ours.get("bfloat16" + suffix)
         if fp32 and bf16:
