@@ -58,25 +58,31 @@ def load() -> list[float]:
 # Workers: each runs in its own process and prints one MARK line.
 
 
+def best_matmul_rate(run, size: int, seconds: float) -> float:
+    """FLOP/s of `run` (one size x size matmul), best of 0.25 s windows over `seconds` (a neighbour's burst only
+    lowers a window)."""
+    run()
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 0.25:
+            run()
+            runs += 1
+        best = max(best, 2 * size ** 3 * runs / (time.perf_counter() - start))
+    return best
+
+
 def matmul_peak(dtype_name: str, size: int, seconds: float) -> float:
     """The best square-matmul FLOP/s TensorFlow reaches here, over both of its CPU matmul paths: a tf.function
-    (Eigen for fp32) and a v1 graph session (oneDNN, as the model's einsums run), best of 0.25 s windows
-    (a neighbour's burst only lowers a window). The highest is the denominator: MFU is never flattered."""
+    (Eigen for fp32) and a v1 graph session (oneDNN, as the model's einsums run), each timed for half of
+    `seconds`. The highest is the denominator: MFU is never flattered."""
     import numpy as np
     import tensorflow as tf
 
     dtype = getattr(tf, dtype_name)
 
     def best_rate(run) -> float:
-        run()
-        best, end = 0.0, time.perf_counter() + seconds / 2
-        while time.perf_counter() < end:
-            runs, start = 0, time.perf_counter()
-            while time.perf_counter() - start < 0.25:
-                run()
-                runs += 1
-            best = max(best, 2 * size ** 3 * runs / (time.perf_counter() - start))
-        return best
+        return best_matmul_rate(run, size, seconds / 2)
 
     a = tf.cast(tf.random.normal([size, size]), dtype)
     b = tf.cast(tf.random.normal([size, size]), dtype)
@@ -183,20 +189,12 @@ def worker_hf(args) -> dict:
 
 
 def torch_matmul_peak(size: int, seconds: float) -> float:
-    """PyTorch's own fp32 square-matmul FLOP/s here (its BLAS, not TF's oneDNN), best of 0.25 s windows: how fast
-    HF's matmuls could run, which differs from TF's peak by CPU vendor and BLAS build."""
+    """PyTorch's own fp32 square-matmul FLOP/s here (its BLAS, not TF's oneDNN), timed as long as one of TF's two
+    paths: how fast HF's matmuls could run, which differs from TF's peak by CPU vendor and BLAS build."""
     import torch
 
     a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best_rate, end = 0.0, time.perf_counter() + seconds / 2
-    while time.perf_counter() < end:
-        runs, start = 0, time.perf_counter()
-        while time.perf_counter() - start < 0.25:
-            a @ b
-            runs += 1
-        best_rate = max(best_rate, 2 * size ** 3 * runs / (time.perf_counter() - start))
-    return best_rate
+    return best_matmul_rate(lambda: a @ b, size, seconds / 2)
 
 
 WORKERS = {"peak": worker_peak, "ours": worker_ours, "hf": worker_hf}

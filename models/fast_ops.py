@@ -541,11 +541,11 @@ def write_at_position(cache: mtf.Tensor, value: mtf.Tensor, position: mtf.Tensor
 PREFIX_BLOCK = 128  # global attention reads the cache in prefixes of whole blocks (few distinct shapes)
 
 
-def _attend_one_query(q, k_cache, v_cache, bias, position=None, window=None):
+def _attend_one_query(q, k_cache, v_cache, bias, position, window=None):
     """q [lead..., kv], caches [lead..., memory, kv], bias [memory] -> [lead..., kv]: two batched matrix-vector
     products, no transposes (the caches are laid out for them) and no [lead..., memory, kv] temporaries.
 
-    Given the query's `position`, only the cache rows the bias can leave visible are read: with a `window` (local
+    Only the cache rows the bias can leave visible to the query at `position` are read: with a `window` (local
     attention) the last `window` rows up to it; without (global attention) the rows up to it, rounded up to
     whole blocks, while that prefix is at most half the cache (slicing copies the rows it keeps)."""
     def attend(k, v, b):
@@ -559,8 +559,6 @@ def _attend_one_query(q, k_cache, v_cache, bias, position=None, window=None):
         return k, v, tf.slice(bias, [start], [size])
 
     memory = k_cache.shape.as_list()[-2]
-    if position is None:
-        return attend(k_cache, v_cache, bias)
     if window is not None:
         if window >= memory:
             return attend(k_cache, v_cache, bias)

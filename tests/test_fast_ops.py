@@ -276,8 +276,8 @@ def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_s
                                                                           steps):
     """A decoding step against [batch, heads, memory, kv] caches: the caches come back with this token's key and
     value at the position, and the output is mesh-tensorflow's attention over the written caches. A layout that
-    splits memory or kv takes mtf's path, the others the in-place writes and batched products; three steps in
-    a row check that each step's writes land in the caches the next step reads. With a local window only the
+    splits memory or kv takes mtf's path, the others the in-place writes and batched products; several steps
+    in a row check that each step's writes land in the caches the next step reads. With a local window only the
     last `window` positions are visible (and read: the window is clipped at both ends of the cache); global
     attention reads a prefix of whole blocks while it is at most half the cache (512: positions 5 and 255), then
     all of it."""
