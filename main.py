@@ -15,7 +15,6 @@ import shutil
 import sys
 import warnings
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
 warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
 
 
@@ -76,6 +75,7 @@ def main(argv=None) -> int:
         enable_xla_fusion()
     from data.errors import DataError
     from engine.devices import DeviceError
+    from engine.runner import Interrupted
     from models.config import ConfigError
 
     tf.get_logger().setLevel("ERROR")
@@ -91,22 +91,24 @@ def main(argv=None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except Interrupted as e:  # the first Ctrl-C: the step in progress finished and was saved
+        print(str(e), file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130
 
 
 def run(args) -> int:
-    from engine import devices
-    from engine.estimator import Placement
-    from models.config import load_config
+    from engine import devices, scale_cli
+    from engine.devices import Placement
+    from engine.predict import config_overrides
+    from models.config import ConfigError, load_config
 
     overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
     if args.layout is not None:
         overrides["layout"] = args.layout
-    from engine.predict import config_overrides
     overrides.update(config_overrides(args))
-    from engine import scale_cli
     overrides.update(scale_cli.config_overrides(args))
     cfg = load_config(args.model, overrides)
 
@@ -117,7 +119,8 @@ def run(args) -> int:
     if handled is not None:
         return handled
     if args.tpu:
-        placement = Placement(tpu=args.tpu)
+        from engine import tpu
+        placement = tpu.placement(args.tpu)
     elif scale_cli.multi_host(args):
         placement = scale_cli.chief_placement(args, cfg)
     else:
@@ -126,7 +129,6 @@ def run(args) -> int:
         placement = Placement(devices=tuple(names))
 
     if not cfg.model_path:
-        from models.config import ConfigError
         raise ConfigError("the config has no model_path: set it to the folder for checkpoints and logs")
     if args.new and not start_fresh(cfg.model_path, args.yes):
         return 1
@@ -155,22 +157,18 @@ def start_fresh(model_path: str, yes: bool) -> bool:
     return True
 
 
-def latest_step(model_path: str) -> int:
-    import tensorflow.compat.v1 as tf
-    checkpoint = tf.train.latest_checkpoint(model_path) if os.path.isdir(model_path) else None
-    return int(tf.train.load_variable(checkpoint, "global_step")) if checkpoint else 0
-
-
 def train(cfg, placement, args) -> int:
     from data.inputs import DatasetSource, train_dataset
     from data.mlm import mask_dataset
-    from engine.estimator import make_estimator
+    from engine import checkpoints, runner
     from engine.flops import measure_matmul_peak
+    from engine.progress import TrainingLog, summary_writer
     from models.config import ConfigError
+    from tools.runs import write_run_info
 
     if not cfg.datasets:
         raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
-    start = latest_step(cfg.model_path)
+    start = checkpoints.latest_step(cfg.model_path)
     if start >= cfg.train_steps:
         print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
               f"(raise train_steps or pass --new)")
@@ -181,32 +179,34 @@ def train(cfg, placement, args) -> int:
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
           f"({', '.join(placement.devices) or placement.tpu}), steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
-    from tools.runs import write_run_info
     write_run_info(cfg, start, args.sacred_id)  # tokens/step and FLOPs/token for tools/plot_runs.py
-    estimator = make_estimator(cfg, placement, log_every=log_every, peak_flops=peak)
+    writer = summary_writer(cfg.model_path)
 
-    # Train in chunks of steps_per_checkpoint so that eval (when eval_steps > 0) runs after each checkpoint.
+    def batches(first: int):  # the stream from step `first` on: exactly what an uninterrupted run reads there
+        stream = train_dataset(sources, cfg.n_ctx, cfg.train_batch_size, cfg.seed, start_step=first,
+                               n_vocab=cfg.n_vocab)
+        return mask_dataset(stream, cfg, first_step=first)  # MLM masking; unchanged for language modelling
+
+    # Train in chunks of steps_per_checkpoint when evaluating, so that eval runs after each checkpoint.
     step = start
     while step < cfg.train_steps:
         evaluating = cfg.eval_steps or cfg.eval_tasks
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
-
-        def input_fn(params, first=step):
-            batches = train_dataset(sources, cfg.n_ctx, params["batch_size"], cfg.seed, start_step=first, n_vocab=cfg.n_vocab)
-            return mask_dataset(batches, cfg, first_step=first)  # MLM masking; unchanged for language modelling
-
-        estimator.train(input_fn, max_steps=target)
-        step = target
+        step = runner.train(cfg, placement, batches, until=target,
+                            log=TrainingLog(cfg, log_every, peak, writer))
         if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
-            report_eval(estimator, cfg)
+            report_eval(cfg, placement)
         if cfg.eval_tasks:
             run_eval_tasks(cfg, placement)
     return 0
 
 
-def report_eval(estimator, cfg) -> dict:
+def report_eval(cfg, placement) -> dict:
     from data.inputs import eval_batches, eval_dataset
     from data.mlm import mask_dataset
+    from engine import runner
+    from engine.eval_tasks import append_result
+    from engine.progress import summary_writer, write_scalars
     from models.config import ConfigError
 
     path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
@@ -214,41 +214,47 @@ def report_eval(estimator, cfg) -> dict:
         raise ConfigError("no eval_path: set it in the dataset config to evaluate")
     available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
     steps = min(cfg.eval_steps or available, available)
-    results = estimator.evaluate(lambda params: mask_dataset(eval_dataset(path, cfg.n_ctx, params["batch_size"],
-                                                                          n_vocab=cfg.n_vocab), cfg), steps=steps)
-    loss = float(results["loss"])
-    print(f"eval at step {int(results['global_step'])}: loss {loss:.4f} | perplexity {math.exp(min(loss, 50)):.2f} "
+
+    def batches():
+        return mask_dataset(eval_dataset(path, cfg.n_ctx, cfg.eval_batch_size, n_vocab=cfg.n_vocab), cfg)
+
+    loss, step = runner.evaluate(cfg, placement, batches, steps)
+    perplexity = math.exp(min(loss, 50))
+    print(f"eval at step {step}: loss {loss:.4f} | perplexity {perplexity:.2f} "
           f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
-    from engine.eval_tasks import append_result
-    append_result(cfg, {"step": int(results["global_step"]), "task": "validation", "loss": loss,
-                        "perplexity": math.exp(min(loss, 50)), "batches": steps})
-    return results
+    writer = summary_writer(os.path.join(cfg.model_path, "eval"))
+    write_scalars(writer, step, {"loss": loss, "perplexity": perplexity})
+    writer.close()
+    record = {"step": step, "task": "validation", "loss": loss, "perplexity": perplexity, "batches": steps}
+    append_result(cfg, record)
+    return record
 
 
 def run_eval_tasks(cfg, placement) -> list:
-    from engine import eval_tasks
-    return eval_tasks.run_eval_tasks(cfg, placement, tokenizer_for(cfg), latest_step(cfg.model_path))
+    from engine import checkpoints, eval_tasks
+    return eval_tasks.run_eval_tasks(cfg, placement, tokenizer_for(cfg), checkpoints.latest_step(cfg.model_path))
 
 
 def evaluate(cfg, placement) -> int:
-    from engine.estimator import make_estimator
     from models.config import ConfigError
     require_checkpoint(cfg)
     has_eval_path = bool(cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
     if not has_eval_path and not cfg.eval_tasks:
         raise ConfigError("nothing to evaluate: set eval_path in the dataset config or eval_tasks in the model config")
     if has_eval_path:
-        report_eval(make_estimator(cfg, placement), cfg)
+        report_eval(cfg, placement)
     if cfg.eval_tasks:
         run_eval_tasks(cfg, placement)
     return 0
 
 
-def require_checkpoint(cfg) -> None:
-    import tensorflow.compat.v1 as tf
+def require_checkpoint(cfg) -> int:
+    """The step of model_path's latest checkpoint; an error when there is none."""
+    from engine import checkpoints
     from models.config import ConfigError
-    if not (os.path.isdir(cfg.model_path) and tf.train.latest_checkpoint(cfg.model_path)):
+    if not checkpoints.latest(cfg.model_path):
         raise ConfigError(f"no checkpoint in {cfg.model_path}: train first (python main.py --model ...)")
+    return checkpoints.latest_step(cfg.model_path)
 
 
 def tokenizer_for(cfg):
@@ -263,15 +269,16 @@ def tokenizer_for(cfg):
 def predict(cfg, placement, args) -> int:
     from engine.predict import predict as sample, read_prompts
     read_prompts(args.prompt, args.prompt_per_line)  # a missing prompt file is reported before anything else
-    require_checkpoint(cfg)
-    return sample(cfg, placement, args, latest_step(cfg.model_path), tokenizer_for(cfg))
+    step = require_checkpoint(cfg)
+    return sample(cfg, placement, args, step, tokenizer_for(cfg))
 
 
 def export(cfg, args) -> int:
+    from engine import checkpoints
     from engine.export import export_saved_model
-    require_checkpoint(cfg)
-    step = latest_step(cfg.model_path)
-    path = export_saved_model(cfg, cfg.model_path, args.export_dir or os.path.join(cfg.model_path, "export", str(step)))
+    step = require_checkpoint(cfg)
+    path = export_saved_model(cfg, checkpoints.latest(cfg.model_path),
+                              args.export_dir or os.path.join(cfg.model_path, "export", str(step)))
     print(f"exported step {step} to {path} (signatures: serving_default/generate, logits; "
           f"batch {cfg.predict_batch_size}, n_ctx {cfg.n_ctx})")
     return 0
@@ -322,4 +329,6 @@ def first_tokens(path: str, count: int) -> list[int]:
 
 
 if __name__ == "__main__":
+    from tools.console import quiet_tensorflow
+    quiet_tensorflow()  # before TensorFlow is imported: its C++ start-up chatter stays off the console
     sys.exit(main())

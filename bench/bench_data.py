@@ -10,7 +10,7 @@
    the stitch and sampling mode of its dataset, seed, n_vocab) on that data: sequences/s read from
    the pipeline (after the first batch); also the time to start at a far-away step (an exact resume)
    and the eval pipeline's rate.
-3. Training: configs/default.json trained with the real Estimator (engine.estimator.make_estimator,
+3. Training: configs/default.json trained with the project's runner (engine.runner.train,
    one CPU device, the same input pipeline) into a temporary model_path for --train_steps steps; the
    first --warmup steps (graph building, allocator warm-up) are not timed. Sequences/s consumed =
    train_batch_size x timed steps / seconds.
@@ -33,8 +33,10 @@ import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-warnings.filterwarnings("ignore")  # mesh-tensorflow's and the Estimator's deprecation notices
+if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
+    from tools.console import quiet_tensorflow
+    quiet_tensorflow()
+warnings.filterwarnings("ignore")  # mesh-tensorflow's deprecation notices
 
 import models  # noqa: E402,F401  (the mesh-tensorflow import alias)
 from engine import devices  # noqa: E402
@@ -87,30 +89,24 @@ def sequences_per_second(dataset, batch_size: int, seconds: float) -> tuple:
 
 
 def training_sequences_per_second(cfg, path: str, model_path: str, steps: int, warmup: int) -> dict:
-    """Train ``cfg`` for ``steps`` steps with the real Estimator and input pipeline; time the steps after ``warmup``."""
-    from engine.estimator import LOSS_COLLECTION, Placement, make_estimator
+    """Train ``cfg`` for ``steps`` steps with the project's runner and input pipeline; time the steps after
+    ``warmup``."""
+    from engine import runner
+    from engine.devices import Placement
 
     use = cfg.datasets[0]
-    cfg = cfg.replace(model_path=model_path)
+    cfg = cfg.replace(model_path=model_path, train_steps=steps, steps_per_checkpoint=steps)
     times, losses = [], []
 
-    class Clock(tf.estimator.SessionRunHook):
-        def begin(self):
-            self.loss = tf.get_collection(LOSS_COLLECTION)[0]
+    def clock(step, values):
+        times.append(time.perf_counter())
+        losses.append(float(values["loss"]))
 
-        def before_run(self, run_context):
-            return tf.estimator.SessionRunArgs(self.loss)
+    def batches(start_step):
+        return train_dataset([DatasetSource(path, use.stitch, use.sampling_mode)], cfg.n_ctx, cfg.train_batch_size,
+                             cfg.seed, start_step=start_step, n_vocab=cfg.n_vocab)
 
-        def after_run(self, run_context, run_values):
-            times.append(time.perf_counter())
-            losses.append(float(run_values.results))
-
-    def input_fn(params):
-        return train_dataset([DatasetSource(path, use.stitch, use.sampling_mode)], cfg.n_ctx, params["batch_size"], cfg.seed,
-                             n_vocab=cfg.n_vocab)
-
-    estimator = make_estimator(cfg, Placement(tuple(DEVICES)), log_every=10 ** 9)
-    estimator.train(input_fn, max_steps=steps, hooks=[Clock()])
+    runner.train(cfg, Placement(tuple(DEVICES)), batches, on_step=clock)
     seconds = times[-1] - times[warmup - 1]
     timed = len(times) - warmup
     return {"steps_per_s": timed / seconds, "sequences_per_s": timed * cfg.train_batch_size / seconds,

@@ -24,7 +24,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
+    from tools.console import quiet_tensorflow
+    quiet_tensorflow()
 
 MARK = "BENCH_RESULT "
 
@@ -36,11 +38,10 @@ def attention_types(n_layer: int) -> list:
 def worker_ours(args) -> dict:
     import numpy as np
     import models  # noqa: F401
-    import mesh_tensorflow as mtf
     import tensorflow.compat.v1 as tf
-    from engine import devices
-    from engine.inference import predict_outputs
-    from models import gpt, sampling
+    from engine import devices, modes, runner
+    from engine.mesh_session import MeshSession
+    from models import sampling
     from models.config import config_from_dict
 
     tf.get_logger().setLevel("ERROR")
@@ -55,22 +56,14 @@ def worker_ours(args) -> dict:
         options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0)
         path = "kv cache" if sampling.uses_cache(cfg, options) else "full recompute"
         graph = tf.Graph()
-        with graph.as_default():
-            mesh = mtf.Mesh(mtf.Graph(), "gpt_mesh")
-            impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
-                                                             mtf.convert_to_layout_rules(cfg.layout), names)
+        with graph.as_default():  # the runner's PREDICT graph, the prompt length fed: one graph for every prompt
             tokens = tf.placeholder(tf.int32, [1, cfg.n_ctx])
             length = tf.placeholder(tf.int32, [1])
-            dims = gpt.Dims.of(cfg, 1)
-            outputs = predict_outputs({"tokens": tokens, "prompt_length": length}, mesh, cfg, dims, options)
-            lowering = mtf.Lowering(mesh.graph, {mesh: impl})
-            fetch = lowering.export_to_tf_tensor(outputs["tokens"])
-            init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
-            copy = lowering.copy_masters_to_slices()
-            session = tf.Session(graph=graph, config=tf.ConfigProto(allow_soft_placement=True))
-            session.run(init)
-            session.run(copy)
-        sessions[new] = (session, fetch, tokens, length)
+            placement = devices.Placement(devices=tuple(names))
+            mesh, impl = runner.placement_mesh(cfg, placement)
+            lowered = modes.predictions(cfg, mesh, impl, {"tokens": tokens, "prompt_length": length}, options)
+        session = MeshSession(graph, lowered.lowering, "", runner.session_config(placement), checkpoint=None)
+        sessions[new] = (session, lowered.outputs["tokens"], tokens, length)
 
     rng = np.random.RandomState(0)
     results = {}

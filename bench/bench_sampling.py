@@ -15,36 +15,35 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
+    from tools.console import quiet_tensorflow
+    quiet_tensorflow()
 
 import models  # noqa: E402,F401
-import mesh_tensorflow as mtf  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from models import gpt, sampling  # noqa: E402
+from engine import modes, runner  # noqa: E402
+from engine.devices import Placement  # noqa: E402
+from engine.mesh_session import MeshSession  # noqa: E402
+from models import sampling  # noqa: E402
 from models.config import config_from_dict  # noqa: E402
 
 
 def build(cfg, options, batch):
+    """The PREDICT graph for `batch` rows with the prompt and its length fed, at the seeded initial weights, in
+    a session (the runner's pieces: engine/modes.py and engine/mesh_session.py)."""
     graph = tf.Graph()
     with graph.as_default():
         tokens = tf.placeholder(tf.int32, [batch, cfg.n_ctx])
         lengths = tf.placeholder(tf.int32, [batch])
-        mesh = mtf.Mesh(mtf.Graph(), "gpt_mesh")
-        dims = gpt.Dims.of(cfg, batch)
-        import_ = lambda t, shape, name: mtf.import_fully_replicated(mesh, t, mtf.Shape(shape), name)  # noqa
-        out = sampling.sample(import_(tokens, [dims.batch, dims.sequence], "tokens"),
-                              import_(lengths, [dims.batch], "lengths"),
-                              import_(tf.zeros([batch], tf.int32), [dims.batch], "seeds"), cfg, dims, options)
-        impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape("all:1"),
-                                                         mtf.convert_to_layout_rules(""), [""])
-        lowering = mtf.Lowering(mesh.graph, {mesh: impl})
-        result = lowering.export_to_tf_tensor(out["tokens"])  # (fetching only lengths lets TF prune the model)
-        session = tf.Session(graph=graph)
-        session.run(tf.global_variables_initializer())
-    return session, tokens, lengths, result
+        mesh, impl = runner.placement_mesh(cfg, Placement(devices=("",)))
+        features = {"tokens": tokens, "prompt_length": lengths, "seed": tf.zeros([batch], tf.int32)}
+        lowered = modes.predictions(cfg, mesh, impl, features, options)
+    session = MeshSession(graph, lowered.lowering, "", tf.ConfigProto(), checkpoint=None)
+    # (fetching only lengths would let TF prune the model)
+    return session, tokens, lengths, lowered.outputs["tokens"]
 
 
 def seconds(session, fetch, feeds, repeats):

@@ -6,8 +6,8 @@
 
 Trains the same GPT-Neo model (default: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192, batch 8,
 global/local attention alternating with a 128-token window, Adam, gradient clipping 1.0) for --warmup steps
-that are not timed, then --steps timed steps, in this project (the real training path: TPUEstimator with
-use_tpu=False on a one-device placement mesh, checkpoint and summary hooks installed) and in HF's GPTNeo with
+that are not timed, then --steps timed steps, in this project (the real training path: engine/runner.py's
+train on a one-device placement mesh, saving a checkpoint at the end) and in HF's GPTNeo with
 torch.optim.AdamW. Every measurement runs in its own fresh process, one after another, so the two frameworks
 never share the cores or each other's thread pools; with --repeats N each is measured N times, interleaved, and
 the best is kept (the machine is shared: the best run is the one least disturbed).
@@ -28,7 +28,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
+    from tools.console import quiet_tensorflow
+    quiet_tensorflow()
 
 MARK = "BENCH_RESULT "
 VARIANTS = ["float32", "float32+xla", "bfloat16", "bfloat16+xla"]
@@ -112,8 +114,7 @@ def worker_ours(args) -> dict:
         from engine.speed import enable_xla_fusion
         enable_xla_fusion()
     import tensorflow.compat.v1 as tf
-    from engine import devices
-    from engine.estimator import Placement, make_estimator
+    from engine import devices, runner
     from engine.flops import training_flops_per_token
 
     tf.get_logger().setLevel("ERROR")
@@ -124,26 +125,17 @@ def worker_ours(args) -> dict:
         cfg = bench_config(m, args.precision, os.path.join(folder, "run"), train_steps=total)
         data = np.random.RandomState(0).randint(0, cfg.n_vocab, size=[64, cfg.n_ctx + 1]).astype(np.int32)
 
-        def input_fn(params):
+        def batches(start_step):
             ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
-            return ds.repeat().batch(params["batch_size"], drop_remainder=True).prefetch(2)
+            return ds.repeat().batch(cfg.train_batch_size, drop_remainder=True).skip(start_step).prefetch(2)
 
         times, losses = [], []
 
-        class Clock(tf.estimator.SessionRunHook):
-            def begin(self):
-                from engine.estimator import LOSS_COLLECTION
-                self.loss = tf.get_collection(LOSS_COLLECTION)[0]
+        def clock(step, values):
+            times.append(time.perf_counter())
+            losses.append(float(values["loss"]))
 
-            def before_run(self, run_context):
-                return tf.estimator.SessionRunArgs(self.loss)
-
-            def after_run(self, run_context, run_values):
-                times.append(time.perf_counter())
-                losses.append(float(run_values.results))
-
-        estimator = make_estimator(cfg, Placement(tuple(names)), log_every=10 ** 9)
-        estimator.train(input_fn, max_steps=total, hooks=[Clock()])
+        runner.train(cfg, devices.Placement(tuple(names)), batches, on_step=clock)
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * cfg.train_batch_size * cfg.n_ctx
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,

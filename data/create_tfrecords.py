@@ -592,7 +592,6 @@ def parse_separator(text: Optional[str]) -> Optional[list]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TF start-up chatter (CUDA probing) would bury the progress bar; failures still raise
     try:
         if args.write_dataset_config is not None:
             _check_dataset_id(args.write_dataset_config)  # before the work, not after it
@@ -615,4 +614,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from tools.console import quiet_tensorflow
+    quiet_tensorflow()  # TF's C++ start-up chatter would bury the progress bar; errors still show
     sys.exit(main())

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from engine.devices import DeviceError, normalize
+from engine.devices import DeviceError, Placement, normalize
 
 JOB = "worker"
 RELEASE_QUEUE = "gpt_cluster_release"
@@ -178,32 +178,19 @@ def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
                     print(f"could not release worker {task}: {type(e).__name__}", file=sys.stderr)
 
 
-def device_filler(default: Optional[str]):
-    """An Estimator device_fn that puts ops on `default` (the chief's CPU) only where no job/task/device was
-    given: explicitly placed ops (mesh slices, master variables) keep their devices. None without a default."""
-    if not default:
-        return None
-    import tensorflow.compat.v1 as tf
-    base = tf.DeviceSpec.from_string(default)
-
-    def fill(op):
-        return base.make_merged_spec(tf.DeviceSpec.from_string(op.device or "")).to_string()
-
-    return fill
-
-
 def exit_process(code: int) -> None:
     """Ends this process now. A TF gRPC server cannot be shut down cleanly, and interpreter shutdown can
     block on its threads, so a process that started one leaves with os._exit after flushing its output."""
+    from tools.console import restore
     sys.stdout.flush()
     sys.stderr.flush()
+    restore()  # the console filter passes on what it holds
     os._exit(code)
 
 
 def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected: int):
     """Task 0: starts this host's server, checks the mesh size, and returns the Placement that trains over
     the whole cluster. The workers are released when this process exits."""
-    from engine.estimator import Placement
     mesh_devices = cluster.mesh_devices(local_devices)
     if len(mesh_devices) != mesh_devices_expected:
         raise DeviceError(f"the mesh has {mesh_devices_expected} devices but the cluster has {len(mesh_devices)} "

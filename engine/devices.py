@@ -6,12 +6,46 @@ one CPU (this is how the tests check data- and model-parallel layouts without ac
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import tensorflow as tf
 
 
 class DeviceError(ValueError):
     """A device list that does not fit the machine or the mesh. One line, names the fix."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the mesh runs: a list of devices (a placement mesh) or a TPU (mesh-tensorflow's SIMD mesh).
+
+    Across hosts (engine/cluster.py) the devices are /job:worker/task:T/... names, `master` is the chief's
+    server, master variables are spread over `hosts` (each host's CPU) and ops placed nowhere else run on
+    `default_device` (the chief's CPU)."""
+    devices: tuple = ()
+    tpu: Optional[str] = None
+    master: Optional[str] = None
+    hosts: tuple = ()
+    default_device: Optional[str] = None
+    tpu_system: Any = None  # engine.tpu.TpuSystem with --tpu: the TPU's topology and hosts
+
+    @property
+    def use_tpu(self) -> bool:
+        return self.tpu is not None
+
+    @property
+    def cpu_devices(self) -> int:
+        """How many logical CPU devices the session needs (the CPU split into that many)."""
+        return max(1, sum("CPU" in d for d in self.devices))
+
+    def device_function(self):
+        """A device function for graph building that puts ops on `default_device` only where no job, task or
+        device was given: explicitly placed ops (mesh slices, master variables) keep theirs."""
+        if not self.default_device:
+            return None
+        base = tf.compat.v1.DeviceSpec.from_string(self.default_device)
+        return lambda op: base.make_merged_spec(tf.compat.v1.DeviceSpec.from_string(op.device or "")).to_string()
 
 
 _NAME = re.compile(r"^/?(?:device:)?(CPU|GPU|TPU):(\d+)$", re.IGNORECASE)

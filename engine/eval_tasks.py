@@ -82,27 +82,15 @@ def last_word_metrics(token_loss: np.ndarray, token_correct: np.ndarray, spans: 
             "lambada_examples": len(spans)}
 
 
-def estimator_scorer(cfg, placement):
-    """score(tokens, targets) -> (token_loss, token_correct), batched by eval_batch_size through the Estimator's
-    PREDICT mode (so it runs wherever --predict does)."""
-    import tensorflow.compat.v1 as tf
-    from engine.estimator import make_estimator
-
-    scoring_cfg = cfg.replace(predict_batch_size=cfg.eval_batch_size)
-    estimator = make_estimator(scoring_cfg, placement)
+def checkpoint_scorer(cfg, placement, checkpoint: str):
+    """score(tokens, targets) -> (token_loss, token_correct) at the checkpoint, eval_batch_size rows at a time
+    (engine/runner.py's predict, so it runs wherever --predict does)."""
+    from engine import runner
 
     def score(tokens: np.ndarray, targets: np.ndarray):
-        batch = scoring_cfg.predict_batch_size
-        rows = len(tokens)
-        padded = -(-rows // batch) * batch
-        pad = lambda a: np.concatenate([a, np.repeat(a[:1], padded - rows, axis=0)]) if padded > rows else a  # noqa
-
-        def input_fn(params):
-            features = {"tokens": pad(tokens), "targets": pad(targets)}
-            return tf.data.Dataset.from_tensor_slices(features).batch(params["batch_size"], drop_remainder=True)
-
-        results = list(estimator.predict(input_fn, yield_single_examples=True))[:rows]
-        return (np.stack([r["token_loss"] for r in results]), np.stack([r["token_correct"] for r in results]))
+        out = runner.predict(cfg, placement, {"tokens": tokens, "targets": targets}, cfg.eval_batch_size, checkpoint,
+                             progress=True)
+        return out["token_loss"], out["token_correct"]
 
     return score
 
@@ -133,7 +121,8 @@ def append_result(cfg, record: dict) -> str:
 
 def run_eval_tasks(cfg, placement, tokenizer, step: int) -> list[dict]:
     """Runs every task in cfg.eval_tasks on the latest checkpoint, prints and appends the results."""
-    score = estimator_scorer(cfg, placement)
+    from engine import checkpoints
+    score = checkpoint_scorer(cfg, placement, checkpoints.prefix_of(cfg.model_path, step))
     records = []
     for task in cfg.eval_tasks:
         metrics = TASKS[task](cfg, score, tokenizer)

@@ -27,7 +27,9 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from engine import inference
+from engine import checkpoints, inference, runner
+from engine.devices import Placement
+from engine.mesh_session import MeshSession
 from models import gpt
 from models.config import ConfigError, GPTConfig
 
@@ -47,7 +49,7 @@ def _config_json(cfg: GPTConfig) -> dict:
 def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_size: Optional[int] = None) -> str:
     """Writes the SavedModel of `checkpoint` (a prefix or a model directory) to export_dir; returns it."""
     if tf.io.gfile.isdir(checkpoint):
-        found = tf.train.latest_checkpoint(checkpoint)
+        found = checkpoints.latest(checkpoint)
         if not found:
             raise ConfigError(f"no checkpoint in {checkpoint} to export: train first")
         checkpoint = found
@@ -60,33 +62,30 @@ def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_s
         tokens = tf.placeholder(tf.int32, [batch, cfg.n_ctx], name="tokens")
         prompt_length = tf.placeholder(tf.int32, [batch], name="prompt_length")
         seed = tf.placeholder(tf.int32, [batch], name="seed")
-        mtf_graph = mtf.Graph()
-        mesh = mtf.Mesh(mtf_graph, "gpt_mesh")
-        impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape("all:1"), mtf.convert_to_layout_rules(""),
-                                                         [""])
+        # One device with no device name: mesh-tensorflow computes on the master variables themselves.
+        mesh, impl = runner.placement_mesh(one_device, Placement(devices=("",)))
         dims = gpt.Dims.of(one_device, batch)
         generated = inference.predict_outputs({"tokens": tokens, "prompt_length": prompt_length, "seed": seed}, mesh,
                                               one_device, dims)
         mtf_tokens = mtf.import_fully_replicated(mesh, tokens, mtf.Shape([dims.batch, dims.sequence]), "logit_tokens")
         logits = gpt.logits(mtf_tokens, one_device, dims, train=False)
-        lowering = mtf.Lowering(mtf_graph, {mesh: impl})
+        lowering = mtf.Lowering(mesh.graph, {mesh: impl})
         out_tokens = tf.identity(lowering.export_to_tf_tensor(generated["tokens"]), name="out_tokens")
         out_lengths = tf.identity(lowering.export_to_tf_tensor(generated["lengths"]), name="out_lengths")
         out_logits = tf.identity(lowering.export_to_tf_tensor(logits), name="out_logits")
-        saver = tf.train.Saver(tf.global_variables())
-        with tf.Session() as session:
-            saver.restore(session, checkpoint)  # every model variable must be in the checkpoint
-            info = tf.saved_model.utils.build_tensor_info
-            generate = tf.saved_model.signature_def_utils.build_signature_def(
-                inputs={"tokens": info(tokens), "prompt_length": info(prompt_length), "seed": info(seed)},
-                outputs={"tokens": info(out_tokens), "lengths": info(out_lengths)},
-                method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
-            logits_signature = tf.saved_model.signature_def_utils.build_signature_def(
-                inputs={"tokens": info(tokens)}, outputs={"logits": info(out_logits)},
-                method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
-            builder = tf.saved_model.Builder(export_dir)
+        info = tf.saved_model.utils.build_tensor_info
+        generate = tf.saved_model.signature_def_utils.build_signature_def(
+            inputs={"tokens": info(tokens), "prompt_length": info(prompt_length), "seed": info(seed)},
+            outputs={"tokens": info(out_tokens), "lengths": info(out_lengths)},
+            method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
+        logits_signature = tf.saved_model.signature_def_utils.build_signature_def(
+            inputs={"tokens": info(tokens)}, outputs={"logits": info(out_logits)},
+            method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
+        builder = tf.saved_model.Builder(export_dir)
+    with MeshSession(graph, lowering, "", tf.ConfigProto(), checkpoint, finalize=False) as session:
+        with graph.as_default():  # every model variable must be in the checkpoint (restored, not initialised)
             builder.add_meta_graph_and_variables(
-                session, [tf.saved_model.tag_constants.SERVING], saver=saver, strip_default_attrs=True,
+                session.session, [tf.saved_model.tag_constants.SERVING], saver=session.saver, strip_default_attrs=True,
                 signature_def_map={"serving_default": generate, "generate": generate, "logits": logits_signature})
             builder.save()
     extra = os.path.join(export_dir, "assets.extra")

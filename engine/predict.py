@@ -120,21 +120,11 @@ def completion(cfg, prompt_length: int, tokens, length: int) -> tuple[list, bool
     return (new[:-1] if stopped else new), stopped
 
 
-def run_rows(cfg, placement, rows: Batch) -> list[dict]:
-    """Samples every row through the Estimator; returns {"tokens", "lengths"} per row, in order."""
-    import tensorflow.compat.v1 as tf
-    from engine.estimator import make_estimator
-
-    batch = cfg.predict_batch_size
-    count = len(rows.tokens)
-    padded = -(-count // batch) * batch
-    pad = lambda a: np.concatenate([a, np.repeat(a[:1], padded - count, axis=0)]) if padded > count else a  # noqa
-
-    def input_fn(params):
-        features = {"tokens": pad(rows.tokens), "prompt_length": pad(rows.prompt_length), "seed": pad(rows.seed)}
-        return tf.data.Dataset.from_tensor_slices(features).batch(params["batch_size"], drop_remainder=True)
-
-    return list(make_estimator(cfg, placement).predict(input_fn, yield_single_examples=True))[:count]
+def run_rows(cfg, placement, rows: Batch, checkpoint: str) -> dict:
+    """Samples every row from the checkpoint, predict_batch_size rows at a time: {"tokens", "lengths"}."""
+    from engine import runner
+    features = {"tokens": rows.tokens, "prompt_length": rows.prompt_length, "seed": rows.seed}
+    return runner.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, progress=True)
 
 
 def predict(cfg, placement, args, step: int, tokenizer) -> int:
@@ -146,14 +136,15 @@ def predict(cfg, placement, args, step: int, tokenizer) -> int:
         raise DataError(f"--num_samples must be at least 1, got {num_samples}")
     seed = cfg.sampling_seed if cfg.sampling_seed is not None else secrets.randbelow(2 ** 31)
     rows = build_rows(cfg, tokenizer, prompts, num_samples, seed)
-    outputs = run_rows(cfg, placement, rows)
+    from engine import checkpoints
+    outputs = run_rows(cfg, placement, rows, checkpoints.prefix_of(cfg.model_path, step))
 
     prefix = getattr(args, "predict_output", None) or os.path.join(cfg.model_path, f"predictions_{step}")
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     records = []
-    for i, out in enumerate(outputs):
+    for i in range(len(rows.tokens)):
         p = rows.prompt_index[i]
-        new, stopped = completion(cfg, int(rows.prompt_length[i]), out["tokens"], int(out["lengths"]))
+        new, stopped = completion(cfg, int(rows.prompt_length[i]), outputs["tokens"][i], int(outputs["lengths"][i]))
         text = tokenizer.decode(new)
         records.append({
             "index": i, "prompt_index": p, "prompt": prompts[p], "prompt_ids": rows.prompt_ids[i],

@@ -1,29 +1,42 @@
-"""--tpu NAME (or --tpu colab): mesh-tensorflow's SIMD mesh under TPUEstimator, as GPT-Neo runs on TPUs.
+"""--tpu NAME (or --tpu colab): mesh-tensorflow's SIMD mesh run on a TPU through `tf.compat.v1.tpu` directly.
 
-The pieces, each testable without a TPU (tests/test_scale.py builds TF's own TPU context on fake pod
-topologies):
+What the TPUEstimator did for GPT-Neo, in the pieces this project needs, each buildable without a TPU
+(tests/test_tpu.py builds every graph below on fake v3-8, v3-32 and v3-512 topologies):
 
-* `cluster_resolver_argument`: the name passed to TPUClusterResolver (None for Colab, which finds its TPU
-  from the runtime's environment).
-* `tpu_config`: one replica per core (num_cores_per_replica=1, num_shards = the mesh's size, which
-  TPUEstimator checks against the cores it finds), `iterations` steps per loop on the device, and the
-  input pipeline BROADCAST: the input_fn runs once, on the first host, with the global batch, and each core
-  takes the slice of it the layout gives it (mesh-tensorflow's import_fully_replicated).
-* `variable_placer`: master variables spread over the TPU hosts' CPUs, with the first host (which also
-  caches the compiled program, 300 MB per replica) counted as already holding that much.
-* `logical_to_physical`: which physical core each logical mesh position uses, from the pod's topology
-  (mesh-tensorflow's auto_logical_to_physical_tpu, which keeps the last mesh dimension on neighbouring cores
-  so its all-reduces are cheap), falling back to the lexicographic order where that function has no answer.
-* `simd_mesh_arguments` / `simd_mesh`: SimdMeshImpl(mesh shape, layout, device assignment, that mapping).
+* `connect`: the TPU is found with TPUClusterResolver (`--tpu colab` finds Colab's own), its system is
+  initialised once, and its topology read back: a `TpuSystem` (hosts, cores, device assignment).
+* The device assignment gives every core one replica (one mesh position; `DeviceAssignment.build` with a
+  1x1x1x1 computation, as TPUEstimator's num_cores_per_replica=1 did). `logical_to_physical` maps logical
+  mesh positions to physical cores so that the last mesh dimension's neighbours share a chip
+  (mesh-tensorflow's auto_logical_to_physical_tpu; lexicographic where it has no answer).
+* `variable_placer`: master variables spread over the TPU hosts' CPUs, the first host counted as already
+  holding the compiled program's cache (300 MB per replica). Checkpoints are saved from there.
+* `ReplicatedLoop`: one program run on every core, `count` times per session call: each iteration dequeues
+  its inputs from the core's infeed, runs the mode's step on the SIMD mesh, and enqueues its scalars (or
+  prediction arrays) on the core's outfeed. The inputs are broadcast: the input pipeline runs once, on the
+  first host, with the whole batch, and the same batch is enqueued to every core, which keeps the slice its
+  layout gives it (mesh-tensorflow's import_fully_replicated). A host thread feeds the infeed while another
+  drains the outfeed, as TPUEstimator's infeed/outfeed controllers did.
+* `TrainingLoop`: that loop over the training step, `iterations` steps per session call (a variable
+  sets how many, so one compiled program serves the shorter loops before a checkpoint); engine/runner.py
+  runs it like the one-step loop of a placement mesh: progress per step from the outfed scalars,
+  checkpoints from the hosts.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import mesh_tensorflow as mtf
-from tensorflow.compat.v1 import estimator as tf_estimator
+import numpy as np
+import tensorflow.compat.v1 as tf
 
+from engine import checkpoints, modes
+from engine.devices import Placement
+from engine.mesh_session import MeshSession, padded_batch
 from models.config import ConfigError, GPTConfig
 
 REPLICA_CACHE_BYTES = 300_000_000  # per replica, held by the first host (GPT-Neo's estimate)
@@ -37,15 +50,88 @@ def cluster_resolver_argument(tpu: str) -> Optional[str]:
     return None if tpu == "colab" else tpu
 
 
-def cluster_resolver(tpu: str):
-    import tensorflow.compat.v1 as tf
+def host_job(cluster_spec: Optional[tf.train.ClusterSpec]) -> str:
+    """The job whose tasks are the TPU hosts: the only job of the cluster, or `tpu_worker` (Cloud TPU VMs'
+    name for it) beside others, else `worker` (as TPUEstimator chose)."""
+    jobs = list(cluster_spec.jobs) if cluster_spec else []
+    if len(jobs) == 1:
+        return jobs[0]
+    return "tpu_worker" if "tpu_worker" in jobs else "worker"
+
+
+@dataclass(frozen=True)
+class TpuSystem:
+    """What the program needs to know about the TPU: its topology and the hosts' job."""
+    topology: object               # tf.tpu.experimental.Topology
+    job: str = "worker"
+    master: str = ""
+    cluster_def: object = None     # tf.train.ClusterDef of the TPU's hosts, for the session
+
+    @property
+    def num_cores(self) -> int:
+        return int(np.prod(self.topology.mesh_shape))
+
+    @property
+    def num_hosts(self) -> int:
+        return int(self.topology.num_tasks)
+
+    @property
+    def physical_shape(self) -> list:
+        return [int(s) for s in self.topology.mesh_shape]
+
+    def device_assignment(self) -> tf.tpu.experimental.DeviceAssignment:
+        """One replica per core (TPUEstimator's num_cores_per_replica=1)."""
+        return tf.tpu.experimental.DeviceAssignment.build(
+            self.topology, computation_shape=[1] * self.topology.mesh_rank, num_replicas=self.num_cores)
+
+    def host_device(self, host: int) -> str:
+        return f"/job:{self.job}/task:{host}/device:CPU:0"
+
+    def host_devices(self) -> list:
+        return [self.host_device(h) for h in range(self.num_hosts)]
+
+
+def resolver(tpu: str):
     return tf.distribute.cluster_resolver.TPUClusterResolver(cluster_resolver_argument(tpu))
 
 
-def tpu_config(cfg: GPTConfig) -> tf_estimator.tpu.TPUConfig:
-    return tf_estimator.tpu.TPUConfig(
-        iterations_per_loop=cfg.iterations, num_shards=cfg.n_devices, num_cores_per_replica=1,
-        per_host_input_for_training=tf_estimator.tpu.InputPipelineConfig.BROADCAST)
+def initialize_system(master: str, config: tf.ConfigProto, job: str) -> bytes:
+    """Initialises the TPU system (once per run); returns its serialized topology."""
+    with tf.Graph().as_default(), tf.Session(master, config=config) as session:
+        return session.run(tf.tpu.initialize_system(job=job))
+
+
+def connect(tpu: str) -> TpuSystem:
+    """Finds the TPU, initialises its system and reads its topology."""
+    found = resolver(tpu)
+    cluster_spec = found.cluster_spec()
+    config = tf.ConfigProto(allow_soft_placement=True)
+    if cluster_spec:
+        config.cluster_def.CopyFrom(cluster_spec.as_cluster_def())
+    job = host_job(cluster_spec)
+    topology = tf.tpu.experimental.Topology(serialized=initialize_system(found.master(), config, job))
+    return TpuSystem(topology, job, found.master(), cluster_spec.as_cluster_def() if cluster_spec else None)
+
+
+def placement(tpu: str) -> Placement:
+    system = connect(tpu)
+    return Placement(tpu=tpu, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system)
+
+
+def _session(placement_: Placement, graph: tf.Graph, lowering, checkpoint: Optional[str]) -> MeshSession:
+    return MeshSession(graph, lowering, placement_.master or "", session_config(placement_), checkpoint)
+
+
+def session_config(placement_: Placement) -> tf.ConfigProto:
+    config = tf.ConfigProto(allow_soft_placement=True, isolate_session_state=True)
+    system = placement_.tpu_system
+    if system is not None and system.cluster_def is not None:
+        config.cluster_def.CopyFrom(system.cluster_def)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------
+# The SIMD mesh
 
 
 def _mtf_flags_ready() -> None:
@@ -76,31 +162,236 @@ def logical_to_physical(mesh_sizes: list, physical_shape: list, device_assignmen
     return mapping
 
 
-def host_devices(ctx) -> list:
-    """The CPU device of every TPU host, from TPUEstimator's context."""
-    return [ctx.tpu_host_placement_function(host_id=i) for i in range(ctx.num_hosts)]
+def variable_placer(system: TpuSystem) -> mtf.utils.BalancedVariablePlacer:
+    hosts = system.host_devices()
+    return mtf.utils.BalancedVariablePlacer(hosts, [REPLICA_CACHE_BYTES * system.num_cores] + [0] * (len(hosts) - 1))
 
 
-def variable_placer(ctx) -> mtf.utils.BalancedVariablePlacer:
-    hosts = host_devices(ctx)
-    return mtf.utils.BalancedVariablePlacer(hosts, [REPLICA_CACHE_BYTES * ctx.num_replicas] + [0] * (len(hosts) - 1))
-
-
-def simd_mesh_arguments(cfg: GPTConfig, ctx) -> dict:
-    """The arguments of SimdMeshImpl for this config on the TPU that TPUEstimator's context describes."""
+def simd_mesh_arguments(cfg: GPTConfig, system: TpuSystem, assignment=None) -> dict:
+    """The arguments of SimdMeshImpl for this config on this TPU."""
     shape = mtf.convert_to_shape(cfg.mesh_shape)
-    if shape.size != ctx.num_replicas:
+    if shape.size != system.num_cores:
         raise ConfigError(f"mesh_shape {cfg.mesh_shape!r} has {shape.size} devices but the TPU has "
-                          f"{ctx.num_replicas} cores: use a mesh of {ctx.num_replicas} (e.g. --mesh_shape "
-                          f"x:{ctx.num_replicas} --layout batch:x, or --auto_layout_and_mesh_shape --num_devices "
-                          f"{ctx.num_replicas})")
-    assignment = ctx.device_assignment
-    physical = list(assignment.topology.mesh_shape)
-    return dict(shape=shape, layout=mtf.convert_to_layout_rules(cfg.layout), devices=[""] * shape.size,
-                device_assignment=assignment,
-                logical_to_physical=logical_to_physical(shape.to_integer_list, physical, assignment))
+                          f"{system.num_cores} cores: use a mesh of {system.num_cores} (e.g. --mesh_shape "
+                          f"x:{system.num_cores} --layout batch:x, or --auto_layout_and_mesh_shape --num_devices "
+                          f"{system.num_cores})")
+    assignment = assignment or system.device_assignment()
+    return dict(shape=shape, layout=mtf.convert_to_layout_rules(cfg.layout), device_assignment=assignment,
+                logical_to_physical=logical_to_physical(shape.to_integer_list, system.physical_shape, assignment))
 
 
-def simd_mesh(cfg: GPTConfig, ctx):
-    """(SimdMeshImpl, variable placer) for the model_fn on a TPU."""
-    return mtf.simd_mesh_impl.SimdMeshImpl(**simd_mesh_arguments(cfg, ctx)), variable_placer(ctx)
+def simd_mesh(cfg: GPTConfig, system: TpuSystem, assignment=None):
+    """(mtf.Mesh with the hosts' variable placer, SimdMeshImpl) for a program on this TPU."""
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(**simd_mesh_arguments(cfg, system, assignment))
+    return modes.new_mesh(variable_placer(system)), impl
+
+
+# ----------------------------------------------------------------------------------------------------
+# The replicated loop
+
+
+class ReplicatedLoop:
+    """`step(inputs) -> (outputs, op)` run on every core of the TPU, `count` times per session call.
+
+    `inputs` are tensors on the first host (an iterator's next element, or placeholders fed per call): each
+    iteration they are enqueued, whole, to every core's infeed (broadcast) and dequeued inside the program.
+    `outputs` (a dict of tensors of static shape) are enqueued on each core's outfeed after `op` (the train op,
+    or nothing) and read back on the hosts; the values of the first replica are returned (every replica
+    computes the same scalars; mesh outputs are exported whole on every core)."""
+
+    def __init__(self, system: TpuSystem, inputs: list, step: Callable, count: Optional[tf.Variable] = None):
+        self.system = system
+        self.assignment = system.device_assignment()
+        n = system.num_cores
+        self.count = count
+        shapes = [t.shape.as_list() for t in inputs]
+        dtypes = [t.dtype for t in inputs]
+        self.enqueue_ops = []
+        for replica in range(n):  # broadcast: the same tensors to every core, from the core's own host
+            with tf.device(self.assignment.host_device(replica=replica, job=system.job)):
+                self.enqueue_ops.append(tf.raw_ops.InfeedEnqueueTuple(
+                    inputs=inputs, shapes=shapes, device_ordinal=self.assignment.tpu_ordinal(replica=replica)))
+        built = {}
+
+        def one_iteration(i):
+            dequeued = tf.raw_ops.InfeedDequeueTuple(dtypes=dtypes, shapes=shapes)
+            outputs, op = step(list(dequeued))
+            built.setdefault("outputs", outputs)
+            names = sorted(outputs)
+            outfeed = tf.raw_ops.OutfeedEnqueueTuple(inputs=[outputs[k] for k in names])
+            with tf.control_dependencies([outfeed] + ([op] if op is not None else [])):
+                return i + 1
+
+        def program():
+            limit = self.count.read_value() if self.count is not None else 1
+            return tf.while_loop(lambda i: i < limit, one_iteration, [tf.constant(0)], name="loop")
+
+        with _control_flow_v1():
+            results = tf.tpu.replicate(program, inputs=[[]] * n, device_assignment=self.assignment)
+        self.loop_op = tf.group([r[0] if isinstance(r, (list, tuple)) else r for r in results])
+        self.names = sorted(built["outputs"])
+        out_dtypes = [built["outputs"][k].dtype for k in self.names]
+        out_shapes = [built["outputs"][k].shape.as_list() for k in self.names]
+        self.dequeue_ops = []
+        for replica in range(n):  # every core's outfeed is drained, or the cores would block on it
+            with tf.device(self.assignment.host_device(replica=replica, job=system.job)):
+                self.dequeue_ops.append(tf.raw_ops.OutfeedDequeueTuple(
+                    dtypes=out_dtypes, shapes=out_shapes, device_ordinal=self.assignment.tpu_ordinal(replica=replica)))
+
+    def run(self, session, count: int, feed_dict=None) -> list:
+        """Runs `count` iterations (the loop's count variable must already say so); per iteration the first
+        replica's outputs as a dict."""
+        results, errors = [], []
+
+        def feed():
+            try:
+                for _ in range(count):
+                    session.run(self.enqueue_ops, feed_dict=feed_dict)
+            except Exception as e:  # noqa: BLE001  (re-raised in the calling thread)
+                errors.append(e)
+
+        def drain():
+            try:
+                for _ in range(count):
+                    values = session.run(self.dequeue_ops)
+                    results.append(dict(zip(self.names, values[0])))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=feed, daemon=True), threading.Thread(target=drain, daemon=True)]
+        for t in threads:
+            t.start()
+        session.run(self.loop_op)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+@contextlib.contextmanager
+def _control_flow_v1():
+    """TF 1's while loop for the program: mesh-tensorflow creates the SIMD mesh's slice variables while it
+    lowers the step, inside the loop body, and lifts their initial values out of the loop with
+    `control_dependencies(None)`, which leaves a v1 loop's context but not a v2 loop's function graph."""
+    from tensorflow.python.ops import control_flow_util
+    before = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        yield
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = before
+
+
+def _count_variable(initial: int) -> tf.Variable:
+    """How many iterations the next session call runs: a variable the program reads, so the same
+    compiled program runs a full loop of `iterations` steps and the shorter one before a checkpoint."""
+    return tf.get_variable("iterations_per_loop", shape=[], dtype=tf.int32, trainable=False, use_resource=True,
+                           initializer=tf.constant_initializer(initial), collections=[tf.GraphKeys.LOCAL_VARIABLES])
+
+
+class TrainingLoop:
+    """The training step in a replicated loop of up to `iterations` steps per session call (engine/runner.py
+    drives it: `start`, then `run(session, steps)` -> the steps' scalars)."""
+
+    def __init__(self, cfg: GPTConfig, placement_: Placement, batches: Callable, start_step: int):
+        system = placement_.tpu_system
+        self.steps_per_call = cfg.iterations
+        # The global step and the loop count are left unplaced, as TPUEstimator left them: the program reads
+        # both and increments the step. The input pipeline runs on the first host.
+        tf.train.get_or_create_global_step()
+        self.count = _count_variable(cfg.iterations)
+        self._count_value = tf.placeholder(tf.int32, [])
+        self._set_count = self.count.assign(self._count_value)
+        with tf.device(system.host_device(0)):
+            self.iterator = tf.data.make_initializable_iterator(batches(start_step))
+            inputs, labels = self.iterator.get_next()
+        lowered = []
+
+        def step(dequeued):
+            mesh, impl = simd_mesh(cfg, system)
+            result = modes.training_step(cfg, mesh, impl, *dequeued)
+            lowered.append(result)
+            return result.outputs, result.train_op
+
+        self.loop = ReplicatedLoop(system, [inputs, labels], step, self.count)
+        self.lowered = lowered[0]
+        self._count_now = cfg.iterations
+
+    def start(self, session) -> None:
+        session.run(self.iterator.initializer)
+
+    def run(self, session, steps: int) -> list:
+        if steps != self._count_now:
+            session.run(self._set_count, {self._count_value: steps})
+            self._count_now = steps
+        return self.loop.run(session, steps)
+
+
+class EvaluationLoop:
+    """The evaluation loss of `steps` batches of `batches()` in one replicated loop."""
+
+    def __init__(self, cfg: GPTConfig, placement_: Placement, batches: Callable, steps: int):
+        system = placement_.tpu_system
+        tf.train.get_or_create_global_step()
+        count = _count_variable(steps)
+        with tf.device(system.host_device(0)):
+            self.iterator = tf.data.make_initializable_iterator(batches())
+            inputs, labels = self.iterator.get_next()
+        lowered = []
+
+        def step(dequeued):
+            mesh, impl = simd_mesh(cfg, system)
+            lowered.append(modes.evaluation_loss(cfg, mesh, impl, *dequeued))
+            return lowered[-1].outputs, None
+
+        self.loop = ReplicatedLoop(system, [inputs, labels], step, count)
+        self.lowered = lowered[0]
+
+
+class PredictionLoop:
+    """engine/inference.py's outputs for one batch per session call, the batch fed on the first host."""
+
+    def __init__(self, cfg: GPTConfig, placement_: Placement, rows: dict, batch_size: int, options=None):
+        system = placement_.tpu_system
+        self.names = sorted(rows)
+        tf.train.get_or_create_global_step()
+        with tf.device(system.host_device(0)):
+            self.feeds = [tf.placeholder(tf.as_dtype(rows[k].dtype), [batch_size] + list(rows[k].shape[1:]), name=k)
+                          for k in self.names]
+        lowered = []
+
+        def step(dequeued):
+            mesh, impl = simd_mesh(cfg, system)
+            lowered.append(modes.predictions(cfg, mesh, impl, dict(zip(self.names, dequeued)), options, gather=True))
+            return lowered[-1].outputs, None
+
+        self.loop = ReplicatedLoop(system, self.feeds, step)
+        self.lowered = lowered[0]
+
+
+def evaluate(cfg: GPTConfig, placement_: Placement, batches: Callable, steps: int, checkpoint: str):
+    """runner.evaluate on the TPU."""
+    graph = tf.Graph()
+    with graph.as_default():
+        program = EvaluationLoop(cfg, placement_, batches, steps)
+    with _session(placement_, graph, program.lowered.lowering, checkpoint) as session:
+        session.run(program.iterator.initializer)
+        losses = [values["loss"] for values in program.loop.run(session, steps)]
+    return float(np.mean(losses)), checkpoints.step_of(checkpoint)
+
+
+def predict(cfg: GPTConfig, placement_: Placement, rows: dict, batch_size: int, checkpoint: Optional[str], options):
+    """runner.predict on the TPU."""
+    count = len(next(iter(rows.values())))
+    graph = tf.Graph()
+    with graph.as_default():
+        program = PredictionLoop(cfg, placement_, rows, batch_size, options)
+    results = []
+    with _session(placement_, graph, program.lowered.lowering, checkpoint) as session:
+        for first in range(0, count, batch_size):
+            feed = {placeholder: padded_batch(rows[name][first:first + batch_size], batch_size)
+                    for placeholder, name in zip(program.feeds, program.names)}
+            out = program.loop.run(session, 1, feed_dict=feed)[0]
+            results.append({k: v[:min(batch_size, count - first)] for k, v in out.items()})
+    return {k: np.concatenate([r[k] for r in results]) for k in results[0]}

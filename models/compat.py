@@ -1,12 +1,73 @@
-"""Lets mesh-tensorflow 0.1.21 import on TensorFlow 2.15.
+"""Lets mesh-tensorflow 0.1.21 import on the TensorFlow this project pins (2.21), which has no Estimator.
 
-mesh-tensorflow's last release calls `tensorflow.python.framework.ops.register_tensor_conversion_function`,
-which TF 2.13 moved to `tensor_conversion_registry`. This module puts the old name back. It must be
-imported before the first `import mesh_tensorflow`; `models/__init__.py` does that, and every module of
-this project reaches mesh-tensorflow through the `models` package.
+mesh-tensorflow's last release was written against TF 1.15-2.15. On TF 2.21 it needs four names put back
+before its first import; `models/__init__.py` installs them, and every module of this project reaches
+mesh-tensorflow through the `models` package:
+
+* `ops.register_tensor_conversion_function`, which TF 2.13 moved to `tensor_conversion_registry`;
+* `tensorflow.compat.v1.estimator`, gone since TF 2.16: mesh-tensorflow reads `ModeKeys` (mode strings),
+  subclasses `SessionRunHook` and `CheckpointSaverListener` for its restore/save hooks, and gin's TF
+  utilities subclass `tf.estimator.SessionRunHook`. The session-hook classes live on as
+  `tf.compat.v1.train.*`; the stand-in module holds those and the mode strings, nothing else;
+* `tensorflow.python.tpu.tpu_estimator` and `tpu_config`, imported (never used here) by
+  `mesh_tensorflow.transformer.utils` for its own Estimator helpers. Their stand-ins raise on any use.
+
+This project's own code never uses any of these names: it trains through engine/runner.py.
 """
+import sys
+import types
+
+import tensorflow as _tf
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.framework import tensor_conversion_registry as _registry
 
 if not hasattr(_ops, "register_tensor_conversion_function"):
     _ops.register_tensor_conversion_function = _registry.register_tensor_conversion_function
+
+
+class ModeKeys:
+    """The Estimator's mode strings, which mesh-tensorflow's layers compare against."""
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "infer"
+
+
+def _estimator_stand_in() -> types.ModuleType:
+    module = types.ModuleType("tensorflow.compat.v1.estimator",
+                              "Stand-in for the removed Estimator module: the names mesh-tensorflow imports.")
+    module.ModeKeys = ModeKeys
+    module.SessionRunHook = _tf.compat.v1.train.SessionRunHook
+    module.SessionRunArgs = _tf.compat.v1.train.SessionRunArgs
+    module.CheckpointSaverListener = _tf.compat.v1.train.CheckpointSaverListener
+    return module
+
+
+class _Removed(types.ModuleType):
+    """A module TensorFlow no longer ships, imported by a mesh-tensorflow file this project does not use."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ImportError(f"{self.__name__}.{name} was removed from TensorFlow; this project does not use it")
+
+
+def _install() -> None:
+    v1 = _tf.compat.v1
+    try:
+        from tensorflow.compat.v1 import estimator as _  # noqa: F401  (a TF that still has it: leave it be)
+        return
+    except ImportError:
+        pass
+    estimator = _estimator_stand_in()
+    sys.modules["tensorflow.compat.v1.estimator"] = estimator
+    v1.estimator = estimator
+    if "estimator" not in dir(_tf):  # gin.tf.utils: class GinConfigSaverHook(tf.estimator.SessionRunHook)
+        _tf.estimator = estimator
+    for name in ("tpu_estimator", "tpu_config"):
+        full = f"tensorflow.python.tpu.{name}"
+        if full not in sys.modules:
+            sys.modules[full] = _Removed(full)
+            setattr(sys.modules["tensorflow.python.tpu"], name, sys.modules[full])
+
+
+_install()

@@ -116,6 +116,8 @@ class GPTConfig:
     predict_steps: int = 0
     iterations: int = 500
     steps_per_checkpoint: int = 1000
+    keep_checkpoint_max: int = 5         # newest checkpoints kept in model_path
+    keep_checkpoint_every_n_hours: float = 2.0  # and, of older ones, one per this many hours of training
     model_path: str = ""
     datasets: tuple = ()
     mesh_shape: str = "all:1"
@@ -495,7 +497,7 @@ def _validate_mlm(cfg: GPTConfig) -> None:
 def validate(cfg: GPTConfig) -> GPTConfig:
     """Checks that hold between fields. Raises ConfigError naming the fix."""
     for name in ("n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "train_batch_size", "eval_batch_size",
-                 "predict_batch_size", "iterations", "local_attention_radius"):
+                 "predict_batch_size", "iterations", "local_attention_radius", "keep_checkpoint_max"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.n_embd % cfg.n_head:

@@ -8,9 +8,8 @@ from mesh_tensorflow.auto_mtf import layout_optimizer
 
 import main
 from engine import layout_planner, model_graph
-from engine.session import compute_logits
 from models.config import load_config
-from tiny import devices_for, random_tokens, tiny_config
+from tiny import compute_logits, devices_for, random_tokens, tiny_config
 
 
 def _solve(planner, mesh_dims, aggregated: bool):

@@ -14,9 +14,8 @@ from data.create_tfrecords import create_tfrecords
 from data.errors import DataError
 from data.inputs import eval_dataset
 from engine import eval_tasks
-from engine.session import compute_logits
 from models.config import ConfigError, load_config
-from tiny import devices_for, tiny_config
+from tiny import compute_logits, devices_for, tiny_config
 from workspace import run_main
 
 CYCLE = " abcdefghij"

@@ -6,9 +6,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from data.tokenizer import load_tokenizer
-from engine.session import compute_logits
 from models.config import load_config
-from tiny import devices_for, random_tokens, train
+from tiny import compute_logits, devices_for, random_tokens, train
 from tools import hf
 from workspace import TOKENIZER, make_workspace, run_main
 

@@ -4,9 +4,8 @@ import pytest
 import tensorflow as tf
 
 from data.mlm import mask_dataset, mask_tokens, unmaskable_ids
-from engine.session import compute_logits, compute_losses
 from models.config import ConfigError
-from tiny import devices_for, random_tokens, tiny_config
+from tiny import compute_logits, compute_losses, devices_for, random_tokens, tiny_config
 
 PAD, MASK, CLS, SEP = 0, 63, 61, 62
 

@@ -2,8 +2,7 @@
 import numpy as np
 import pytest
 
-from engine.session import compute_logits
-from tiny import devices_for, random_tokens, tiny_config, train
+from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
 
 
 def logits_of(cfg, tokens, checkpoint=None):

@@ -5,8 +5,7 @@ relative positions, micro-batching, bf16, recompute, z-loss, MLM masking and los
 import numpy as np
 import pytest
 
-from engine.session import compute_logits, compute_losses, run_training
-from tiny import devices_for, random_tokens, tiny_config
+from tiny import compute_logits, compute_losses, devices_for, random_tokens, run_training, tiny_config
 
 MOE = dict(moe_layers=[1], moe_params={"moe_num_experts": 4})
 MLM = dict(mlm_training=True, mlm_mask_id=63, padding_id=0, mlm_mask_ignore_ids=[62])

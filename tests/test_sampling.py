@@ -4,12 +4,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.inference import run_predict
-from engine.session import compute_logits
 from models import kv_cache
 from models.attention import ATTENTION
 from models.sampling import SamplingOptions, uses_cache
-from tiny import devices_for, random_tokens, tiny_config, train
+from tiny import compute_logits, devices_for, random_tokens, run_predict, tiny_config, train
 
 PADDING = 0
 MAX_NEW = 6

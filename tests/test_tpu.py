@@ -1,65 +1,59 @@
-"""--tpu: everything up to the hardware edge, on TF's own TPU context over fake pod topologies.
+"""--tpu: everything up to the hardware edge, on fake v3-8, v3-32 and v3-512 topologies.
 
-TPUEstimator reads a TPU system's cores, hosts and topology from the TPU it connects to. Here that metadata
-is built by hand for v3-8 / v3-32 / v3-512-shaped pods (TF's Topology and DeviceAssignment classes are
-plain Python) and handed to TPUEstimator's internal context, so its own checks, batch sizes and host
-placement run as they would on the pod; then the model_fn's mesh pieces are built from that context.
+A TPU system reports its topology (which core sits where, on which host) when it is initialised. Here the
+topology is built by hand (TF's Topology and DeviceAssignment are plain Python), and every graph the TPU
+would run is built on it without running: the device assignment, the logical-to-physical mapping, the
+replicated training loop with its broadcast infeed and its outfeed, where master and slice variables live,
+and the layout's split of every tensor of the training graph on the SIMD mesh.
 """
 import math
+from collections import Counter
 
 import mesh_tensorflow as mtf
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
-from tensorflow.compat.v1 import estimator as tf_estimator
-from tensorflow.python.tpu import tpu_system_metadata
-from tensorflow_estimator.python.estimator.tpu import tpu_context
 
-from engine import estimator, model_graph, tpu
+from engine import model_graph, tpu
+from engine.devices import Placement
 from models.config import ConfigError
 from tiny import tiny_config
 
-MASTER = "grpc://10.0.0.0:8470"
+PODS = {"v3-8": ([2, 2, 1, 2], 8), "v3-32": ([4, 4, 1, 2], 8), "v3-512": ([16, 16, 1, 2], 8)}
 
 
-def fake_pod(mesh_shape, cores_per_host=8):
-    """TPU system metadata for a pod whose topology mesh_shape is [x, y, z, cores_per_chip]."""
+def fake_topology(mesh_shape, cores_per_host=8):
+    """The topology a pod whose mesh_shape is [x, y, z, cores_per_chip] reports, hosts in order."""
     x, y, z, c = mesh_shape
     coords = [(i, j, k, core) for k in range(z) for j in range(y) for i in range(x) for core in range(c)]
     n = len(coords)
     hosts = max(1, n // cores_per_host)
-    topology = tf.tpu.experimental.Topology(mesh_shape=list(mesh_shape),
-                                            device_coordinates=np.array(coords, np.int32).reshape(hosts, n // hosts, 4))
-    return tpu_system_metadata.TPUSystemMetadata(num_cores=n, num_hosts=hosts, num_of_cores_per_host=n // hosts,
-                                                 topology=topology, devices=[])
+    return tf.tpu.experimental.Topology(mesh_shape=list(mesh_shape),
+                                        device_coordinates=np.array(coords, np.int32).reshape(hosts, n // hosts, 4))
 
 
-def tpu_estimator_context(cfg, metadata, mode=tf_estimator.ModeKeys.TRAIN):
-    """TPUEstimator's internal context for cfg (with our TPUConfig) on the fake pod, in `mode`."""
-    hosts = tf.train.ClusterSpec({"worker": [f"10.0.0.{i}:8470" for i in range(metadata.num_hosts)]})
-    config = tf_estimator.tpu.RunConfig(master=MASTER, tpu_config=tpu.tpu_config(cfg),
-                                        session_config=tf.ConfigProto(cluster_def=hosts.as_cluster_def()))
-    internal = tpu_context._get_tpu_context(config, cfg.train_batch_size, cfg.eval_batch_size,
-                                            cfg.predict_batch_size, True, True, None)
-    internal._lazy_tpu_system_metadata_dict[MASTER] = metadata
-    with internal.with_mode(mode) as ctx:
-        return ctx
+def fake_placement(pod: str) -> Placement:
+    system = tpu.TpuSystem(fake_topology(*PODS[pod]), job="worker", master="grpc://10.0.0.0:8470")
+    return Placement(tpu=pod, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system)
 
 
-def model_fn_context(ctx):
-    """What the model_fn receives as params["context"]."""
-    return tpu_context.TPUContext(ctx, call_from_input_fn=False)
+def batches(cfg):
+    data = np.zeros([2 * cfg.train_batch_size, cfg.n_ctx + 1], np.int32)
+
+    def from_step(start_step):
+        ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
+        return ds.repeat().batch(cfg.train_batch_size, drop_remainder=True).skip(start_step)
+    return from_step
 
 
-def test_cluster_resolver_argument_and_tpu_config():
+def test_cluster_resolver_argument_and_host_job():
     assert tpu.cluster_resolver_argument("colab") is None
     assert tpu.cluster_resolver_argument("my-tpu-v3-32") == "my-tpu-v3-32"
     with pytest.raises(ConfigError):
         tpu.cluster_resolver_argument("")
-    cfg = tiny_config(mesh_shape="x:16,y:2", layout="batch:x,heads:y", train_batch_size=32, iterations=50)
-    config = tpu.tpu_config(cfg)
-    assert config.num_shards == 32 and config.num_cores_per_replica == 1 and config.iterations_per_loop == 50
-    assert config.per_host_input_for_training == tf_estimator.tpu.InputPipelineConfig.BROADCAST
+    assert tpu.host_job(tf.train.ClusterSpec({"worker": ["10.0.0.2:8470"]})) == "worker"
+    assert tpu.host_job(tf.train.ClusterSpec({"coordinator": ["a:1"], "tpu_worker": ["b:1", "c:1"]})) == "tpu_worker"
+    assert tpu.host_job(None) == "worker"
 
 
 def _chip(pnum, physical):
@@ -96,62 +90,121 @@ def test_logical_to_physical_falls_back_and_checks_sizes():
         tpu.logical_to_physical([16], [2, 2, 1, 2])
 
 
-def test_tpu_estimator_context_on_a_v3_32_pod():
-    cfg = tiny_config(mesh_shape="x:16,y:2", layout="batch:x,heads:y", train_batch_size=32)
-    ctx = tpu_estimator_context(cfg, fake_pod([4, 4, 1, 2]))
-    ctx._validate_tpu_configuration()  # TPUEstimator's own checks: num_shards == cores, batch sizes
-    assert (ctx.num_hosts, ctx.num_replicas) == (4, 32)
-    # BROADCAST: the input_fn runs once with the whole batch; every core imports it and keeps its slice.
-    assert ctx.batch_size_for_input_fn == 32 and ctx.batch_size_for_model_fn == 32
-    params_context = model_fn_context(ctx)
-    assert tpu.host_devices(params_context) == [f"/job:worker/task:{i}/device:CPU:0" for i in range(4)]
+@pytest.mark.parametrize("pod", list(PODS))
+def test_device_assignment_gives_every_core_one_replica_on_its_own_host(pod):
+    system = fake_placement(pod).tpu_system
+    physical, per_host = PODS[pod]
+    cores = math.prod(physical)
+    assert (system.num_cores, system.num_hosts) == (cores, cores // per_host)
+    assignment = system.device_assignment()
+    assert assignment.num_replicas == cores and assignment.num_cores_per_replica == 1
+    assert len({assignment.coordinates(r, 0) for r in range(cores)}) == cores  # each core once
+    topology = system.topology
+    for r in range(cores):
+        task = topology.task_ordinal_at_coordinates(assignment.coordinates(r, 0))
+        assert assignment.host_device(replica=r, job=system.job) == f"/job:worker/task:{task}/device:CPU:0"
+        assert 0 <= assignment.tpu_ordinal(replica=r) < per_host
+    assert system.host_devices() == [f"/job:worker/task:{h}/device:CPU:0" for h in range(cores // per_host)]
 
-    args = tpu.simd_mesh_arguments(cfg, params_context)
-    assert args["shape"] == mtf.convert_to_shape("x:16,y:2")
-    assert set(args["layout"]._pairs) == {("batch", "x"), ("heads", "y")}
-    assert args["devices"] == [""] * 32
-    assert args["device_assignment"] is params_context.device_assignment
-    assert list(args["device_assignment"].topology.mesh_shape) == [4, 4, 1, 2]
-    assert args["logical_to_physical"] == tpu.logical_to_physical([16, 2], [4, 4, 1, 2])
 
-    # The model_fn's mesh (engine/estimator.py) is this SimdMeshImpl, and the layout splits every tensor of
-    # the training graph evenly on it.
-    impl, placer = estimator._mesh_impl(cfg, estimator.Placement(tpu="pod"), {"context": params_context})
-    assert isinstance(impl, mtf.simd_mesh_impl.SimdMeshImpl) and impl.size == 32
-    assert [impl.l2p(i) for i in range(32)] == args["logical_to_physical"]
+def test_training_loop_on_a_v3_32_pod():
+    placement = fake_placement("v3-32")
+    system = placement.tpu_system
+    cfg = tiny_config(mesh_shape="x:16,y:2", layout="batch:x,heads:y", train_batch_size=32, iterations=5)
+    graph = tf.Graph()
+    with graph.as_default():
+        loop = tpu.TrainingLoop(cfg, placement, batches(cfg), start_step=0)
+    ops = graph.get_operations()
+    assert loop.steps_per_call == 5
+
+    # One program replicated over the 32 cores, with the device assignment's layout.
+    metadata = [op for op in ops if op.type == "TPUReplicateMetadata"]
+    assert len(metadata) == 1 and metadata[0].get_attr("num_replicas") == 32
+    assignment = loop.loop.assignment
+
+    # Broadcast infeed: the input pipeline runs on host 0 and the whole batch goes to every core from the
+    # core's own host; each core has an outfeed that its host drains.
+    pipeline = [op for op in ops if op.type in ("IteratorV2", "IteratorGetNext")]
+    assert pipeline and all(op.device == "/job:worker/task:0/device:CPU:0" for op in pipeline)
+    next_batch = [op for op in ops if op.type == "IteratorGetNext"][0]
+    enqueues = [op for op in ops if op.type == "InfeedEnqueueTuple"]
+    dequeues = [op for op in ops if op.type == "OutfeedDequeueTuple"]
+    assert len(enqueues) == len(dequeues) == 32
+    for replica, (enqueue, dequeue) in enumerate(zip(enqueues, dequeues)):
+        host = assignment.host_device(replica=replica, job="worker")
+        assert enqueue.device == dequeue.device == host
+        assert enqueue.get_attr("device_ordinal") == dequeue.get_attr("device_ordinal") == \
+            assignment.tpu_ordinal(replica=replica)
+        assert [t.op for t in enqueue.inputs] == [next_batch, next_batch]
+        assert [tf.TensorShape(s).as_list() for s in enqueue.get_attr("shapes")] == [[32, 16], [32, 16]]
+    assert Counter(op.device for op in enqueues) == {f"/job:worker/task:{h}/device:CPU:0": 8 for h in range(4)}
+    assert sorted(loop.loop.names) == ["grad_norm", "learning_rate", "loss", "objective"]
+
+    # Master variables on the hosts' CPUs (balanced; the first host holds the program cache), the slices of
+    # each on the 32 cores.
+    masters = [op for op in ops if op.type == "VarHandleOp" and op.name.startswith("gpt2/") and "_slice_" not in op.name]
+    hosts = Counter(op.device for op in masters)
+    assert "/job:worker/task:0/device:CPU:0" not in hosts
+    assert set(hosts) == {f"/job:worker/task:{h}/device:CPU:0" for h in (1, 2, 3)}
+    slices = [op for op in ops if op.type == "VarHandleOp" and "gpt2/wte_slice_" in op.name]
+    assert sorted(op.device for op in slices) == sorted(assignment.tpu_device(replica=r) for r in range(32))
+
+    # The SIMD mesh maps logical positions to physical cores, and the layout splits every tensor of the
+    # training graph evenly on it.
+    args = tpu.simd_mesh_arguments(cfg, system, assignment)
+    assert args["logical_to_physical"] == tpu.logical_to_physical([16, 2], [4, 4, 1, 2], assignment)
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(**args)
     built = model_graph.build(cfg)
     for op in built.graph.operations:
         for t in op.outputs:
             impl.tensor_layout(t.shape)  # raises for an uneven split or a dimension split twice
     assert impl.slice_shape(mtf.Shape([mtf.Dimension("batch", 32), mtf.Dimension("heads", 4)])) == [2, 2]
 
-    # Master variables go to the hosts' CPUs, balanced; the first host already holds the program cache.
-    with tf.Graph().as_default():
-        with tf.device(placer.device_function):
-            variables = [tf.get_variable(f"v{i}", [1000, 1000]) for i in range(6)]
-        hosts = [v.device for v in variables]
-    assert "/job:worker/task:0/device:CPU:0" not in hosts
-    assert sorted(set(hosts)) == [f"/job:worker/task:{i}/device:CPU:0" for i in (1, 2, 3)]
-    assert all(hosts.count(h) == 2 for h in set(hosts))
+
+def test_a_v3_512_pod_builds_gpt3_13b_shaped_meshes():
+    placement = fake_placement("v3-512")
+    cfg = tiny_config(n_layer=1, attention_types=[[["global"], 1]], n_embd=64, n_head=8, mesh_shape="x:64,y:8",
+                      layout="batch:x,heads:y", train_batch_size=64)
+    graph = tf.Graph()
+    with graph.as_default():
+        loop = tpu.TrainingLoop(cfg, placement, batches(cfg), start_step=0)
+    ops = graph.get_operations()
+    assert [op.get_attr("num_replicas") for op in ops if op.type == "TPUReplicateMetadata"] == [512]
+    assert sum(op.type == "InfeedEnqueueTuple" for op in ops) == 512
+    hosts = {op.device for op in ops if op.type == "InfeedEnqueueTuple"}
+    assert hosts == {f"/job:worker/task:{h}/device:CPU:0" for h in range(64)}
+    assert loop.lowered.train_op is not None
 
 
-def test_a_mesh_that_is_not_the_pod_is_refused_before_running():
+def test_a_mesh_that_is_not_the_pod_is_refused_before_building():
+    placement = fake_placement("v3-32")
     cfg = tiny_config(mesh_shape="x:8", layout="batch:x", train_batch_size=32)
-    ctx = tpu_estimator_context(cfg, fake_pod([4, 4, 1, 2]))
-    with pytest.raises(ValueError, match="num_shards"):  # TPUEstimator: 8 shards on a 32-core TPU
-        ctx._validate_tpu_configuration()
     with pytest.raises(ConfigError, match="has 8 devices but the TPU has 32 cores"):
-        tpu.simd_mesh_arguments(cfg, model_fn_context(ctx))
+        tpu.simd_mesh_arguments(cfg, placement.tpu_system)
+    with tf.Graph().as_default(), pytest.raises(ConfigError, match="has 8 devices but the TPU has 32 cores"):
+        tpu.TrainingLoop(cfg, placement, batches(cfg), start_step=0)
 
 
-def test_predict_and_eval_on_a_pod_use_the_broadcast_input():
+def test_evaluation_and_prediction_loops_on_a_two_host_pod():
+    system = tpu.TpuSystem(fake_topology([2, 2, 1, 2], cores_per_host=4), job="worker")
+    placement = Placement(tpu="pod", hosts=tuple(system.host_devices()), tpu_system=system)
     cfg = tiny_config(mesh_shape="x:8", layout="batch:x", train_batch_size=8, eval_batch_size=8,
-                      predict_batch_size=8)
-    pod = fake_pod([2, 2, 1, 2], cores_per_host=4)  # two hosts
-    for mode in (tf_estimator.ModeKeys.EVAL, tf_estimator.ModeKeys.PREDICT):
-        ctx = tpu_estimator_context(cfg, pod, mode)
-        ctx._validate_tpu_configuration()  # multi-host eval/predict are only allowed with BROADCAST
-        assert ctx.batch_size_for_input_fn == 8
+                      predict_batch_size=8, max_new_tokens=3)
+    with tf.Graph().as_default() as graph:
+        evaluation = tpu.EvaluationLoop(cfg, placement, lambda: batches(cfg)(0), steps=3)
+    assert evaluation.loop.names == ["loss"]
+    assert sum(op.type == "OutfeedDequeueTuple" for op in graph.get_operations()) == 8
+
+    rows = {"tokens": np.zeros([5, cfg.n_ctx], np.int32), "prompt_length": np.ones([5], np.int32),
+            "seed": np.zeros([5], np.int32)}
+    with tf.Graph().as_default() as graph:
+        prediction = tpu.PredictionLoop(cfg, placement, rows, batch_size=8)
+    assert all(p.op.device == "/job:worker/task:0/device:CPU:0" and p.shape.as_list()[0] == 8
+               for p in prediction.feeds)  # fed on the first host, a whole batch
+    dequeue = [op for op in graph.get_operations() if op.type == "OutfeedDequeueTuple"]
+    assert len(dequeue) == 8 and {op.device for op in dequeue} == {f"/job:worker/task:{h}/device:CPU:0" for h in (0, 1)}
+    shapes = dict(zip(prediction.loop.names, (tf.TensorShape(s).as_list() for s in dequeue[0].get_attr("shapes"))))
+    assert shapes == {"lengths": [8], "tokens": [8, cfg.n_ctx]}
 
 
 class FakeResolver:
@@ -161,21 +214,26 @@ class FakeResolver:
         self.name = name
 
     def master(self):
-        return MASTER
+        return "grpc://10.0.0.0:8470"
 
     def cluster_spec(self):
-        return tf.train.ClusterSpec({"worker": ["10.0.0.0:8470", "10.0.0.1:8470"]})
+        return tf.train.ClusterSpec({"worker": ["10.0.0.0:8470", "10.0.0.1:8470", "10.0.0.2:8470", "10.0.0.3:8470"]})
 
 
-def test_make_estimator_builds_the_tpu_estimator_for_tpu_name(monkeypatch, tmp_path):
-    made = []
-    monkeypatch.setattr(tpu, "cluster_resolver", lambda name: made.append(name) or FakeResolver(name))
-    cfg = tiny_config(mesh_shape="x:16", layout="batch:x", train_batch_size=16, iterations=20,
-                      model_path=str(tmp_path / "run"))
-    est = estimator.make_estimator(cfg, estimator.Placement(tpu="my-tpu"))
-    assert made == ["my-tpu"]
-    assert isinstance(est, tf_estimator.tpu.TPUEstimator) and est._ctx._use_tpu
-    assert est.config.master == MASTER
-    assert list(est.config.session_config.cluster_def.job[0].tasks.values()) == ["10.0.0.0:8470", "10.0.0.1:8470"]
-    assert est.config.tpu_config.num_shards == 16 and est.config.tpu_config.iterations_per_loop == 20
-    assert est.config.tpu_config.per_host_input_for_training == tf_estimator.tpu.InputPipelineConfig.BROADCAST
+def test_placement_for_tpu_name_initialises_the_system_and_reads_its_topology(monkeypatch):
+    asked = []
+    monkeypatch.setattr(tpu, "resolver", lambda name: asked.append(name) or FakeResolver(name))
+    initialised = []
+
+    def initialize(master, config, job):
+        initialised.append((master, job, [list(j.tasks.values()) for j in config.cluster_def.job]))
+        return fake_topology([4, 4, 1, 2]).serialized()
+
+    monkeypatch.setattr(tpu, "initialize_system", initialize)
+    placement = tpu.placement("my-tpu")
+    assert asked == ["my-tpu"] and placement.use_tpu
+    assert initialised == [("grpc://10.0.0.0:8470", "worker", [[f"10.0.0.{i}:8470" for i in range(4)]])]
+    assert placement.tpu_system.num_cores == 32 and placement.tpu_system.num_hosts == 4
+    assert placement.hosts == tuple(f"/job:worker/task:{h}/device:CPU:0" for h in range(4))
+    config = tpu.session_config(placement)
+    assert [list(j.tasks.values()) for j in config.cluster_def.job] == [[f"10.0.0.{i}:8470" for i in range(4)]]

@@ -1,5 +1,5 @@
 """Training-side options: micro-batching, bfloat16, recompute_grad, z_loss, all options together on a 2x2
-mesh, the Estimator path (MoE loss logged, MLM input masking, Adafactor), sampling, and invalid combinations."""
+mesh, the runner's path (MoE loss logged, MLM input masking, Adafactor), sampling, and invalid combinations."""
 import glob
 
 import numpy as np
@@ -7,12 +7,12 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from data.mlm import mask_dataset, mask_tokens
-from engine.estimator import Placement, make_estimator
-from engine.inference import run_predict
-from engine.session import compute_logits, compute_losses, run_training
+from engine import checkpoints, runner
+from engine.progress import TrainingLog, summary_writer
 from engine.train_step import num_microbatches
 from models.config import ConfigError
-from tiny import devices_for, fixed_batches_input_fn, random_tokens, tiny_config
+from tiny import (compute_logits, compute_losses, devices_for, fixed_batches, placement_for, random_tokens,
+                  run_predict, run_training, tiny_config)
 
 MOE = dict(moe_layers=[1], moe_params={"moe_num_experts": 4})
 MLM = dict(mlm_training=True, mlm_mask_id=63, padding_id=0)
@@ -96,25 +96,25 @@ def test_all_options_together_train_alike_on_one_device_and_a_2x2_mesh():
         np.testing.assert_allclose(four.weights[name], one.weights[name], rtol=0, atol=2e-5, err_msg=name)
 
 
-def test_estimator_trains_and_evaluates_mlm_with_moe_micro_batches_and_adafactor(tmp_path):
+def test_runner_trains_and_evaluates_mlm_with_moe_micro_batches_and_adafactor(tmp_path):
     cfg = tiny_config(**MLM, **MOE, tokens_per_mb_per_replica=32, opt_name="adafactor", lr=0.1, beta1=0.0,
                       attention_types=[[["local", "none"], 1]], train_steps=2, model_path=str(tmp_path / "run"))
     rows = random_tokens([12, cfg.n_ctx + 1], seed=3, vocab=60)
 
-    def input_fn(params):  # as main.py wraps its pipeline
-        return mask_dataset(fixed_batches_input_fn(rows)(params), cfg)
+    def batches(start_step):  # as main.py wraps its pipeline
+        return mask_dataset(fixed_batches(rows, cfg.train_batch_size)(start_step), cfg, first_step=start_step)
 
-    estimator = make_estimator(cfg, Placement(tuple(devices_for(cfg))), log_every=1)
-    estimator.train(input_fn, max_steps=cfg.train_steps)
-    checkpoint = tf.train.latest_checkpoint(cfg.model_path)
+    log = TrainingLog(cfg, every=1, peak_flops=0.0, writer=summary_writer(cfg.model_path))
+    assert runner.train(cfg, placement_for(cfg), batches, log=log) == 2
+    checkpoint = checkpoints.latest(cfg.model_path)
     names = {name for name, _ in tf.train.list_variables(checkpoint)}
     assert {"gpt2/h1/wi/kernel", "gpt2/h1/wo/kernel", "gpt2/h1/top_2_gating/kernel"} <= names
     assert "gpt2/wte_slot_v" in names and not any("adam" in n for n in names)  # Adafactor's slots
     logged = {value.tag: value.simple_value for path in glob.glob(f"{cfg.model_path}/events.*")
               for event in tf.train.summary_iterator(path) for value in event.summary.value}
     assert logged["moe_loss"] > 0 and np.isfinite(logged["loss"])
-    results = estimator.evaluate(input_fn, steps=1)
-    assert 0 < results["loss"] < 2 * np.log(cfg.n_vocab)
+    loss, step = runner.evaluate(cfg, placement_for(cfg), lambda: batches(0), steps=1)
+    assert step == 2 and 0 < loss < 2 * np.log(cfg.n_vocab)
 
 
 def test_sampling_runs_on_a_model_with_options_and_refuses_mlm():

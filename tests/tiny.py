@@ -1,10 +1,18 @@
-"""Tiny models and data for tests: a config builder, random token batches, and a one-call trainer."""
+"""Tiny models and data for tests: a config builder, random token batches, and one-call runs through the
+project's runner (engine/runner.py): training, logits, and the losses of one forward pass."""
 from __future__ import annotations
 
+import tempfile
+from dataclasses import dataclass, field
+
+import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from engine.estimator import LOSS_COLLECTION, Placement, make_estimator
+from engine import checkpoints, modes, runner, train_step
+from engine.devices import Placement
+from engine.mesh_session import MeshSession
+from models import gpt
 from models.config import GPTConfig, config_from_dict
 
 from conftest import CPU_DEVICES
@@ -27,34 +35,109 @@ def devices_for(cfg: GPTConfig) -> list[str]:
     return CPU_DEVICES[:cfg.n_devices]
 
 
-def fixed_batches_input_fn(data: np.ndarray, start_step: int = 0):
-    """Cycles through rows of `data` ([rows, n_ctx + 1]) in order, so every layout sees the same batches;
-    `start_step` skips the batches a resumed run has already seen."""
-    def input_fn(params):
-        batch = params["batch_size"]
+def placement_for(cfg: GPTConfig) -> Placement:
+    return Placement(devices=tuple(devices_for(cfg)))
+
+
+def fixed_batches(data: np.ndarray, batch_size: int):
+    """(start_step) -> the rows of `data` ([rows, n_ctx + 1]) cycled in order, batch by batch, from that step
+    on: every layout and a resumed run see the same batches."""
+    def batches(start_step: int) -> tf.data.Dataset:
         ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
-        return ds.repeat().batch(batch, drop_remainder=True).skip(start_step)
-    return input_fn
+        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
+    return batches
 
 
-def train(cfg: GPTConfig, data: np.ndarray, steps: int | None = None, start_step: int = 0):
-    """Trains to global step `steps` (default train_steps); returns the losses of the steps it ran."""
-    estimator = make_estimator(cfg, Placement(tuple(devices_for(cfg))), log_every=1000)
-    recorder = []
-
-    class Record(tf.estimator.SessionRunHook):
-        def begin(self):
-            self.loss = tf.get_default_graph().get_tensor_by_name(_loss_tensor_name())
-
-        def before_run(self, run_context):
-            return tf.estimator.SessionRunArgs(self.loss)
-
-        def after_run(self, run_context, run_values):
-            recorder.append(float(run_values.results))
-
-    estimator.train(fixed_batches_input_fn(data, start_step), max_steps=steps or cfg.train_steps, hooks=[Record()])
-    return recorder
+def train(cfg: GPTConfig, data: np.ndarray, steps: int | None = None) -> list[float]:
+    """Trains cfg.model_path (resuming from its checkpoint) to step `steps` (default train_steps) on the rows
+    of `data`; returns the losses of the steps it ran."""
+    losses = []
+    runner.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=steps,
+                 on_step=lambda step, values: losses.append(float(values["loss"])))
+    return losses
 
 
-def _loss_tensor_name() -> str:
-    return tf.get_collection(LOSS_COLLECTION)[0].name
+def model_weights(model_path) -> dict:
+    """The model's weights (no optimizer slots) in model_path's latest checkpoint."""
+    checkpoint = checkpoints.latest(str(model_path))
+    return {name: tf.train.load_variable(checkpoint, name)
+            for name, _ in tf.train.list_variables(checkpoint) if name.startswith("gpt2/") and "adam" not in name}
+
+
+@dataclass
+class TrainingRun:
+    """What `run_training` saw: per step (before that step's update) and after the last step."""
+    losses: list = field(default_factory=list)        # cross-entropy, as training logs it
+    objectives: list = field(default_factory=list)    # what was minimised (with z-loss and MoE loss)
+    moe_losses: list = field(default_factory=list)    # the MoE load-balancing loss (empty without MoE)
+    gradients: dict = field(default_factory=dict)     # name -> unclipped gradient of the last step
+    weights: dict = field(default_factory=dict)       # name -> value after the last step
+
+
+def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) -> TrainingRun:
+    """`steps` training steps from the seeded initial weights on the batches [(inputs, labels), ...] (cycled),
+    through the runner, in a throwaway model_path; also fetches every gradient."""
+    inputs = np.stack([b[0] for b in batches]).reshape(-1, cfg.n_ctx)
+    labels = np.stack([b[1] for b in batches]).reshape(-1, cfg.n_ctx)
+    batch_size = len(batches[0][0])
+    run = TrainingRun()
+
+    def dataset(start_step):
+        ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
+        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
+
+    def gradients(lowered: modes.Lowered) -> dict:
+        return {"gradients": {v.name: lowered.lowering.export_to_tf_tensor(g) for v, g in lowered.gradients}}
+
+    def record(step, values):
+        run.losses.append(float(values["loss"]))
+        run.objectives.append(float(values["objective"]))
+        if "moe_loss" in values:
+            run.moe_losses.append(float(values["moe_loss"]))
+        run.gradients = values["gradients"]
+
+    with tempfile.TemporaryDirectory() as folder:
+        cfg = cfg.replace(model_path=folder, train_steps=steps, steps_per_checkpoint=steps)
+        runner.train(cfg, Placement(devices=tuple(devices)), dataset, extra_fetches=gradients, on_step=record)
+        checkpoint = checkpoints.latest(folder)
+        names = [name for name, _ in tf.train.list_variables(checkpoint)]
+        run.weights = {name: tf.train.load_variable(checkpoint, name) for name in run.gradients if name in names}
+    return run
+
+
+def compute_logits(cfg: GPTConfig, tokens: np.ndarray, devices: list[str], checkpoint: str | None = None) -> np.ndarray:
+    """tokens [batch, n_ctx] -> float32 logits [batch, n_ctx, n_vocab], from a checkpoint (a prefix or a
+    model_path) or from the seeded initial weights, identical on every layout."""
+    tokens = np.asarray(tokens, np.int32)
+    return runner.predict(cfg, Placement(devices=tuple(devices)), {"tokens": tokens}, len(tokens),
+                          checkpoint)["logits"]
+
+
+def compute_losses(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devices: list[str],
+                   train: bool = True) -> dict[str, float]:
+    """The losses of one batch at the seeded initial weights, without a backward pass: "loss" (cross-entropy),
+    "objective" and, with MoE layers, "moe_loss". train=True builds the model as a training step does (MoE
+    capacity and dropout of training)."""
+    inputs, labels = np.asarray(inputs, np.int32), np.asarray(labels, np.int32)
+    placement = Placement(devices=tuple(devices))
+    graph = tf.Graph()
+    with graph.as_default():
+        mesh, impl = runner.placement_mesh(cfg, placement)
+        dims = gpt.Dims.of(cfg, inputs.shape[0])
+        x, y = (mtf.import_fully_replicated(mesh, tf.constant(t), mtf.Shape([dims.batch, dims.sequence]))
+                for t in (inputs, labels))
+        losses = train_step.losses(x, y, cfg, dims, train=train, weights=gpt.loss_weights(y, cfg))
+        named = {"loss": losses.cross_entropy, "objective": losses.objective}
+        if losses.moe_loss is not None:
+            named["moe_loss"] = losses.moe_loss
+        lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+        fetches = {name: lowering.export_to_tf_tensor(t) for name, t in named.items()}
+    with MeshSession(graph, lowering, "", runner.session_config(placement), checkpoint=None) as session:
+        return {name: float(value) for name, value in session.run(fetches).items()}
+
+
+def run_predict(cfg: GPTConfig, features: dict, devices: list[str], checkpoint: str | None = None,
+                options=None) -> dict:
+    """engine/inference.py's outputs for numpy features (one batch of all their rows), through the runner."""
+    rows = len(next(iter(features.values())))
+    return runner.predict(cfg, Placement(devices=tuple(devices)), features, rows, checkpoint, options)

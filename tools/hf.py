@@ -32,12 +32,15 @@ import re
 import sys
 from typing import Optional
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # TF's C++ start-up chatter off the console
+    from tools.console import quiet_tensorflow
+    quiet_tensorflow()
 
 import models  # noqa: E402,F401  (mesh-tensorflow compatibility alias)
 import numpy as np  # noqa: E402
 
+from engine import checkpoints  # noqa: E402
 from models.config import ConfigError, GPTConfig, load_config  # noqa: E402
 
 # Our activation_function -> HF's ACT2FN name (same function), and back.
@@ -182,7 +185,7 @@ def to_hf(cfg: GPTConfig, checkpoint: str, out_dir: str) -> str:
     from transformers import GPTNeoForCausalLM
 
     if tf.io.gfile.isdir(checkpoint):
-        found = tf.train.latest_checkpoint(checkpoint)
+        found = checkpoints.latest(checkpoint)
         if not found:
             raise ConversionError(f"no checkpoint in {checkpoint}")
         checkpoint = found
@@ -256,9 +259,11 @@ def register_tokenizer_dataset(hf_dir: str, dataset_id: str, data_path: str, eva
 
 def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     """Builds the training graph of cfg, sets the model weights from `state` (our names -> arrays) and saves
-    model.ckpt-0 in cfg.model_path with every variable training restores."""
+    model.ckpt-0 in cfg.model_path with every variable training restores (optimizer slots at zero)."""
     import tensorflow.compat.v1 as tf
-    from engine.estimator import TRAIN, Placement, make_model_fn
+    from engine import modes, runner
+    from engine.devices import Placement
+    from engine.mesh_session import MeshSession
 
     shapes = model_variable_shapes(cfg)
     missing = sorted(set(shapes) - set(state))
@@ -268,32 +273,33 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     graph = tf.Graph()
     with graph.as_default():
         zeros = tf.zeros([1, cfg.n_ctx], tf.int32)
-        make_model_fn(one_device, Placement(devices=("",)), log_every=10 ** 9)(zeros, zeros, TRAIN, {"batch_size": 1})
+        mesh, impl = runner.placement_mesh(one_device, Placement(devices=("",)))  # slices are the masters
+        lowered = modes.training_step(one_device, mesh, impl, zeros, zeros)
         variables = {v.op.name: v for v in tf.global_variables()}
-        saver = tf.train.Saver(list(variables.values()), sharded=True, save_relative_paths=True)
-        with tf.Session() as session:
-            session.run(tf.global_variables_initializer())
-            for name, value in state.items():
-                if name not in variables:
-                    raise ConversionError(f"the training graph has no variable {name}")
-                if list(value.shape) != variables[name].shape.as_list():
-                    raise ConversionError(f"{name} is {list(value.shape)} in the HF model but "
-                                          f"{variables[name].shape.as_list()} here")
-                variables[name].load(value, session)
-            os.makedirs(cfg.model_path, exist_ok=True)
-            return saver.save(session, os.path.join(cfg.model_path, "model.ckpt"), global_step=0)
+        for name, value in state.items():
+            if name not in variables:
+                raise ConversionError(f"the training graph has no variable {name}")
+            if list(value.shape) != variables[name].shape.as_list():
+                raise ConversionError(f"{name} is {list(value.shape)} in the HF model but "
+                                      f"{variables[name].shape.as_list()} here")
+        values = {name: tf.placeholder(variables[name].dtype.base_dtype, value.shape) for name, value in state.items()}
+        assign = tf.group([variables[name].assign(values[name]) for name in state])
+    with MeshSession(graph, lowered.lowering, "", tf.ConfigProto(), checkpoint=None) as session:
+        session.run(assign, {values[name]: value for name, value in state.items()})
+        writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
+                                              cfg.keep_checkpoint_every_n_hours)
+        return session.save(writer, 0)
 
 
 def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "default",
             datasets: Optional[list] = None) -> tuple[GPTConfig, str]:
     """HF folder -> our config JSON at config_out and a step-0 checkpoint in model_path."""
-    import tensorflow.compat.v1 as tf
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
     from models.config import _read_json, resolve_config_path
 
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise ConversionError(f"{hf_dir} has no config.json: pass a GPTNeoForCausalLM folder (save_pretrained's output)")
-    if tf.train.latest_checkpoint(model_path) if os.path.isdir(model_path) else False:
+    if checkpoints.latest(model_path):
         raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
     hf_config = GPTNeoConfig.from_pretrained(hf_dir, local_files_only=True)
     base = _read_json(resolve_config_path(base_config), "base config")

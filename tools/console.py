@@ -1,0 +1,111 @@
+"""Keeps TensorFlow's C++ start-up chatter off the console; the project's own lines and real errors pass.
+
+TensorFlow 2.21 logs through absl before anything can configure it, so TF_CPP_MIN_LOG_LEVEL no longer
+silences lines such as "All log messages before absl::InitializeLog() is called are written to STDERR",
+"Could not find cuda drivers on your machine", the CPU-instructions and oneDNN notices, cuDNN/cuFFT/cuBLAS
+"Unable to register ... factory" errors, XLA's "Compiled cluster using XLA!" or "SetPriority unimplemented".
+They are written by C++ straight to file descriptor 2, so `quiet_tensorflow()` (called first thing by every
+entry point, before TensorFlow is imported) points descriptor 2 at a pipe read by a small filter process that
+drops those lines and copies everything else to the real stderr: C++ errors other than the known start-up ones
+(FATAL and "Check failed" lines always pass) and what child processes write. Python's own `sys.stderr`
+(tracebacks, this project's `error:` lines and warnings, progress bars) is pointed straight at the real
+stderr, so it stays in order with stdout. A separate process, not a thread, so that a crash's last words
+still arrive after this process is gone.
+
+Set GPT_NEO_TF_LOGS=1 to see TensorFlow's lines unfiltered.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+
+# Lines dropped. C++ INFO and WARNING lines of TensorFlow/XLA/absl (absl's "I1123 12:00:00.123 123 file.cc:45]"
+# and TF's older "2026-11-23 12:00:00.123: I file.cc:45]"), and the start-up ERROR lines that are not errors.
+CHATTER = (
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ",
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] \S+:\d+\] ",
+    r"^(E\d{4} \d\d:\d\d:\d+\.\d+\s+\d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: E) \S+:\d+\] "
+    r"(Unable to register cu(DNN|FFT|BLAS) factory|failed call to cuInit|.*computation placer already registered"
+    r"|.*SetPriority unimplemented)",
+    r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.",
+    r"^oneDNN custom operations are on\.",
+)
+
+# The filter process: reads the pipe in chunks, passes through at once what cannot be chatter (so that
+# progress bars redrawn with \r stay live), holds back only a partial line that may still become chatter.
+_FILTER = r"""
+import os, re, sys
+chatter = re.compile("|".join(%r))
+maybe = re.compile(r"^([IWEF]\d|\d{4}-|WARNING: All|To enable|oneDNN)")
+out = sys.stdout.buffer
+pending = b""
+while True:
+    chunk = os.read(0, 65536)
+    if not chunk:
+        break
+    pending += chunk
+    lines = pending.replace(b"\r", b"\r\n").split(b"\n")  # a \r-redrawn bar line counts as a line
+    pending = lines.pop()
+    for line in lines:
+        text = line.rstrip(b"\r").decode("utf-8", "replace")
+        if not chatter.match(text):
+            out.write(line if line.endswith(b"\r") else line + b"\n")
+    if pending and not maybe.match(pending.decode("utf-8", "replace")):
+        out.write(pending)
+        pending = b""
+    out.flush()
+if pending and not chatter.match(pending.decode("utf-8", "replace")):
+    out.write(pending)
+out.flush()
+""" % (CHATTER,)
+
+_installed = None
+
+
+def quiet_tensorflow() -> None:
+    """Filters this process's descriptor 2 (and its children's) from now on; call before importing TensorFlow.
+    Also sets TF_CPP_MIN_LOG_LEVEL=2 for the lines TensorFlow still lets that variable govern."""
+    global _installed
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if _installed is not None or os.environ.get("GPT_NEO_TF_LOGS") == "1":
+        return
+    try:
+        real = os.dup(2)
+        read, write = os.pipe()
+        process = subprocess.Popen([sys.executable, "-S", "-c", _FILTER], stdin=read, stdout=real, stderr=real,
+                                   close_fds=True)
+    except OSError:  # no descriptor 2, or no way to start the filter: leave stderr as it is
+        return
+    os.close(read)
+    sys.stderr.flush()
+    os.dup2(write, 2)
+    os.close(write)
+    # Python's own stderr writes (tracebacks, `error:` lines, progress bars) go straight to the real stderr, in
+    # order with stdout; only what C++ (and child processes) write to descriptor 2 passes the filter.
+    sys.stderr = os.fdopen(os.dup(real), "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",
+                           errors="backslashreplace")
+    _installed = (process, real)
+    atexit.register(restore)
+
+
+def restore() -> None:
+    """Points descriptor 2 back at the real stderr and waits for the filter to pass on what it holds. Runs at
+    exit; call it before os._exit."""
+    global _installed
+    if _installed is None:
+        return
+    process, real = _installed
+    _installed = None
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os.dup2(real, 2)  # closes this process's end of the pipe: the filter sees the end once children exit too
+    os.close(real)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # a child still holds the pipe; the filter ends with it
+        pass
