@@ -250,11 +250,8 @@ def evaluate(cfg, placement) -> int:
 
 def require_checkpoint(cfg) -> int:
     """The step of model_path's latest checkpoint; an error when there is none."""
-    from engine import checkpoints
-    from models.config import ConfigError
-    if not checkpoints.latest(cfg.model_path):
-        raise ConfigError(f"no checkpoint in {cfg.model_path}: train first (python main.py --model ...)")
-    return checkpoints.latest_step(cfg.model_path)
+    from engine import checkpoints, runner
+    return checkpoints.step_of(runner.require_checkpoint(cfg.model_path))
 
 
 def tokenizer_for(cfg):

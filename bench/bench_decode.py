@@ -122,20 +122,24 @@ def worker_hf(args) -> dict:
 WORKERS = {"ours": worker_ours, "hf": worker_hf}
 
 
-def run_worker(kind: str, args, recompute: bool = False) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--worker", kind]
+def run_worker(kind: str, args, recompute: bool = False, peer: bool = False) -> dict:
+    """One measurement in a fresh process: this checkout's worker, or (peer) the peer checkout's own worker
+    under the peer's Python (its stack)."""
+    python, root = (args.peer_python, os.path.abspath(args.peer_repo)) if peer else (sys.executable, ROOT)
+    command = [python, os.path.join(root, "bench", "bench_decode.py"), "--worker", kind]
     for key in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window", "repeats", "cpus"):
         command += [f"--{key}", str(getattr(args, key))]
     command += ["--prompt_lengths", *map(str, args.prompt_lengths), "--new_tokens", *map(str, args.new_tokens)]
     if recompute:
         command += ["--recompute_worker"]
     started = time.time()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=root)
     lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
     if result.returncode != 0 or not lines:
         raise SystemExit(f"error: the {kind} worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
-    values.update(measure=kind + (" recompute" if recompute else ""), wall_s=round(time.time() - started, 1),
+    values.update(measure=("peer " if peer else "") + kind + (" recompute" if recompute else ""),
+                  wall_s=round(time.time() - started, 1),
                   load=[round(x, 2) for x in os.getloadavg()])
     print(json.dumps(values), flush=True)
     return values
@@ -157,6 +161,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip_hf", action="store_true")
     p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0 or 0,1 (default: "
                    "all); on a shared machine one pinned core is disturbed less than all cores")
+    p.add_argument("--peer_python", help="also measure the peer checkout --peer_repo under this Python (its own "
+                   "stack) and print ours / peer")
+    p.add_argument("--peer_repo", help="the peer checkout, e.g. a worktree of an older commit")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--recompute_worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -170,7 +177,11 @@ def main(argv=None) -> int:
                          f"n_ctx {args.n_ctx}")
 
     print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {[round(x, 2) for x in os.getloadavg()]} at start", flush=True)
+    if bool(args.peer_python) != bool(args.peer_repo):
+        raise SystemExit("error: --peer_python and --peer_repo go together")
     runs = [run_worker("ours", args)]
+    if args.peer_python:
+        runs.append(run_worker("ours", args, peer=True))
     if args.recompute:
         runs.append(run_worker("ours", args, recompute=True))
     if not args.skip_hf:
@@ -191,6 +202,12 @@ def main(argv=None) -> int:
         ratios = ", ".join(f"prompt {p}: {hf['by_prompt'][str(p)]['per_token_ms'] / ours['by_prompt'][str(p)]['per_token_ms']:.2f}x"
                            for p in args.prompt_lengths)
         print(f"decode tokens/s, ours / HF: {ratios}")
+    peer = next((r for r in runs if r["measure"] == "peer ours"), None)
+    if peer:
+        ours = runs[0]
+        ratios = ", ".join(f"prompt {p}: {peer['by_prompt'][str(p)]['per_token_ms'] / ours['by_prompt'][str(p)]['per_token_ms']:.2f}x"
+                           for p in args.prompt_lengths)
+        print(f"decode tokens/s, ours / peer ({args.peer_repo}): {ratios}")
     print(f"# load average {[round(x, 2) for x in os.getloadavg()]} at end")
     return 0
 

@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_train.py                     # fp32, bf16 and HF on all cores (about 4 minutes)
     .venv/bin/python bench/bench_train.py --cpus 0            # the same on one pinned core (a shared machine)
     .venv/bin/python bench/bench_train.py --variants float32 float32+xla --repeats 2 --steps 8
+    .venv/bin/python bench/bench_train.py --skip_hf --peer_python OLD/.venv/bin/python --peer_repo OLD   # vs another stack
 
 Trains the same GPT-Neo model (default: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192, batch 8,
 global/local attention alternating with a 128-token window, Adam, gradient clipping 1.0) for --warmup steps
@@ -196,22 +197,26 @@ WORKERS = {"peak": worker_peak, "ours": worker_ours, "hf": worker_hf}
 # Driver
 
 
-def run_worker(kind: str, args, variant: str = "float32") -> dict:
+def run_worker(kind: str, args, variant: str = "float32", peer: bool = False) -> dict:
+    """One measurement in a fresh process: this checkout's worker, or (peer) the peer checkout's own worker
+    under the peer's Python (its stack: e.g. an older commit on TensorFlow 2.15)."""
     precision, _, extra = variant.partition("+")
-    command = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--precision", precision]
+    python, root = (args.peer_python, os.path.abspath(args.peer_repo)) if peer else (sys.executable, ROOT)
+    command = [python, os.path.join(root, "bench", "bench_train.py"), "--worker", kind, "--precision", precision]
     if extra == "xla":
         command.append("--xla")
     for key, value in vars(args).items():
-        if key in ("worker", "precision", "variants", "repeats", "skip_hf", "xla"):
+        if key in ("worker", "precision", "variants", "repeats", "skip_hf", "xla", "peer_python", "peer_repo"):
             continue
         command += [f"--{key}", str(value)]
     started = time.time()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=root)
     lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
     if result.returncode != 0 or not lines:
         raise SystemExit(f"error: the {kind} worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
-    values.update(measure=kind, variant=variant, wall_s=round(time.time() - started, 1), load=load())
+    values.update(measure=("peer " if peer else "") + kind, variant=variant, wall_s=round(time.time() - started, 1),
+                  load=load())
     print(json.dumps(values), flush=True)
     return values
 
@@ -240,6 +245,9 @@ def main(argv=None) -> int:
     p.add_argument("--peak_seconds", type=float, default=3.0)
     p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0 or 0,1 (default: "
                    "all); on a shared machine one pinned core is disturbed less than all cores")
+    p.add_argument("--peer_python", help="also measure the peer checkout --peer_repo under this Python (its own "
+                   "stack), interleaved with ours, and print ours / peer")
+    p.add_argument("--peer_repo", help="the peer checkout, e.g. a worktree of an older commit")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     p.add_argument("--xla", action="store_true", help=argparse.SUPPRESS)
@@ -252,11 +260,15 @@ def main(argv=None) -> int:
         return 0
 
     print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {load()} at start", flush=True)
-    peaks, ours, hf = [], {v: [] for v in args.variants}, []
+    if bool(args.peer_python) != bool(args.peer_repo):
+        raise SystemExit("error: --peer_python and --peer_repo go together")
+    peaks, ours, hf, peer = [], {v: [] for v in args.variants}, [], {v: [] for v in args.variants}
     for _ in range(args.repeats):
         peaks.append(run_worker("peak", args))
         for variant in args.variants:
             ours[variant].append(run_worker("ours", args, variant))
+            if args.peer_python:
+                peer[variant].append(run_worker("ours", args, variant, peer=True))
         if not args.skip_hf:
             hf.append(run_worker("hf", args))
     peaks.append(run_worker("peak", args))  # before and after: how much the machine moved meanwhile
@@ -285,6 +297,12 @@ def main(argv=None) -> int:
         torch_peak = max(r["torch_fp32_matmul_flops"] for r in hf)
         print(f"matmul peak (PyTorch, {args.peak_size}^2): fp32 {torch_peak / 1e9:.1f} GFLOP/s; HF's MFU against it "
               f"{100 * flops / torch_peak:.1f}% (TF's fp32 peak / PyTorch's: {fp32_peak / torch_peak:.2f}x)")
+    if args.peer_python:
+        print(f"peer: {args.peer_repo} under {args.peer_python}")
+        for variant in args.variants:
+            a, b = best(ours[variant]), best(peer[variant])
+            print(f"{'peer ' + variant:<24}{b['tokens_per_s']:>10,.0f}{b['step_s']:>9.2f}; ours / peer "
+                  f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x")
     for suffix in ("", "+xla"):
         fp32, bf16 = ours.get("float32" + suffix), ours.get("bfloat16" + suffix)
         if fp32 and bf16:

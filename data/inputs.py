@@ -1,6 +1,6 @@
 """The tf.data input pipeline: tfrecords of token ids -> (inputs, labels) batches.
 
-Built only from tf.data / TF ops so it runs inside an Estimator ``input_fn`` in graph mode.
+Built only from tf.data / TF ops so it runs inside the runner's graph (engine/runner.py), in graph mode.
 
 Determinism and exact resume are the design constraints. Every random decision is a
 stateless function of (seed, source, position): the file order of each epoch, a shuffle
@@ -408,7 +408,7 @@ def pipeline_error(error: tf.errors.OpError) -> Optional[DataError]:
     """The DataError behind an in-graph failure of this pipeline, or None if ``error`` is another failure.
 
     Problems found while training reads the data (a short stitched group, a token id beyond
-    n_vocab, a record whose checksum fails) surface from ``Estimator.train`` as
+    n_vocab, a record whose checksum fails) surface from the training session as
     InvalidArgumentError / DataLossError with TF's long message; callers turn them back into
     the one-line error the user should see.
     """

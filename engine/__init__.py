@@ -1,2 +1,2 @@
-"""Running models: devices and meshes, optimizer, FLOPs, and the TPUEstimator glue."""
+"""Running models: the runner (train, eval, predict), checkpoints, devices and meshes, TPUs, optimizer, FLOPs."""
 import models  # noqa: F401  (installs the mesh-tensorflow compatibility alias first)

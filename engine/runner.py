@@ -26,7 +26,7 @@ from engine import checkpoints, modes, tpu
 from engine.devices import Placement
 from engine.mesh_session import MeshSession, padded_batch
 from engine.progress import TrainingLog
-from models.config import GPTConfig
+from models.config import ConfigError, GPTConfig
 
 # (start_step) -> tf.data.Dataset of (inputs, labels) int batches [train_batch_size, n_ctx], from that step on.
 TrainBatches = Callable[[int], tf.data.Dataset]
@@ -129,8 +129,9 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
             if log:
                 log.close()
         if stop.requested:
-            raise Interrupted(step, session.save(writer, step) if saved != step else checkpoints.prefix_of(
-                cfg.model_path, step))
+            if saved != step:
+                session.save(writer, step)
+            raise Interrupted(step, checkpoints.prefix_of(cfg.model_path, step))
     return step
 
 
@@ -165,7 +166,7 @@ def evaluate(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data
              checkpoint: Optional[str] = None) -> tuple[float, int]:
     """The mean loss over `steps` batches of `batches()` ((inputs, labels), eval_batch_size rows each; made
     inside the graph) at `checkpoint` (default: model_path's latest); returns (loss, the checkpoint's step)."""
-    checkpoint = checkpoint or _required_checkpoint(cfg)
+    checkpoint = checkpoint or require_checkpoint(cfg.model_path)
     if placement.use_tpu:
         return tpu.evaluate(cfg, placement, batches, steps, checkpoint)
     graph = tf.Graph()
@@ -188,7 +189,7 @@ def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
     rows = {name: np.asarray(value) for name, value in rows.items()}
     count = len(next(iter(rows.values())))
     if checkpoint and tf.io.gfile.isdir(checkpoint):
-        checkpoint = _required_checkpoint(cfg, checkpoint)
+        checkpoint = require_checkpoint(checkpoint)
     if placement.use_tpu:
         return tpu.predict(cfg, placement, rows, batch_size, checkpoint, options)
     graph = tf.Graph()
@@ -210,9 +211,8 @@ def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
     return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
 
-def _required_checkpoint(cfg: GPTConfig, folder: Optional[str] = None) -> str:
-    from models.config import ConfigError
-    folder = folder or cfg.model_path
+def require_checkpoint(folder: str) -> str:
+    """The newest checkpoint in `folder` (a model_path); a one-line error when there is none."""
     found = checkpoints.latest(folder)
     if not found:
         raise ConfigError(f"no checkpoint in {folder}: train first (python main.py --model ...)")

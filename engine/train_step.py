@@ -1,5 +1,5 @@
 """The training objective and its gradients, with micro-batching: one mesh-tensorflow graph for the
-Estimator's model_fn and for engine/session.py's direct runs.
+training step of every runner (engine/modes.py).
 
 The objective is the cross-entropy (over all positions; for MLM over masked ones) plus GPT-Neo's z-loss
 plus, with MoE layers, their load-balancing loss. With `tokens_per_mb_per_replica`, the batch is split

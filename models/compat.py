@@ -13,13 +13,22 @@ mesh-tensorflow through the `models` package:
   `mesh_tensorflow.transformer.utils` for its own Estimator helpers. Their stand-ins raise on any use.
 
 This project's own code never uses any of these names: it trains through engine/runner.py.
+
+One more thing must happen before TensorFlow loads: TF 2.20+ wheels load TensorFlow with RTLD_GLOBAL, which
+puts its LLVM in the global symbol table, and a later `import triton` (which CUDA builds of PyTorch do on
+their first use, e.g. in tools/hf.py and the HF parity tests) crashes on it (tensorflow/tensorflow#124205).
+Loading triton first, where it is installed, avoids that (0.2 s).
 """
+import importlib.util
 import sys
 import types
 
-import tensorflow as _tf
-from tensorflow.python.framework import ops as _ops
-from tensorflow.python.framework import tensor_conversion_registry as _registry
+if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
+    import triton  # noqa: F401,E402  (before TensorFlow; see above)
+
+import tensorflow as _tf  # noqa: E402
+from tensorflow.python.framework import ops as _ops  # noqa: E402
+from tensorflow.python.framework import tensor_conversion_registry as _registry  # noqa: E402
 
 if not hasattr(_ops, "register_tensor_conversion_function"):
     _ops.register_tensor_conversion_function = _registry.register_tensor_conversion_function
@@ -53,11 +62,6 @@ class _Removed(types.ModuleType):
 
 def _install() -> None:
     v1 = _tf.compat.v1
-    try:
-        from tensorflow.compat.v1 import estimator as _  # noqa: F401  (a TF that still has it: leave it be)
-        return
-    except ImportError:
-        pass
     estimator = _estimator_stand_in()
     sys.modules["tensorflow.compat.v1.estimator"] = estimator
     v1.estimator = estimator

@@ -1,5 +1,5 @@
 """The data tools as a user meets them: create_tfrecords writes a dataset config that main.py uses, and
-every data error main.py can hit (at config load, at pipeline build time inside the Estimator's input_fn,
+every data error main.py can hit (at config load, at pipeline build time inside the runner's graph,
 or while training reads the data) is one `error:` line on stderr with exit code 1, not a traceback."""
 import json
 import os
