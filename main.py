@@ -9,7 +9,6 @@ Run `python main.py --help` for every flag; README.md explains configs, datasets
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import sys
@@ -33,7 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval", action="store_true", help="report loss and perplexity on eval_path")
     p.add_argument("--predict", action="store_true", help="sample text from the latest checkpoint")
     p.add_argument("--export", action="store_true", help="write a SavedModel serving generation and logits")
-    from engine import predict as predict_flags
+    from cli import predict_flags
     predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
     p.add_argument("--check_dataset", action="store_true", help="print token id range and a decoded sample")
     p.add_argument("--log_every", type=int, default=None, help="print training progress every N steps")
@@ -42,8 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
                    "model_path/run_info.json")
     p.add_argument("--xla", action="store_true", help="fuse element-wise ops with XLA (matmuls stay TF's); faster "
-                   "training steps after a one-off compile (engine/speed.py)")
-    # Planning and scale (engine/scale_cli.py): no training starts with the first three.
+                   "training steps after a one-off compile (runtime/xla.py)")
+    # Planning and scale (cli/scale_flags.py): no training starts with the first three.
     p.add_argument("--dry_run", action="store_true", help="print parameters, FLOPs/token, tokens/step, micro-batches "
                    "and per-device memory (with and without recompute_grad) for the mesh and layout, then exit")
     p.add_argument("--device_memory", help="with --dry_run: one device's memory (80GB, 16GiB); also finds the "
@@ -71,12 +70,12 @@ def main(argv=None) -> int:
     import models  # noqa: F401  (installs the mesh-tensorflow compatibility alias)
     import tensorflow.compat.v1 as tf
     if args.xla:
-        from engine.speed import enable_xla_fusion
+        from runtime.xla import enable_xla_fusion
         enable_xla_fusion()
     from data.errors import DataError
-    from engine.devices import DeviceError
-    from engine.runner import Interrupted
-    from models.config import ConfigError
+    from runtime.devices import DeviceError
+    from train.loop import Interrupted
+    from config.schema import ConfigError
 
     tf.get_logger().setLevel("ERROR")
     try:
@@ -100,29 +99,30 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from engine import devices, scale_cli
-    from engine.devices import Placement
-    from engine.predict import config_overrides
-    from models.config import ConfigError, load_config
+    from cli import predict_flags, scale_flags
+    from cli.config_loading import load_config
+    from config.schema import ConfigError
+    from runtime import devices
+    from runtime.devices import Placement
 
     overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
     if args.layout is not None:
         overrides["layout"] = args.layout
-    overrides.update(config_overrides(args))
-    overrides.update(scale_cli.config_overrides(args))
+    overrides.update(predict_flags.config_overrides(args))
+    overrides.update(scale_flags.config_overrides(args))
     cfg = load_config(args.model, overrides)
 
     if args.check_dataset:
         return check_dataset(cfg)
 
-    handled = scale_cli.dispatch(args, cfg)  # --dry_run, --auto_layout*, non-chief hosts of a cluster
+    handled = scale_flags.dispatch(args, cfg)  # --dry_run, --auto_layout*, non-chief hosts of a cluster
     if handled is not None:
         return handled
     if args.tpu:
-        from engine import tpu
+        from runtime import tpu
         placement = tpu.placement(args.tpu)
-    elif scale_cli.multi_host(args):
-        placement = scale_cli.chief_placement(args, cfg)
+    elif scale_flags.multi_host(args):
+        placement = scale_flags.chief_placement(args, cfg)
     else:
         names = devices.configure(args.gpu_ids or devices.cpu_devices(cfg.n_devices))
         devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, names)
@@ -138,7 +138,9 @@ def run(args) -> int:
         return predict(cfg, placement, args)
     if args.eval:
         return evaluate(cfg, placement)
-    return train(cfg, placement, args)
+    from train.job import run_training
+    run_training(cfg, placement, args.peak_tflops, args.log_every, args.sacred_id)
+    return 0
 
 
 def start_fresh(model_path: str, yes: bool) -> bool:
@@ -157,122 +159,38 @@ def start_fresh(model_path: str, yes: bool) -> bool:
     return True
 
 
-def train(cfg, placement, args) -> int:
-    from data.inputs import DatasetSource, train_dataset
-    from data.mlm import mask_dataset
-    from engine import checkpoints, runner
-    from engine.flops import measure_matmul_peak
-    from engine.progress import TrainingLog, summary_writer
-    from models.config import ConfigError
-    from tools.runs import write_run_info
-
-    if not cfg.datasets:
-        raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
-    start = checkpoints.latest_step(cfg.model_path)
-    if start >= cfg.train_steps:
-        print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
-              f"(raise train_steps or pass --new)")
-        return 0
-    sources = [DatasetSource(use.dataset.path, use.stitch, use.sampling_mode, use.weight) for use in cfg.datasets]
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else (0.0 if placement.use_tpu else measure_matmul_peak())
-    log_every = args.log_every or max(1, min(cfg.iterations, 50))
-    print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
-          f"({', '.join(placement.devices) or placement.tpu}), steps {start} -> {cfg.train_steps}, "
-          f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
-    write_run_info(cfg, start, args.sacred_id)  # tokens/step and FLOPs/token for tools/plot_runs.py
-    writer = summary_writer(cfg.model_path)
-
-    def batches(first: int):  # the stream from step `first` on: exactly what an uninterrupted run reads there
-        stream = train_dataset(sources, cfg.n_ctx, cfg.train_batch_size, cfg.seed, start_step=first,
-                               n_vocab=cfg.n_vocab)
-        return mask_dataset(stream, cfg, first_step=first)  # MLM masking; unchanged for language modelling
-
-    # Train in chunks of steps_per_checkpoint when evaluating, so that eval runs after each checkpoint.
-    step = start
-    while step < cfg.train_steps:
-        evaluating = cfg.eval_steps or cfg.eval_tasks
-        target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
-        step = runner.train(cfg, placement, batches, until=target,
-                            log=TrainingLog(cfg, log_every, peak, writer))
-        if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
-            report_eval(cfg, placement)
-        if cfg.eval_tasks:
-            run_eval_tasks(cfg, placement)
-    return 0
-
-
-def report_eval(cfg, placement) -> dict:
-    from data.inputs import eval_batches, eval_dataset
-    from data.mlm import mask_dataset
-    from engine import runner
-    from engine.eval_tasks import append_result
-    from engine.progress import summary_writer, write_scalars
-    from models.config import ConfigError
-
-    path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
-    if not path:
-        raise ConfigError("no eval_path: set it in the dataset config to evaluate")
-    available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
-    steps = min(cfg.eval_steps or available, available)
-
-    def batches():
-        return mask_dataset(eval_dataset(path, cfg.n_ctx, cfg.eval_batch_size, n_vocab=cfg.n_vocab), cfg)
-
-    loss, step = runner.evaluate(cfg, placement, batches, steps)
-    perplexity = math.exp(min(loss, 50))
-    print(f"eval at step {step}: loss {loss:.4f} | perplexity {perplexity:.2f} "
-          f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
-    writer = summary_writer(os.path.join(cfg.model_path, "eval"))
-    write_scalars(writer, step, {"loss": loss, "perplexity": perplexity})
-    writer.close()
-    record = {"step": step, "task": "validation", "loss": loss, "perplexity": perplexity, "batches": steps}
-    append_result(cfg, record)
-    return record
-
-
-def run_eval_tasks(cfg, placement) -> list:
-    from engine import checkpoints, eval_tasks
-    return eval_tasks.run_eval_tasks(cfg, placement, tokenizer_for(cfg), checkpoints.latest_step(cfg.model_path))
-
-
 def evaluate(cfg, placement) -> int:
-    from models.config import ConfigError
-    require_checkpoint(cfg)
+    from config.schema import ConfigError
+    from data.tokenizer import load_for_config
+    from evals import tasks, validation
+    step = require_checkpoint(cfg)
     has_eval_path = bool(cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
     if not has_eval_path and not cfg.eval_tasks:
         raise ConfigError("nothing to evaluate: set eval_path in the dataset config or eval_tasks in the model config")
     if has_eval_path:
-        report_eval(cfg, placement)
+        validation.report(cfg, placement)
     if cfg.eval_tasks:
-        run_eval_tasks(cfg, placement)
+        tasks.run_eval_tasks(cfg, placement, load_for_config(cfg), step)
     return 0
 
 
 def require_checkpoint(cfg) -> int:
     """The step of model_path's latest checkpoint; an error when there is none."""
-    from engine import checkpoints, runner
-    return checkpoints.step_of(runner.require_checkpoint(cfg.model_path))
-
-
-def tokenizer_for(cfg):
-    from data.tokenizer import load_tokenizer
-    from models.config import ConfigError
-    dataset = cfg.tokenizer_dataset
-    if dataset is None or not dataset.tokenizer_path:
-        raise ConfigError("no tokenizer: the config's last dataset must name tokenizer_path")
-    return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)
+    from runtime import checkpoints
+    return checkpoints.step_of(checkpoints.require_checkpoint(cfg.model_path))
 
 
 def predict(cfg, placement, args) -> int:
-    from engine.predict import predict as sample, read_prompts
+    from data.tokenizer import load_for_config
+    from infer.predict import predict as sample, read_prompts
     read_prompts(args.prompt, args.prompt_per_line)  # a missing prompt file is reported before anything else
     step = require_checkpoint(cfg)
-    return sample(cfg, placement, args, step, tokenizer_for(cfg))
+    return sample(cfg, placement, args, step, load_for_config(cfg))
 
 
 def export(cfg, args) -> int:
-    from engine import checkpoints
-    from engine.export import export_saved_model
+    from runtime import checkpoints
+    from infer.export import export_saved_model
     step = require_checkpoint(cfg)
     path = export_saved_model(cfg, checkpoints.latest(cfg.model_path),
                               args.export_dir or os.path.join(cfg.model_path, "export", str(step)))

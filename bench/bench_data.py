@@ -10,7 +10,7 @@
    the stitch and sampling mode of its dataset, seed, n_vocab) on that data: sequences/s read from
    the pipeline (after the first batch); also the time to start at a far-away step (an exact resume)
    and the eval pipeline's rate.
-3. Training: configs/default.json trained with the project's runner (engine.runner.train,
+3. Training: configs/default.json trained with the project's runner (train.loop.train,
    one CPU device, the same input pipeline) into a temporary model_path for --train_steps steps; the
    first --warmup steps (graph building, allocator warm-up) are not timed. Sequences/s consumed =
    train_batch_size x timed steps / seconds.
@@ -39,7 +39,7 @@ if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ c
 warnings.filterwarnings("ignore")  # mesh-tensorflow's deprecation notices
 
 import models  # noqa: E402,F401  (the mesh-tensorflow import alias)
-from engine import devices  # noqa: E402
+from runtime import devices  # noqa: E402
 
 DEVICES = devices.configure(["device:CPU:0"])  # before TensorFlow starts: training runs on one CPU device
 
@@ -50,7 +50,7 @@ tf.get_logger().setLevel("ERROR")
 from data.create_tfrecords import create_tfrecords  # noqa: E402
 from data.documents import list_input_files  # noqa: E402
 from data.inputs import DatasetSource, eval_dataset, train_dataset  # noqa: E402
-from models.config import load_config  # noqa: E402
+from cli.config_loading import load_config  # noqa: E402
 
 TOKENIZER = os.path.join(ROOT, "data", "tokenizers", "stdlib-bpe-4096.json")
 TARGET_RATIO = 10.0
@@ -91,8 +91,8 @@ def sequences_per_second(dataset, batch_size: int, seconds: float) -> tuple:
 def training_sequences_per_second(cfg, path: str, model_path: str, steps: int, warmup: int) -> dict:
     """Train ``cfg`` for ``steps`` steps with the project's runner and input pipeline; time the steps after
     ``warmup``."""
-    from engine import runner
-    from engine.devices import Placement
+    from train import loop
+    from runtime.devices import Placement
 
     use = cfg.datasets[0]
     cfg = cfg.replace(model_path=model_path, train_steps=steps, steps_per_checkpoint=steps)
@@ -106,7 +106,7 @@ def training_sequences_per_second(cfg, path: str, model_path: str, steps: int, w
         return train_dataset([DatasetSource(path, use.stitch, use.sampling_mode)], cfg.n_ctx, cfg.train_batch_size,
                              cfg.seed, start_step=start_step, n_vocab=cfg.n_vocab)
 
-    runner.train(cfg, Placement(tuple(DEVICES)), batches, on_step=clock)
+    loop.train(cfg, Placement(tuple(DEVICES)), batches, on_step=clock)
     seconds = times[-1] - times[warmup - 1]
     timed = len(times) - warmup
     return {"steps_per_s": timed / seconds, "sequences_per_s": timed * cfg.train_batch_size / seconds,

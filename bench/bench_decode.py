@@ -7,7 +7,7 @@ Same model in both (default: 6 layers, 512 wide, 8 heads, vocabulary 8192, conte
 GPT-Neo's 256-token window), batch 1, greedy. For each prompt length, each side generates N1 and N2 new tokens
 (best of --repeats runs each); the time per new token is (t(N2) - t(N1)) / (N2 - N1), which leaves out the
 prompt's forward pass (prefill) and the fixed costs of a call, and t(N1) is reported as the prefill-and-first-
-tokens time. Ours runs models/sampling.py's in-graph loop (engine/inference.py's PREDICT graph, one
+tokens time. Ours runs models/sampling.py's in-graph loop (infer/outputs.py's PREDICT graph, one
 session.run per call, the prompt length fed, so one graph serves every prompt length); it uses the kv cache
 (models/kv_cache.py) where the model allows it (`sampling.uses_cache`) and says which path it took.
 --recompute also times the full-recompute path (every new token recomputes the whole context).
@@ -39,10 +39,12 @@ def worker_ours(args) -> dict:
     import numpy as np
     import models  # noqa: F401
     import tensorflow.compat.v1 as tf
-    from engine import devices, modes, runner
-    from engine.mesh_session import MeshSession
+    from runtime import devices
+    from infer import outputs
+    from runtime import meshes
+    from runtime.mesh_session import MeshSession, session_config
     from models import sampling
-    from models.config import config_from_dict
+    from cli.config_loading import config_from_dict
 
     tf.get_logger().setLevel("ERROR")
     names = devices.configure(["device:CPU:0"])
@@ -60,9 +62,9 @@ def worker_ours(args) -> dict:
             tokens = tf.placeholder(tf.int32, [1, cfg.n_ctx])
             length = tf.placeholder(tf.int32, [1])
             placement = devices.Placement(devices=tuple(names))
-            mesh, impl = runner.placement_mesh(cfg, placement)
-            lowered = modes.predictions(cfg, mesh, impl, {"tokens": tokens, "prompt_length": length}, options)
-        session = MeshSession(graph, lowered.lowering, "", runner.session_config(placement), checkpoint=None)
+            mesh, impl = meshes.placement_mesh(cfg, placement)
+            lowered = outputs.predictions(cfg, mesh, impl, {"tokens": tokens, "prompt_length": length}, options)
+        session = MeshSession(graph, lowered.lowering, "", session_config(placement), checkpoint=None)
         sessions[new] = (session, lowered.outputs["tokens"], tokens, length)
 
     rng = np.random.RandomState(0)

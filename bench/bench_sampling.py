@@ -24,23 +24,24 @@ import models  # noqa: E402,F401
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from engine import modes, runner  # noqa: E402
-from engine.devices import Placement  # noqa: E402
-from engine.mesh_session import MeshSession  # noqa: E402
+from infer import outputs  # noqa: E402
+from runtime import meshes  # noqa: E402
+from runtime.devices import Placement  # noqa: E402
+from runtime.mesh_session import MeshSession  # noqa: E402
 from models import sampling  # noqa: E402
-from models.config import config_from_dict  # noqa: E402
+from cli.config_loading import config_from_dict  # noqa: E402
 
 
 def build(cfg, options, batch):
     """The PREDICT graph for `batch` rows with the prompt and its length fed, at the seeded initial weights, in
-    a session (the runner's pieces: engine/modes.py and engine/mesh_session.py)."""
+    a session (runtime/meshes.py, infer/outputs.py and runtime/mesh_session.py)."""
     graph = tf.Graph()
     with graph.as_default():
         tokens = tf.placeholder(tf.int32, [batch, cfg.n_ctx])
         lengths = tf.placeholder(tf.int32, [batch])
-        mesh, impl = runner.placement_mesh(cfg, Placement(devices=("",)))
+        mesh, impl = meshes.placement_mesh(cfg, Placement(devices=("",)))
         features = {"tokens": tokens, "prompt_length": lengths, "seed": tf.zeros([batch], tf.int32)}
-        lowered = modes.predictions(cfg, mesh, impl, features, options)
+        lowered = outputs.predictions(cfg, mesh, impl, features, options)
     session = MeshSession(graph, lowered.lowering, "", tf.ConfigProto(), checkpoint=None)
     # (fetching only lengths would let TF prune the model)
     return session, tokens, lengths, lowered.outputs["tokens"]

@@ -7,13 +7,13 @@
 
 Trains the same GPT-Neo model (default: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192, batch 8,
 global/local attention alternating with a 128-token window, Adam, gradient clipping 1.0) for --warmup steps
-that are not timed, then --steps timed steps, in this project (the real training path: engine/runner.py's
+that are not timed, then --steps timed steps, in this project (the real training path: train/loop.py's
 train on a one-device placement mesh, saving a checkpoint at the end) and in HF's GPTNeo with
 torch.optim.AdamW. Every measurement runs in its own fresh process, one after another, so the two frameworks
 never share the cores or each other's thread pools; with --repeats N each is measured N times, interleaved, and
 the best is kept (the machine is shared: the best run is the one least disturbed).
 
-Reports tokens/s for both and their ratio, model FLOP/s (engine/flops.py: 6 x parameters + attention, per
+Reports tokens/s for both and their ratio, model FLOP/s (models/flops.py: 6 x parameters + attention, per
 token) and MFU against the fp32 (and bf16) matmul peak that TensorFlow reaches on this machine, measured in the
 same run. One JSON object per measurement on stdout, then a table.
 """
@@ -43,7 +43,7 @@ def model_args(args) -> dict:
 
 
 def bench_config(m: dict, precision: str = "float32", model_path: str | None = None, train_steps: int = 10):
-    from models.config import config_from_dict
+    from cli.config_loading import config_from_dict
     return config_from_dict(dict(
         n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], n_ctx=m["n_ctx"], n_vocab=m["n_vocab"],
         attention_types=[[["global", "local"], m["n_layer"] // 2]] if m["n_layer"] % 2 == 0 else
@@ -112,11 +112,12 @@ def worker_ours(args) -> dict:
     import numpy as np
     import models  # noqa: F401
     if args.xla:
-        from engine.speed import enable_xla_fusion
+        from runtime.xla import enable_xla_fusion
         enable_xla_fusion()
     import tensorflow.compat.v1 as tf
-    from engine import devices, runner
-    from engine.flops import training_flops_per_token
+    from runtime import devices
+    from train import loop
+    from models.flops import training_flops_per_token
 
     tf.get_logger().setLevel("ERROR")
     m = model_args(args)
@@ -136,7 +137,7 @@ def worker_ours(args) -> dict:
             times.append(time.perf_counter())
             losses.append(float(values["loss"]))
 
-        runner.train(cfg, devices.Placement(tuple(names)), batches, on_step=clock)
+        loop.train(cfg, devices.Placement(tuple(names)), batches, on_step=clock)
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * cfg.train_batch_size * cfg.n_ctx
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="measure each N times, interleaved; keep the best")
     p.add_argument("--variants", nargs="+", default=["float32", "bfloat16"], choices=VARIANTS,
                    help="this project's set-ups to measure: precision, +xla for XLA element-wise fusion "
-                        "(engine/speed.py, main.py --xla); HF runs fp32")
+                        "(runtime/xla.py, main.py --xla); HF runs fp32")
     p.add_argument("--skip_hf", action="store_true", help="only this project")
     p.add_argument("--peak_size", type=int, default=1024)
     p.add_argument("--peak_seconds", type=float, default=3.0)

@@ -42,13 +42,12 @@ if __package__ in (None, ""):  # allow `python data/create_tfrecords.py` as well
 
 from tqdm import tqdm
 
+from config.schema import DATASET_CONFIG_DIR as DEFAULT_DATASET_CONFIG_DIR, REPO_ROOT
 from data.documents import Document, iter_documents, list_input_files
 from data.errors import DataError
 from data.tokenizer import LoadedTokenizer, load_tokenizer
 
 MODES = ("documents", "chunks")
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATASET_CONFIG_DIR = os.path.join(REPO_ROOT, "configs", "dataset_configs")
 ENCODE_BATCH_DOCUMENTS = 64  # documents tokenized per call: small enough for a lively progress bar
 TEMPORARY_SUFFIX = ".tmp"
 
@@ -460,7 +459,7 @@ def write_dataset_config(
     data (``eval_path``). Only that key is set; the other keeps its previous value, or is
     ``null`` until its split is written (a null ``eval_path`` means: no evaluation data; a
     null ``path``: nothing to train on yet). The file holds only the keys that
-    ``models.config.load_dataset_config`` accepts. Relative paths are written relative to the
+    ``cli.config_loading.load_dataset_config`` accepts. Relative paths are written relative to the
     folder that holds ``configs/``, which is what the loader resolves them against. Refuses
     to mix splits encoded with different tokenizers, and train and eval globs that match the
     same files. Returns the config's path.

@@ -1,6 +1,6 @@
 """The tf.data input pipeline: tfrecords of token ids -> (inputs, labels) batches.
 
-Built only from tf.data / TF ops so it runs inside the runner's graph (engine/runner.py), in graph mode.
+Built only from tf.data / TF ops so it runs inside the runner's graph (train/loop.py), in graph mode.
 
 Determinism and exact resume are the design constraints. Every random decision is a
 stateless function of (seed, source, position): the file order of each epoch, a shuffle
@@ -28,9 +28,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
+from config.schema import SAMPLING_MODES
 from data.errors import DataError
 
-SAMPLING_MODES = ("documents_random", "documents_fixed", "chunks")
 SHUFFLE_BLOCK_DOCUMENTS = 256  # documents shuffled together; also the most a resume reads and discards
 SAMPLE_DOCUMENTS_FOR_CHECKS = 256  # documents read at build time to catch a too-small stitch early
 _PRIME = 2147483647  # 2**31 - 1

@@ -120,3 +120,11 @@ def _hub_reachable(timeout_s: float = 2.0) -> bool:
 def _first_line(exc: BaseException | None) -> str:
     text = str(exc).strip() if exc is not None else ""
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_for_config(cfg) -> LoadedTokenizer:
+    """The tokenizer of the config's last dataset (it encodes prompts and decodes samples, as in GPT-Neo)."""
+    dataset = cfg.tokenizer_dataset
+    if dataset is None or not dataset.tokenizer_path:
+        raise DataError("no tokenizer: the config's last dataset must name tokenizer_path in its dataset config")
+    return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models import fast_ops
+from models.kernels.elementwise import gelu
 
 
 def _scalar(x: mtf.Tensor, name: str, init: float) -> mtf.Tensor:
@@ -55,7 +55,7 @@ def _aria(x):
 _RRELU_SLOPE = (1 / 8 + 1 / 3) / 2
 
 ACTIVATIONS = {
-    "gelu": fast_ops.gelu,  # mtf.gelu's tanh approximation (GPT-Neo, HF's "gelu_new"), XLA-fused
+    "gelu": gelu,  # mtf.gelu's tanh approximation (GPT-Neo, HF's "gelu_new"), XLA-fused
     "relu": mtf.relu,
     "selu": mtf.selu,
     "elu": mtf.elu,

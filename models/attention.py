@@ -1,9 +1,11 @@
 """Self-attention: GPT-Neo's projections and one function per attention type, chosen per layer.
 
-Adding an attention type is one function `fn(q, k, v, ctx) -> output` and one `@register("name")`; the
-config accepts every registered name in `attention_types`. Each type has a causal form (language
-modelling: position t sees positions <= t) and a bidirectional one (`ctx.causal` false, for MLM).
-`none` is registered without a function: such layers have no attention sub-layer at all (PAR transformer).
+Adding an attention type is one function `fn(q, k, v, ctx) -> output` under one `@register(...)`, whose
+arguments are everything the rest of the code asks of the type: how many keys a query covers (model FLOPs,
+MFU, --dry_run), how incremental decoding treats it (a key/value cache window, or full recompute), and its
+own config checks. The config accepts every registered name in `attention_types`. Each type has a causal
+form (language modelling: position t sees positions <= t) and a bidirectional one (`ctx.causal` false, for
+MLM). `none` is registered without a function: such layers have no attention sub-layer (PAR transformer).
 
 Like GPT-Neo (and HF's GPTNeo), attention logits are NOT scaled by 1/sqrt(head_size): the query
 projection's init absorbs that factor instead. Checkpoints trained either way load into the other, so
@@ -13,25 +15,76 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import mesh_tensorflow as mtf
-import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
-from models import fast_ops, kv_cache
-from models.config import GPTConfig
+from models import kv_cache
+from config.schema import ConfigError, GPTConfig, dimension_is_split, local_attention_blocks
 from models.embeddings import rotary
+from models.kernels import attention as attention_kernels
+from models.kernels.matmul import matmul
 from models.layers import dropout, variable
 
-ATTENTION: dict[str, Optional[Callable]] = {}
+FULL_RECOMPUTE = "full recompute"  # decode_window of a type without an incremental (kv-cache) path
 
 
-def register(name: str):
+def _no_checks(cfg: GPTConfig) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class AttentionType:
+    """One registered attention type and everything the rest of the code asks of it."""
+    name: str
+    fn: Optional[Callable]  # (q, k, v, ctx) -> output like q; None: the layer has no attention sub-layer
+    # (cfg) -> how many keys one query's score and value matmuls cover, on average (models/flops.py)
+    keys_per_query: Callable[[GPTConfig], float]
+    # (cfg) -> how many past positions a query sees in a kv-cache decoding step (None: all of them), or
+    # FULL_RECOMPUTE: sampling runs the whole context again for every new token (models/sampling.py)
+    decode_window: Callable[[GPTConfig], Any] = lambda cfg: FULL_RECOMPUTE
+    check: Callable[[GPTConfig], None] = _no_checks  # raises ConfigError for configs the type cannot run
+
+    @property
+    def has_attention(self) -> bool:
+        return self.fn is not None
+
+
+ATTENTION: dict[str, AttentionType] = {}
+
+
+def register(name: str, keys_per_query: Callable[[GPTConfig], float],
+             decode_window: Optional[Callable[[GPTConfig], Any]] = None,
+             check: Optional[Callable[[GPTConfig], None]] = None):
+    """Registers the decorated `fn(q, k, v, ctx)` as attention type `name` (see AttentionType)."""
     def add(fn):
-        ATTENTION[name] = fn
+        ATTENTION[name] = AttentionType(name, fn, keys_per_query, decode_window or (lambda cfg: FULL_RECOMPUTE),
+                                        check or _no_checks)
         return fn
     return add
+
+
+def _global_keys(cfg: GPTConfig) -> float:
+    """Causal: half the context on average; bidirectional: all of it; plus the memory key/values."""
+    return (cfg.n_ctx / 2 if cfg.causal else cfg.n_ctx) + cfg.num_mem_kv
+
+
+def _local_keys(cfg: GPTConfig) -> float:
+    return min(cfg.local_attention_radius * (1 if cfg.causal else 2), cfg.n_ctx)
+
+
+def _check_local(cfg: GPTConfig) -> None:
+    """Local attention cuts the sequence into blocks that keep the name 'sequence': a layout splitting
+    'sequence' must divide their count."""
+    mesh, mapping = dict(cfg.mesh_dims), dict(cfg.layout_rules)
+    if "sequence" in mapping:
+        blocks = local_attention_blocks(cfg.n_ctx, cfg.local_attention_radius)
+        ways = mesh[mapping["sequence"]]
+        if blocks % ways:
+            raise ConfigError(f"local attention cuts the sequence into {blocks} blocks, which {ways}-way splitting of "
+                              f"'sequence' over {mapping['sequence']!r} does not divide: split 'sequence' over a mesh "
+                              f"dimension dividing {blocks}, or leave it whole")
 
 
 @dataclass(frozen=True)
@@ -53,7 +106,9 @@ def _mtf_attention_kwargs(ctx: AttentionContext) -> dict:
     return {"dropout_rate": rate, "context": context}
 
 
-@register("global")
+@register("global", keys_per_query=_global_keys,
+          # memory key/values are not in the cache: such models decode by full recompute
+          decode_window=lambda cfg: FULL_RECOMPUTE if cfg.num_mem_kv else None)
 def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     """Full attention: position t sees positions 0..t (causal) or all of them. With num_mem_kv, learned
     memory key/values (all-attention, Sukhbaatar et al. 2019) come first and every query sees them."""
@@ -69,10 +124,10 @@ def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
         memory_pos = mtf.range(q.mesh, memory_length, tf.int32) - n_mem  # memory slots sit at negative positions
         future = mtf.less(query_pos, memory_pos)  # [sequence, memory_length]
         bias = mtf.cast(future, q.dtype) * -1e10
-    # mtf's attention math, with the logits laid out for batched matmuls (models/fast_ops.py)
-    return fast_ops.attention(q, k, v, memory_length_dim=memory_length, key_dim=ctx.kv, value_dim=ctx.kv, bias=bias,
-                              memory_split=fast_ops.dimension_is_split(ctx.cfg, memory_length.name),
-                              **_mtf_attention_kwargs(ctx))
+    # mtf's attention math, with the logits laid out for batched matmuls (models/kernels/attention.py)
+    return attention_kernels.attention(q, k, v, memory_length_dim=memory_length, key_dim=ctx.kv, value_dim=ctx.kv,
+                                       bias=bias, memory_split=dimension_is_split(ctx.cfg, memory_length.name),
+                                       **_mtf_attention_kwargs(ctx))
 
 
 def _with_memory_key_values(k: mtf.Tensor, v: mtf.Tensor, ctx: AttentionContext) -> tuple[mtf.Tensor, mtf.Tensor]:
@@ -95,16 +150,19 @@ def _with_memory_key_values(k: mtf.Tensor, v: mtf.Tensor, ctx: AttentionContext)
     return prepend(mem_k, k), prepend(mem_v, v)
 
 
-@register("local")
+@register("local", keys_per_query=_local_keys, decode_window=lambda cfg: cfg.local_attention_radius,
+          check=_check_local)
 def local_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     """Sliding-window attention, mesh-tensorflow's blocked implementation (cost linear in sequence length).
     Causal: position t sees t - radius + 1 .. t. Bidirectional: t - radius + 1 .. t + radius."""
-    return fast_ops.local_attention_1d(q, k, v, length_dim=ctx.sequence, key_dim=ctx.kv, value_dim=ctx.kv,
-                                       radius=ctx.cfg.local_attention_radius, fully_autoregressive=ctx.causal,
-                                       attention_kwargs=_mtf_attention_kwargs(ctx))
+    return attention_kernels.local_attention_1d(q, k, v, length_dim=ctx.sequence, key_dim=ctx.kv, value_dim=ctx.kv,
+                                                radius=ctx.cfg.local_attention_radius,
+                                                fully_autoregressive=ctx.causal,
+                                                attention_kwargs=_mtf_attention_kwargs(ctx))
 
 
-@register("linear")
+# A [head_size, head_size] state per head read and written, plus half a chunk.
+@register("linear", keys_per_query=lambda cfg: 1.5 * cfg.head_size)
 def linear_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     """Efficient attention (Shen et al. 2018, arXiv:1812.01243), GPT-Neo's `linear`: queries are a softmax
     over their features, keys a softmax over the positions a query sees, and
@@ -193,7 +251,7 @@ def _causal_linear_attention(q, k, v, ctx: AttentionContext, value: mtf.Dimensio
 
 
 # Feed-forward-only layers (PAR transformer, Mandava et al. 2020): `gpt.block` skips attention for them.
-ATTENTION["none"] = None
+ATTENTION["none"] = AttentionType("none", None, keys_per_query=lambda cfg: 0.0, decode_window=lambda cfg: None)
 
 
 def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfig, dtype: mtf.VariableDType,
@@ -218,13 +276,13 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
         wo = variable(x.mesh, "o", [combined, embd], dtype, stddev=combined.size ** -0.5, seed=cfg.seed)
 
         def project(w):
-            y = fast_ops.matmul(x, w, [d for d in x.shape.dims if d != embd] + [combined])
+            y = matmul(x, w, [d for d in x.shape.dims if d != embd] + [combined])
             return mtf.replace_dimensions(y, combined, [heads, kv])
 
         q, k, v = project(wq), project(wk), project(wv)
         if cache is not None and cache.incremental:
             with tf.variable_scope("attention"):
-                a = kv_cache.attend_step(q, k, v, attention_type, cfg, cache, kv)
+                a = kv_cache.attend_step(q, k, v, ATTENTION[attention_type].decode_window(cfg), cfg, cache, kv)
         else:
             sequence = x.shape.dims[1]
             if cfg.rotary_emb:
@@ -234,9 +292,9 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
             if cache is not None:
                 kv_cache.record_prefill(cache, k, v, ctx.sequence, ctx.memory_length)
             with tf.variable_scope("attention"):
-                a = ATTENTION[attention_type](q, k, v, ctx)
+                a = ATTENTION[attention_type].fn(q, k, v, ctx)
         a = mtf.replace_dimensions(a, [heads, kv], combined)
-        out = fast_ops.matmul(a, wo, [d for d in a.shape.dims if d != combined] + [embd])
+        out = matmul(a, wo, [d for d in a.shape.dims if d != combined] + [embd])
         with tf.variable_scope("compute_output_bias"):
             out += variable(x.mesh, "o_b", [embd], dtype, constant=0.0)
         return dropout(out, cfg.res_dropout, train)

@@ -12,7 +12,7 @@ mesh-tensorflow through the `models` package:
 * `tensorflow.python.tpu.tpu_estimator` and `tpu_config`, imported (never used here) by
   `mesh_tensorflow.transformer.utils` for its own Estimator helpers. Their stand-ins raise on any use.
 
-This project's own code never uses any of these names: it trains through engine/runner.py.
+This project's own code never uses any of these names: it trains through train/loop.py.
 
 One more thing must happen before TensorFlow loads: TF 2.20+ wheels load TensorFlow with RTLD_GLOBAL, which
 puts its LLVM in the global symbol table, and a later `import triton` (which CUDA builds of PyTorch do on

@@ -16,9 +16,11 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import embeddings
-from models import fast_ops
-from models.attention import self_attention
-from models.config import GPTConfig
+from models.attention import ATTENTION, self_attention
+from config.schema import GPTConfig, dimension_is_split
+from models.kernels.lookups import gather
+from models.kernels.loss import cross_entropy_and_log_z
+from models.kernels.matmul import matmul
 from models.kv_cache import DecodeState
 from models.layers import dense, dropout, layer_norm, mlp, pre_norm, rezero, variable
 from models.moe import moe_feed_forward
@@ -84,7 +86,7 @@ def block(x: mtf.Tensor, layer: int, cfg: GPTConfig, dtype: mtf.VariableDType, t
                          weight=0.5)
             last_weight = 0.5
         kind = cfg.attention_types[layer]
-        if kind != "none":
+        if ATTENTION[kind].has_attention:
             x = residual(x, "norm_1", "norm_rezero_1",
                          lambda h: self_attention(h, "attn", kind, cfg, dtype, train, cache=cache))
         x = residual(x, "norm_2", "norm_rezero_2", feed_forward, weight=last_weight)
@@ -97,7 +99,7 @@ def forward(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: 
 
     `cache` is for sampling (models/kv_cache.py): in step mode tokens are [batch], the token at
     cache.position - 1, and the logits [batch, vocab] are those for cache.position. `num_microbatches`
-    tells the MoE layers what share of the batch this is (engine/train_step.py).
+    tells the MoE layers what share of the batch this is (train/objective.py).
     """
     mesh = tokens.mesh
     dtype = variable_dtype(cfg)
@@ -105,16 +107,14 @@ def forward(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: 
         wpe = embeddings.position_table(mesh, cfg, dims.embed_sequence, dims.embd, dtype)
         wte = variable(mesh, "wte", [dims.vocab, dims.embd], dtype, stddev=0.02, seed=cfg.seed)
         with tf.variable_scope("token_embd"):
-            h = dropout(fast_ops.gather(wte, tokens, dims.vocab, fast_ops.vocab_is_split(cfg)), cfg.embed_dropout,
-                        train)
+            h = dropout(gather(wte, tokens, dims.vocab, dimension_is_split(cfg, "vocab")), cfg.embed_dropout, train)
         if wpe is not None:  # rotary positions act inside attention instead
             with tf.variable_scope("pos_embd"):
                 if cache is not None and cache.incremental:
                     positions = cache.position - 1
                 else:
                     positions = mtf.range(mesh, dims.sequence, tf.int32)
-                h += dropout(fast_ops.gather(wpe, positions, wpe.shape[0],
-                                             fast_ops.dimension_is_split(cfg, wpe.shape[0].name)),
+                h += dropout(gather(wpe, positions, wpe.shape[0], dimension_is_split(cfg, wpe.shape[0].name)),
                              cfg.embed_dropout, train)
 
         moe_losses = []
@@ -138,7 +138,7 @@ def forward(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: 
                 out = dense(h, "linear_out", dims.vocab, cfg, dtype)
         else:
             with tf.variable_scope("wte_final_einsum"):
-                out = fast_ops.matmul(h, wte, h.shape.dims[:-1] + [dims.vocab])
+                out = matmul(h, wte, h.shape.dims[:-1] + [dims.vocab])
         return ModelOutput(mtf.cast(out, tf.float32), mtf.add_n(moe_losses) if moe_losses else None)
 
 
@@ -165,11 +165,11 @@ def loss(logits_: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig, dims: Dims,
     Both are means over all positions, or, given `weights` [batch, sequence] (see `loss_weights`), sums
     weighted by them."""
     with tf.variable_scope("xentropy_final"):
-        if fast_ops.vocab_is_split(cfg):
+        if dimension_is_split(cfg, "vocab"):
             per_token = mtf.layers.softmax_cross_entropy_with_logits(logits_, labels, dims.vocab)
             log_z = mtf.reduce_logsumexp(logits_, dims.vocab) if cfg.z_loss else None
-        else:  # the same values from one logsumexp, with a fused gradient (models/fast_ops.py)
-            per_token, log_z = fast_ops.cross_entropy_and_log_z(logits_, labels, dims.vocab)
+        else:  # the same values from one logsumexp, with a fused gradient (models/kernels/loss.py)
+            per_token, log_z = cross_entropy_and_log_z(logits_, labels, dims.vocab)
         average = mtf.reduce_mean if weights is None else (lambda t: mtf.reduce_sum(t * weights))
         cross_entropy = average(per_token)
         objective = cross_entropy

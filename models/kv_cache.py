@@ -13,80 +13,29 @@ Sampling runs the model twice over:
 A step costs one token's projections and MLPs plus one query against a fixed-size `n_ctx` cache, so the cost
 per new token does not grow with the prompt (a full recompute costs the whole context per token).
 
-Attention types opt in through `INCREMENTAL` (type -> window, None for global). A model with any layer type
-or option this module does not know is decoded by full recompute instead (`incremental_unsupported`).
+Attention types opt in through their registry entry's `decode_window` (models/attention.py). A model with any
+layer type or option without an incremental path is decoded by full recompute instead
+(`models.sampling.incremental_unsupported`).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models import fast_ops
-from models.config import GPTConfig
+from models.kernels import decode
+from config.schema import GPTConfig, dimension_is_split
 
 PREFILL, STEP = "prefill", "step"
 
-# Attention types with an incremental path -> how many past positions a query sees (None: all of them).
-INCREMENTAL = {
-    "global": lambda cfg: None,
-    "local": lambda cfg: cfg.local_attention_radius,
-}
-
-# GPTConfig fields of the plain GPT-Neo model (global/local attention, learned positions, LayerNorm, MLP),
-# plus run, sampling and evaluation settings. Any other field that differs from its default (an option added
-# later: MoE, rotary positions, memory key/values, ...) is an "extra option": the step path does not know it,
-# so `incremental_unsupported` chooses full recompute, and tools/hf.py refuses to convert the model.
-PLAIN_GPT_FIELDS = {
-    "n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "attention_types", "local_attention_radius",
-    "activation_function", "scale_by_depth", "scale_by_in", "embed_dropout", "attn_dropout", "res_dropout",
-    "precision", "recompute_grad", "z_loss", "model",
-    "opt_name", "lr", "warmup_steps", "lr_decay", "lr_decay_end", "beta1", "beta2", "epsilon", "ada_epsilon1",
-    "ada_epsilon2", "weight_decay", "gradient_clipping",
-    "train_batch_size", "train_steps", "eval_batch_size", "eval_steps", "predict_batch_size", "predict_steps",
-    "iterations", "steps_per_checkpoint", "model_path", "datasets", "mesh_shape", "layout", "seed",
-    "temperature", "top_k", "max_new_tokens", "eos_id", "padding_id", "top_p", "sampling_seed", "stop_token",
-    "remove_partial_sequences", "kv_cache", "eval_tasks", "lambada_path", "eval_results_path",
-}
-
-
 # Options that change only per-position computation (norms, feed-forward, output projection, the position
 # table's contents) or training, so one token's step is the same computation as its position in a full pass.
-# Not here, so decoded by full recompute: rotary positions and memory key/values (they change attention) and
-# MoE layers (mesh-tensorflow's MoE routes groups of a whole sequence; the reference recomputed for MoE too).
+# Any other model option (config/schema.py's option() fields) is decoded by full recompute: rotary positions
+# and memory key/values change attention, and mesh-tensorflow's MoE routes groups of a whole sequence (the
+# reference recomputed for MoE too). Attention types say for themselves (models/attention.py, decode_window).
 INCREMENTAL_SAFE_OPTIONS = {"mlp_glu", "scalenorm", "rezero", "macaron", "share_parameters", "no_weight_tie",
                             "axial_pos_emb", "tokens_per_mb_per_replica"}
-NO_ATTENTION = {"none"}  # layer types without attention keep no cache
-
-
-def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
-    """None if `cfg` can be decoded with the cache, else why not (then the sampler recomputes in full)."""
-    for kind in sorted(set(cfg.attention_types)):
-        if kind not in INCREMENTAL and kind not in NO_ATTENTION:
-            return f"attention type {kind!r} has no incremental path"
-    extra = extra_options(cfg, allowed=INCREMENTAL_SAFE_OPTIONS)
-    return f"option {extra[0]} has no incremental path" if extra else None
-
-
-def extra_options(cfg: GPTConfig, allowed=frozenset()) -> list[str]:
-    """'name=value' for every field outside PLAIN_GPT_FIELDS (and `allowed`) that is not at its default."""
-    found = []
-    for f in dataclasses.fields(cfg):
-        if f.name in PLAIN_GPT_FIELDS or f.name in allowed:
-            continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            found.append(f"{f.name} (required)")
-            continue
-        value = getattr(cfg, f.name)
-        if value != default:
-            found.append(f"{f.name}={value!r}")
-    return found
 
 
 class DecodeState:
@@ -123,16 +72,17 @@ def record_prefill(state: DecodeState, k: mtf.Tensor, v: mtf.Tensor, sequence: m
                    memory_length: mtf.Dimension) -> None:
     """Prefill: keep this layer's keys and values for the step passes, laid out [batch, heads, memory_length, kv]
     (each step's query is [batch, heads, kv], so its products with the cache are batched matrix-vector ones), in
-    buffers of their own: the steps write into them in place (fast_ops.DecodeStepAttentionOperation)."""
+    buffers of their own: the steps write into them in place (DecodeStepAttentionOperation,
+    models/kernels/decode.py)."""
     def as_cache(x):
         x = mtf.replace_dimensions(x, sequence, memory_length)
         rest = [d for d in x.shape.dims if d.name not in (memory_length.name, "features_per_head")]
         kv = x.shape.get_dim_by_name("features_per_head")
-        return fast_ops.private_copy(mtf.transpose(x, rest + [memory_length, kv]))
+        return decode.private_copy(mtf.transpose(x, rest + [memory_length, kv]))
     state.record(as_cache(k), as_cache(v))
 
 
-def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str, cfg: GPTConfig,
+def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, window: Optional[int], cfg: GPTConfig,
                 state: DecodeState, kv: mtf.Dimension) -> mtf.Tensor:
     """Step: q, k, v [batch, heads, kv] of the token at position - 1 -> attention output [batch, heads, kv].
 
@@ -141,20 +91,19 @@ def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, attention_type: str
     Cache entries after position - 1 hold prefill values of later prompt tokens or padding; they are masked
     here and overwritten before they become visible.
     """
-    if attention_type not in INCREMENTAL:
-        raise ValueError(f"attention type {attention_type!r} has no incremental path; decode by full recompute")
+    if not (window is None or isinstance(window, int)):
+        raise ValueError(f"a kv-cache step needs a window (or None for all positions), got {window!r}")
     k_cache, v_cache = state.take(2)
     memory_length = k_cache.shape.get_dim_by_name("memory_length")
     query_pos = state.position - 1
     memory_pos = mtf.range(q.mesh, memory_length, tf.int32)
     hidden = mtf.greater(memory_pos, query_pos)  # the future
-    window = INCREMENTAL[attention_type](cfg)
     if window is not None:
         hidden = mtf.logical_or(hidden, mtf.less_equal(memory_pos, query_pos - window))
     bias = mtf.cast(hidden, q.dtype) * -1e10
-    out, k_cache, v_cache = fast_ops.decode_step_attention(
+    out, k_cache, v_cache = decode.decode_step_attention(
         q, k, v, k_cache, v_cache, bias, query_pos, memory_length, kv,
-        memory_split=fast_ops.dimension_is_split(cfg, memory_length.name),
-        kv_split=fast_ops.dimension_is_split(cfg, kv.name), window=window)
+        memory_split=dimension_is_split(cfg, memory_length.name),
+        kv_split=dimension_is_split(cfg, kv.name), window=window)
     state.record(k_cache, v_cache)
     return out

@@ -12,9 +12,10 @@ import zlib
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models import fast_ops
+from models.kernels import elementwise
+from models.kernels.matmul import matmul
 from models.activations import ACTIVATIONS
-from models.config import GPTConfig
+from config.schema import GPTConfig
 
 
 def seeded_normal(stddev: float, name: str, seed: int) -> tf.keras.initializers.Initializer:
@@ -45,8 +46,8 @@ def layer_norm(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType, epsilon: flo
     with tf.variable_scope(scope):
         g = variable(x.mesh, "g", [dim], dtype, constant=1.0)
         b = variable(x.mesh, "b", [dim], dtype, constant=0.0)
-        # x - mean, * rsqrt(mean square + eps) * g + b, fused forward and backward (models/fast_ops.py)
-        return fast_ops.layer_norm(x, g, b, epsilon)
+        # x - mean, * rsqrt(mean square + eps) * g + b, fused forward and backward (models/kernels/elementwise.py)
+        return elementwise.layer_norm(x, g, b, epsilon)
 
 
 def scale_norm(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType, epsilon: float = 1e-5) -> mtf.Tensor:
@@ -92,7 +93,7 @@ def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension | list, cfg: GPTConf
     with tf.variable_scope("conv1d_main"), tf.variable_scope(scope):
         # mtf.layers.dense's variables (kernel [in, new...], bias [new...]), its product as one matmul
         kernel = variable(x.mesh, "kernel", [x.shape[-1]] + new_dims, dtype, stddev=stddev, seed=cfg.seed)
-        y = fast_ops.matmul(x, mtf.cast(kernel, x.dtype), x.shape.dims[:-1] + new_dims)
+        y = matmul(x, mtf.cast(kernel, x.dtype), x.shape.dims[:-1] + new_dims)
         return y + variable(x.mesh, "bias", new_dims, dtype, constant=0.0)
 
 

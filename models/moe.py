@@ -1,7 +1,7 @@
 """Mixture-of-experts feed-forward layers (`moe_layers`, `moe_params`) through mesh-tensorflow's own
 `transformer_moe_layer_v1` (Shazeer et al. 2017, arXiv:1701.06538; top-2 gating by default).
 
-The layer returns a load-balancing loss that the training objective adds (engine/train_step.py) and the
+The layer returns a load-balancing loss that the training objective adds (train/objective.py) and the
 training loop logs as `moe_loss`. Its variables follow GPT-Neo: mesh-tensorflow's names (`wi/kernel`,
 `wo/kernel`, `top_2_gating/...`) inside the block's scope.
 """
@@ -14,7 +14,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow.transformer import moe as mtf_moe
 
 from models.activations import ACTIVATIONS
-from models.config import GPTConfig
+from config.schema import GPTConfig
 
 
 def default_moe_params(cfg: GPTConfig) -> dict:
@@ -30,7 +30,8 @@ def default_moe_params(cfg: GPTConfig) -> dict:
       random module at graph build, so no two runs or layouts would route alike.
     """
     params = dict(vars(mtf_moe.MoE1D()._hparams))  # noqa: SLF001  (see the docstring)
-    params.update(moe_hidden_size=4 * cfg.n_embd, moe_group_size=min(cfg.n_ctx, 1024),
+    params.update(moe_num_experts=cfg.moe_num_experts, moe_hidden_size=cfg.moe_hidden_size,
+                  moe_group_size=cfg.moe_group_size,  # the schema's (config/schema.py), so the layout checks agree
                   moe_second_policy_train="threshold", moe_second_policy_eval="threshold")
     return params
 

@@ -11,7 +11,7 @@ Two ways to get each step's logits:
   runs the model on one token per row against that cache (models/kv_cache.py), so the cost of a new token does
   not grow with the prompt;
 * **full recompute**: each step runs the whole context again. Used when `kv_cache` is false or the model has a
-  layer type or option without an incremental path (`kv_cache.incremental_unsupported`).
+  layer type or option without an incremental path (`incremental_unsupported`).
 
 Choosing a token (temperature, top-k, top-p, then a Gumbel-max draw) runs on whole vocabulary rows. Its
 randomness is a stateless hash of (seed, row, position, token id), so a fixed seed gives the same samples on
@@ -26,7 +26,8 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import gpt, kv_cache
-from models.config import ConfigError, GPTConfig
+from models.attention import ATTENTION, FULL_RECOMPUTE
+from config.schema import ConfigError, GPTConfig
 
 NEG_INF = -1e10
 
@@ -52,8 +53,20 @@ class SamplingOptions:
         return cls(**values)
 
 
+def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
+    """None if `cfg` can be decoded with the kv cache, else why not (then the sampler recomputes in full): an
+    attention type whose registry entry has no decode window, or a model option outside
+    kv_cache.INCREMENTAL_SAFE_OPTIONS."""
+    for kind in sorted(set(cfg.attention_types)):
+        if ATTENTION[kind].decode_window(cfg) == FULL_RECOMPUTE:
+            return f"attention type {kind!r} has no incremental path" + (
+                " with num_mem_kv" if kind == "global" else "")
+    extra = [option for option in cfg.model_options() if option.split("=")[0] not in kv_cache.INCREMENTAL_SAFE_OPTIONS]
+    return f"option {extra[0]} has no incremental path" if extra else None
+
+
 def uses_cache(cfg: GPTConfig, options: SamplingOptions) -> bool:
-    return options.incremental and kv_cache.incremental_unsupported(cfg) is None
+    return options.incremental and incremental_unsupported(cfg) is None
 
 
 # ----------------------------------------------------------------------------------------------------

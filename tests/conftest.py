@@ -13,7 +13,7 @@ warnings.filterwarnings("ignore", category=UserWarning)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import models  # noqa: E402,F401  (compatibility alias before mesh_tensorflow)
-from engine import devices  # noqa: E402
+from runtime import devices  # noqa: E402  # noqa: E402
 
 CPU_DEVICES = devices.configure(devices.cpu_devices(4))
 

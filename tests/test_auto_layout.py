@@ -7,8 +7,8 @@ import pytest
 from mesh_tensorflow.auto_mtf import layout_optimizer
 
 import main
-from engine import layout_planner, model_graph
-from models.config import load_config
+from plan import auto_layout as layout_planner
+from cli.config_loading import load_config
 from tiny import compute_logits, devices_for, random_tokens, tiny_config
 
 
@@ -46,7 +46,7 @@ def test_layout_is_restricted_to_config_dimensions_and_lowers_to_the_same_logits
     assert plan.mesh_shape == "x:2,y:2" and plan.planned_layers == cfg.n_layer
     planned = cfg.replace(mesh_shape=plan.mesh_shape, layout=plan.layout)  # validates as a config
     assert planned.layout_rules, "nothing was split on a 4-device mesh"
-    from models.config import tensor_dim_sizes
+    from config.schema import tensor_dim_sizes
     assert {dim for dim, _ in planned.layout_rules} <= set(tensor_dim_sizes(cfg))
     tokens = random_tokens([cfg.train_batch_size, cfg.n_ctx], seed=7)
     reference = compute_logits(cfg, tokens, devices_for(cfg))

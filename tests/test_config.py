@@ -5,8 +5,9 @@ import os
 
 import pytest
 
-from engine import devices
-from models.config import (CONFIG_DIR, ConfigError, config_from_dict, expand_attention_types, load_config,
+from runtime import devices
+from cli.config_loading import config_from_dict, load_config
+from config.schema import (CONFIG_DIR, MOE_DEFAULT_EXPERTS, ConfigError, expand_attention_types, num_microbatches,
                            tensor_dim_sizes)
 
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, attention_types=[[["global", "local"], 1]])
@@ -135,3 +136,36 @@ def test_device_errors_are_one_line_and_say_what_to_pass():
         devices.check_mesh_fits("x:2,y:2", 4, ["/device:CPU:0"])
     assert "4 devices but 1 were given" in str(info.value) and "--mesh_shape" in str(info.value)
     assert devices.configure(["device:CPU:0", "device:CPU:1"]) == ["/device:CPU:0", "/device:CPU:1"]
+
+
+@pytest.mark.parametrize("batch,tokens,mesh_shape,layout", [
+    (8, None, "all:1", ""), (8, 16, "all:1", ""), (8, 16, "x:2", "batch:x"), (8, 40, "x:2", "batch:x"),
+    (12, 32, "x:4", "batch:x"), (6, 1000, "x:2", "batch:x"), (8, 16, "x:2,y:2", "batch:y,heads:x")])
+def test_the_micro_batch_count_follows_mesh_tensorflow(batch, tokens, mesh_shape, layout):
+    """config/schema.py computes it in pure Python; mesh-tensorflow's serialize_num_microbatches is the rule."""
+    import mesh_tensorflow as mtf
+    from mesh_tensorflow.transformer import utils as mtf_utils
+    cfg = config_from_dict(dict(TINY, train_batch_size=batch, tokens_per_mb_per_replica=tokens, mesh_shape=mesh_shape,
+                                layout=layout))
+    expected = mtf_utils.serialize_num_microbatches(
+        batch_dim=mtf.Dimension("batch", batch), sequence_length={"inputs": cfg.n_ctx},
+        mesh_shape=mtf.convert_to_shape(mesh_shape), layout_rules=mtf.convert_to_layout_rules(layout),
+        tokens_per_microbatch_per_replica=tokens)
+    assert num_microbatches(cfg, batch) == expected
+
+
+def test_the_schema_moe_defaults_are_mesh_tensorflows():
+    from mesh_tensorflow.transformer import moe as mtf_moe
+    assert MOE_DEFAULT_EXPERTS == vars(mtf_moe.MoE1D()._hparams)["moe_num_experts"]
+
+
+def test_the_schema_imports_nothing_of_the_project():
+    import ast
+    import config.schema as schema
+    tree = ast.parse(open(schema.__file__).read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(schema.__file__)))
+    project = {name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)) or name.endswith(".py")}
+    assert {"models", "runtime", "config"} <= {p.removesuffix(".py") for p in project}
+    assert not imported & {p.removesuffix(".py") for p in project}

@@ -13,8 +13,9 @@ import pytest
 from data.create_tfrecords import create_tfrecords
 from data.errors import DataError
 from data.inputs import eval_dataset
-from engine import eval_tasks
-from models.config import ConfigError, load_config
+from evals import tasks as eval_tasks
+from cli.config_loading import load_config
+from config.schema import ConfigError
 from tiny import compute_logits, devices_for, tiny_config
 from workspace import run_main
 
@@ -137,7 +138,7 @@ def bigram_run(tmp_path_factory):
 
 
 def oracle_lambada(cfg, checkpoint):
-    """Accuracy and perplexity straight from the logits, per the definitions in engine/eval_tasks.py."""
+    """Accuracy and perplexity straight from the logits, per the definitions in evals/tasks.py."""
     rows, spans = np.ones([len(LAMBADA), cfg.n_ctx], np.int32), []
     for row, (text, _) in enumerate(LAMBADA):
         ids = [2 + CYCLE.index(c) for c in text][-(cfg.n_ctx + 1):]  # contexts are cut from the left

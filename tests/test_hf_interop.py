@@ -6,7 +6,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from data.tokenizer import load_tokenizer
-from models.config import load_config
+from cli.config_loading import load_config
 from tiny import compute_logits, devices_for, random_tokens, train
 from tools import hf
 from workspace import TOKENIZER, make_workspace, run_main

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from data.mlm import mask_dataset, mask_tokens, unmaskable_ids
-from models.config import ConfigError
+from config.schema import ConfigError
 from tiny import compute_logits, compute_losses, devices_for, random_tokens, tiny_config
 
 PAD, MASK, CLS, SEP = 0, 63, 61, 62

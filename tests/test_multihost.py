@@ -14,8 +14,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
-from engine import cluster as cluster_lib
-from engine.devices import DeviceError, Placement
+from runtime import cluster as cluster_lib
+from runtime.devices import DeviceError, Placement
 from workspace import make_workspace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -95,7 +95,7 @@ def run_linear_attention(q, k, v, causal):
     ctx = AttentionContext(cfg, False, dims[1], mtf.Dimension("memory_length", s), dims[3], causal=causal)
 
     def build(mesh, q, k, v):
-        return {"out": ATTENTION["linear"](q, k, v, ctx)}
+        return {"out": ATTENTION["linear"].fn(q, k, v, ctx)}
 
     arrays = {name: a.astype(np.float32) for name, a in (("q", q), ("k", k), ("v", v))}
     return run_mtf(build, arrays, {"q": dims, "k": dims, "v": dims})

@@ -12,8 +12,11 @@ import tensorflow.compat.v1 as tf
 
 import main
 from conftest import CPU_DEVICES
-from engine import flops, model_graph, plan
-from models.config import CONFIG_DIR, ConfigError, load_config
+from models import flops
+from plan import model_graph
+from plan import dry_run as plan
+from cli.config_loading import load_config
+from config.schema import CONFIG_DIR, ConfigError, num_microbatches
 from tiny import random_tokens, tiny_config, train
 
 
@@ -32,7 +35,7 @@ def test_parameter_count_is_exactly_the_trained_checkpoints_variables(tmp_path):
     assert counted["total"] == sum(trained.values())
     assert counted["embedding"] == trained["gpt2/wte"] + trained["gpt2/wpe"]
     assert counted["non_embedding"] == counted["total"] - counted["embedding"]
-    # The closed form (engine/flops.py) agrees for the default architecture, and so FLOPs/token is 6N + attention.
+    # The closed form (models/flops.py) agrees for the default architecture, and so FLOPs/token is 6N + attention.
     assert flops.parameter_count(cfg) == counted
     assert flops.training_flops_per_token(cfg, counted) == flops.training_flops_per_token(cfg)
 
@@ -87,7 +90,7 @@ def test_activation_estimates_follow_recompute_batch_and_layout():
     assert halved.activations_saved == pytest.approx(off.activations_saved / 2, rel=0.02)
     assert halved.weights == off.weights  # data parallel keeps a full copy of the weights everywhere
     micro = cfg.replace(tokens_per_mb_per_replica=2 * cfg.n_ctx)  # 8 sequences -> 4 micro-batches of 2
-    assert plan.micro_batches(micro) == 4
+    assert num_microbatches(micro, micro.train_batch_size) == 4
     per_micro = plan.memory(facts, micro, False)
     assert per_micro.activations_saved == pytest.approx(off.activations_saved / 4, rel=0.02)
     assert per_micro.accumulators == off.gradients and off.accumulators == 0

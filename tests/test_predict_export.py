@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from data.tokenizer import load_tokenizer
-from engine.export import export_saved_model
-from models.config import ConfigError, load_config
+from infer.export import export_saved_model
+from cli.config_loading import load_config
+from config.schema import ConfigError
 from tiny import compute_logits, devices_for, random_tokens, train
 from workspace import TOKENIZER, make_workspace, run_main, run_python
 

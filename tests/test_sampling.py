@@ -4,9 +4,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from models import kv_cache
-from models.attention import ATTENTION
-from models.sampling import SamplingOptions, uses_cache
+from config.schema import option
+from models.attention import ATTENTION, FULL_RECOMPUTE
+from models.sampling import SamplingOptions, incremental_unsupported, uses_cache
 from tiny import compute_logits, devices_for, random_tokens, run_predict, tiny_config, train
 
 PADDING = 0
@@ -170,18 +170,19 @@ def test_greedy_decoding_matches_hf_transformers_generate(tmp_path):
 def test_models_without_an_incremental_path_fall_back_to_full_recompute(cfg, monkeypatch):
     @dataclasses.dataclass(frozen=True)
     class WithExtraOption(type(cfg)):
-        some_new_option: bool = False
+        some_new_option: bool = option(False)
 
     extended = WithExtraOption(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
-    assert kv_cache.incremental_unsupported(extended) is None
-    assert "some_new_option" in kv_cache.incremental_unsupported(dataclasses.replace(extended, some_new_option=True))
+    assert incremental_unsupported(extended) is None
+    assert "some_new_option" in incremental_unsupported(dataclasses.replace(extended, some_new_option=True))
 
     # An attention type without an incremental path (here global attention under another name): sampling
     # falls back to full recompute on its own and gives the tokens the cached global model gives.
-    monkeypatch.setitem(ATTENTION, "global_no_cache", ATTENTION["global"])
+    monkeypatch.setitem(ATTENTION, "global_no_cache", dataclasses.replace(ATTENTION["global"], name="global_no_cache",
+                                                                             decode_window=lambda cfg: FULL_RECOMPUTE))
     plain = tiny_config(attention_types=[[["global"], 2]])
     other = tiny_config(attention_types=[[["global_no_cache"], 2]])
-    assert "global_no_cache" in kv_cache.incremental_unsupported(other)
+    assert "global_no_cache" in incremental_unsupported(other)
     assert not uses_cache(other, SamplingOptions.from_config(other))
     tokens, lengths = prompts(plain, lengths=(4, 7))
     np.testing.assert_array_equal(sample(other, tokens, lengths, temperature=1.0)[0],
@@ -199,7 +200,7 @@ def test_model_options_decode_with_the_cache_where_they_can_and_fall_back_where_
                                   sample(options, tokens, lengths, temperature=0.0, incremental=False)[0])
     # MoE layers (as in the reference), rotary positions and memory key/values decode by full recompute.
     for changes in (dict(moe_layers=[1]), dict(rotary_emb=True), dict(num_mem_kv=2)):
-        assert kv_cache.incremental_unsupported(tiny_config(**changes)) is not None, changes
+        assert incremental_unsupported(tiny_config(**changes)) is not None, changes
     moe = tiny_config(moe_layers=[1])
     out, out_lengths = sample(moe, tokens, lengths, temperature=1.0)
     np.testing.assert_array_equal(out_lengths, lengths + MAX_NEW)

@@ -14,9 +14,13 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from engine import model_graph, tpu
-from engine.devices import Placement
-from models.config import ConfigError
+from plan import model_graph
+from evals import validation
+from infer import run
+from runtime import tpu
+from train import loop as training_loop
+from runtime.devices import Placement
+from config.schema import ConfigError
 from tiny import tiny_config
 
 PODS = {"v3-8": ([2, 2, 1, 2], 8), "v3-32": ([4, 4, 1, 2], 8), "v3-512": ([16, 16, 1, 2], 8)}
@@ -113,7 +117,7 @@ def test_training_loop_on_a_v3_32_pod():
     cfg = tiny_config(mesh_shape="x:16,y:2", layout="batch:x,heads:y", train_batch_size=32, iterations=5)
     graph = tf.Graph()
     with graph.as_default():
-        loop = tpu.TrainingLoop(cfg, placement, batches(cfg), start_step=0)
+        loop = training_loop.TpuTraining(cfg, placement, batches(cfg), start_step=0)
     ops = graph.get_operations()
     assert loop.steps_per_call == 5
 
@@ -167,7 +171,7 @@ def test_a_v3_512_pod_builds_gpt3_13b_shaped_meshes():
                       layout="batch:x,heads:y", train_batch_size=64)
     graph = tf.Graph()
     with graph.as_default():
-        loop = tpu.TrainingLoop(cfg, placement, batches(cfg), start_step=0)
+        loop = training_loop.TpuTraining(cfg, placement, batches(cfg), start_step=0)
     ops = graph.get_operations()
     assert [op.get_attr("num_replicas") for op in ops if op.type == "TPUReplicateMetadata"] == [512]
     assert sum(op.type == "InfeedEnqueueTuple" for op in ops) == 512
@@ -182,7 +186,7 @@ def test_a_mesh_that_is_not_the_pod_is_refused_before_building():
     with pytest.raises(ConfigError, match="has 8 devices but the TPU has 32 cores"):
         tpu.simd_mesh_arguments(cfg, placement.tpu_system)
     with tf.Graph().as_default(), pytest.raises(ConfigError, match="has 8 devices but the TPU has 32 cores"):
-        tpu.TrainingLoop(cfg, placement, batches(cfg), start_step=0)
+        training_loop.TpuTraining(cfg, placement, batches(cfg), start_step=0)
 
 
 def test_evaluation_and_prediction_loops_on_a_two_host_pod():
@@ -191,14 +195,14 @@ def test_evaluation_and_prediction_loops_on_a_two_host_pod():
     cfg = tiny_config(mesh_shape="x:8", layout="batch:x", train_batch_size=8, eval_batch_size=8,
                       predict_batch_size=8, max_new_tokens=3)
     with tf.Graph().as_default() as graph:
-        evaluation = tpu.EvaluationLoop(cfg, placement, lambda: batches(cfg)(0), steps=3)
+        evaluation = validation.TpuEvaluation(cfg, placement, lambda: batches(cfg)(0), steps=3)
     assert evaluation.loop.names == ["loss"]
     assert sum(op.type == "OutfeedDequeueTuple" for op in graph.get_operations()) == 8
 
     rows = {"tokens": np.zeros([5, cfg.n_ctx], np.int32), "prompt_length": np.ones([5], np.int32),
             "seed": np.zeros([5], np.int32)}
     with tf.Graph().as_default() as graph:
-        prediction = tpu.PredictionLoop(cfg, placement, rows, batch_size=8)
+        prediction = run.TpuPrediction(cfg, placement, rows, batch_size=8)
     assert all(p.op.device == "/job:worker/task:0/device:CPU:0" and p.shape.as_list()[0] == 8
                for p in prediction.feeds)  # fed on the first host, a whole batch
     dequeue = [op for op in graph.get_operations() if op.type == "OutfeedDequeueTuple"]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from engine import checkpoints, runner
+from runtime import checkpoints
+from train import loop
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
 
 LAYOUTS = [
@@ -159,8 +160,8 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exa
         if step == 2:
             os.kill(os.getpid(), signal.SIGINT)  # as a terminal would, between session calls or during one
 
-    with pytest.raises(runner.Interrupted) as stopped:
-        runner.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), on_step=press_ctrl_c)
+    with pytest.raises(loop.Interrupted) as stopped:
+        loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), on_step=press_ctrl_c)
     assert stopped.value.step == 2 and "saved" in str(stopped.value)
     assert checkpoints.steps(cfg.model_path) == [2]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back

@@ -7,10 +7,12 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from data.mlm import mask_dataset, mask_tokens
-from engine import checkpoints, runner
-from engine.progress import TrainingLog, summary_writer
-from engine.train_step import num_microbatches
-from models.config import ConfigError
+from runtime import checkpoints
+from evals import validation
+from train import loop
+from runtime.summaries import summary_writer
+from train.progress import TrainingLog
+from config.schema import ConfigError, num_microbatches
 from tiny import (compute_logits, compute_losses, devices_for, fixed_batches, placement_for, random_tokens,
                   run_predict, run_training, tiny_config)
 
@@ -105,7 +107,7 @@ def test_runner_trains_and_evaluates_mlm_with_moe_micro_batches_and_adafactor(tm
         return mask_dataset(fixed_batches(rows, cfg.train_batch_size)(start_step), cfg, first_step=start_step)
 
     log = TrainingLog(cfg, every=1, peak_flops=0.0, writer=summary_writer(cfg.model_path))
-    assert runner.train(cfg, placement_for(cfg), batches, log=log) == 2
+    assert loop.train(cfg, placement_for(cfg), batches, log=log) == 2
     checkpoint = checkpoints.latest(cfg.model_path)
     names = {name for name, _ in tf.train.list_variables(checkpoint)}
     assert {"gpt2/h1/wi/kernel", "gpt2/h1/wo/kernel", "gpt2/h1/top_2_gating/kernel"} <= names
@@ -113,7 +115,7 @@ def test_runner_trains_and_evaluates_mlm_with_moe_micro_batches_and_adafactor(tm
     logged = {value.tag: value.simple_value for path in glob.glob(f"{cfg.model_path}/events.*")
               for event in tf.train.summary_iterator(path) for value in event.summary.value}
     assert logged["moe_loss"] > 0 and np.isfinite(logged["loss"])
-    loss, step = runner.evaluate(cfg, placement_for(cfg), lambda: batches(0), steps=1)
+    loss, step = validation.evaluate(cfg, placement_for(cfg), lambda: batches(0), steps=1)
     assert step == 2 and 0 < loss < 2 * np.log(cfg.n_vocab)
 
 

@@ -1,5 +1,5 @@
 """Tiny models and data for tests: a config builder, random token batches, and one-call runs through the
-project's runner (engine/runner.py): training, logits, and the losses of one forward pass."""
+project's runner (train/loop.py): training, logits, and the losses of one forward pass."""
 from __future__ import annotations
 
 import tempfile
@@ -9,11 +9,14 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from engine import checkpoints, modes, runner, train_step
-from engine.devices import Placement
-from engine.mesh_session import MeshSession
+from cli.config_loading import config_from_dict
+from config.schema import GPTConfig
+from infer.run import predict
 from models import gpt
-from models.config import GPTConfig, config_from_dict
+from runtime import checkpoints, meshes
+from runtime.devices import Placement
+from runtime.mesh_session import MeshSession, session_config
+from train import loop, objective
 
 from conftest import CPU_DEVICES
 
@@ -52,8 +55,8 @@ def train(cfg: GPTConfig, data: np.ndarray, steps: int | None = None) -> list[fl
     """Trains cfg.model_path (resuming from its checkpoint) to step `steps` (default train_steps) on the rows
     of `data`; returns the losses of the steps it ran."""
     losses = []
-    runner.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=steps,
-                 on_step=lambda step, values: losses.append(float(values["loss"])))
+    loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=steps,
+               on_step=lambda step, values: losses.append(float(values["loss"])))
     return losses
 
 
@@ -86,7 +89,7 @@ def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) 
         ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
         return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
 
-    def gradients(lowered: modes.Lowered) -> dict:
+    def gradients(lowered: meshes.Lowered) -> dict:
         return {"gradients": {v.name: lowered.lowering.export_to_tf_tensor(g) for v, g in lowered.gradients}}
 
     def record(step, values):
@@ -98,7 +101,7 @@ def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) 
 
     with tempfile.TemporaryDirectory() as folder:
         cfg = cfg.replace(model_path=folder, train_steps=steps, steps_per_checkpoint=steps)
-        runner.train(cfg, Placement(devices=tuple(devices)), dataset, extra_fetches=gradients, on_step=record)
+        loop.train(cfg, Placement(devices=tuple(devices)), dataset, extra_fetches=gradients, on_step=record)
         checkpoint = checkpoints.latest(folder)
         names = [name for name, _ in tf.train.list_variables(checkpoint)]
         run.weights = {name: tf.train.load_variable(checkpoint, name) for name in run.gradients if name in names}
@@ -109,7 +112,7 @@ def compute_logits(cfg: GPTConfig, tokens: np.ndarray, devices: list[str], check
     """tokens [batch, n_ctx] -> float32 logits [batch, n_ctx, n_vocab], from a checkpoint (a prefix or a
     model_path) or from the seeded initial weights, identical on every layout."""
     tokens = np.asarray(tokens, np.int32)
-    return runner.predict(cfg, Placement(devices=tuple(devices)), {"tokens": tokens}, len(tokens),
+    return predict(cfg, Placement(devices=tuple(devices)), {"tokens": tokens}, len(tokens),
                           checkpoint)["logits"]
 
 
@@ -122,22 +125,22 @@ def compute_losses(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devic
     placement = Placement(devices=tuple(devices))
     graph = tf.Graph()
     with graph.as_default():
-        mesh, impl = runner.placement_mesh(cfg, placement)
+        mesh, impl = meshes.placement_mesh(cfg, placement)
         dims = gpt.Dims.of(cfg, inputs.shape[0])
         x, y = (mtf.import_fully_replicated(mesh, tf.constant(t), mtf.Shape([dims.batch, dims.sequence]))
                 for t in (inputs, labels))
-        losses = train_step.losses(x, y, cfg, dims, train=train, weights=gpt.loss_weights(y, cfg))
+        losses = objective.losses(x, y, cfg, dims, train=train, weights=gpt.loss_weights(y, cfg))
         named = {"loss": losses.cross_entropy, "objective": losses.objective}
         if losses.moe_loss is not None:
             named["moe_loss"] = losses.moe_loss
         lowering = mtf.Lowering(mesh.graph, {mesh: impl})
         fetches = {name: lowering.export_to_tf_tensor(t) for name, t in named.items()}
-    with MeshSession(graph, lowering, "", runner.session_config(placement), checkpoint=None) as session:
+    with MeshSession(graph, lowering, "", session_config(placement), checkpoint=None) as session:
         return {name: float(value) for name, value in session.run(fetches).items()}
 
 
 def run_predict(cfg: GPTConfig, features: dict, devices: list[str], checkpoint: str | None = None,
                 options=None) -> dict:
-    """engine/inference.py's outputs for numpy features (one batch of all their rows), through the runner."""
+    """infer/outputs.py's outputs for numpy features (one batch of all their rows), through infer/run.py's predict."""
     rows = len(next(iter(features.values())))
-    return runner.predict(cfg, Placement(devices=tuple(devices)), features, rows, checkpoint, options)
+    return predict(cfg, Placement(devices=tuple(devices)), features, rows, checkpoint, options)

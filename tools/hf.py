@@ -40,8 +40,9 @@ if __name__ == "__main__":  # TF's C++ start-up chatter off the console
 import models  # noqa: E402,F401  (mesh-tensorflow compatibility alias)
 import numpy as np  # noqa: E402
 
-from engine import checkpoints  # noqa: E402
-from models.config import ConfigError, GPTConfig, load_config  # noqa: E402
+from runtime import checkpoints  # noqa: E402  # noqa: E402
+from cli.config_loading import load_config  # noqa: E402
+from config.schema import DATASET_CONFIG_DIR, ConfigError, GPTConfig  # noqa: E402
 
 # Our activation_function -> HF's ACT2FN name (same function), and back.
 TO_HF_ACTIVATION = {"gelu": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu", "sigmoid": "sigmoid",
@@ -104,14 +105,13 @@ def compact_attention_types(types) -> list:
 
 
 def check_convertible(cfg: GPTConfig) -> None:
-    from models.kv_cache import extra_options
     unknown = sorted(set(cfg.attention_types) - {"global", "local"})
     if unknown:
         raise ConversionError(f"attention types {unknown} have no GPTNeo equivalent (only global and local)")
     if cfg.activation_function not in TO_HF_ACTIVATION:
         raise ConversionError(f"activation_function {cfg.activation_function!r} has no HF equivalent: GPTNeo "
                               f"folders can use {', '.join(sorted(TO_HF_ACTIVATION))}")
-    extra = extra_options(cfg)
+    extra = cfg.model_options()
     if extra:
         raise ConversionError(f"GPTNeo cannot express option {extra[0]}: convert only plain GPT-Neo models")
 
@@ -261,9 +261,10 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     """Builds the training graph of cfg, sets the model weights from `state` (our names -> arrays) and saves
     model.ckpt-0 in cfg.model_path with every variable training restores (optimizer slots at zero)."""
     import tensorflow.compat.v1 as tf
-    from engine import modes, runner
-    from engine.devices import Placement
-    from engine.mesh_session import MeshSession
+    from runtime import meshes
+    from runtime.devices import Placement
+    from runtime.mesh_session import MeshSession
+    from train.step import training_step
 
     shapes = model_variable_shapes(cfg)
     missing = sorted(set(shapes) - set(state))
@@ -273,8 +274,8 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     graph = tf.Graph()
     with graph.as_default():
         zeros = tf.zeros([1, cfg.n_ctx], tf.int32)
-        mesh, impl = runner.placement_mesh(one_device, Placement(devices=("",)))  # slices are the masters
-        lowered = modes.training_step(one_device, mesh, impl, zeros, zeros)
+        mesh, impl = meshes.placement_mesh(one_device, Placement(devices=("",)))  # slices are the masters
+        lowered = training_step(one_device, mesh, impl, zeros, zeros)
         variables = {v.op.name: v for v in tf.global_variables()}
         for name, value in state.items():
             if name not in variables:
@@ -295,14 +296,14 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
             datasets: Optional[list] = None) -> tuple[GPTConfig, str]:
     """HF folder -> our config JSON at config_out and a step-0 checkpoint in model_path."""
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
-    from models.config import _read_json, resolve_config_path
+    from cli.config_loading import read_json, resolve_config_path
 
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise ConversionError(f"{hf_dir} has no config.json: pass a GPTNeoForCausalLM folder (save_pretrained's output)")
     if checkpoints.latest(model_path):
         raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
     hf_config = GPTNeoConfig.from_pretrained(hf_dir, local_files_only=True)
-    base = _read_json(resolve_config_path(base_config), "base config")
+    base = read_json(resolve_config_path(base_config), "base config")
     raw = config_from_hf(hf_config, base, model_path, datasets)
     os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
     with open(config_out, "w") as f:
@@ -361,7 +362,6 @@ def main(argv=None) -> int:
             if not args.data_path:
                 raise ConversionError("--tokenizer_dataset needs --data_path (the tfrecords it registers)")
             beside = os.path.join(os.path.dirname(os.path.abspath(args.config)), "dataset_configs")
-            from models.config import DATASET_CONFIG_DIR
             registry = beside if os.path.isdir(beside) else DATASET_CONFIG_DIR
             written = register_tokenizer_dataset(args.hf_dir, args.tokenizer_dataset, args.data_path,
                                                  args.eval_path, registry)

@@ -5,7 +5,7 @@
 
 Reads each model_path's TensorBoard scalars (`loss`, and `eval/loss` when the run evaluated) and its
 `run_info.json` (written by main.py when training starts: tokens per step and model FLOPs per token from the
-model's shape, engine/flops.py). Training tokens are step x tokens per step; compute is tokens x FLOPs per
+model's shape, models/flops.py). Training tokens are step x tokens per step; compute is tokens x FLOPs per
 token, in petaflop/s-days (1 pflop-day = 1e15 x 86400 FLOPs). The compute plot also draws the compute-efficient
 frontier L = 2.57 * C^-0.048 (C in pflop-days; Kaplan et al. 2020, fig. 1) for reference.
 
@@ -42,7 +42,7 @@ def run_numbers(model_path: str, model: str | None = None) -> dict:
     """tokens_per_step and flops_per_token of a run, from its run_info.json or from --model's config."""
     info = read_run_info(model_path)
     if info is None and model:
-        from models.config import load_config
+        from cli.config_loading import load_config
         from tools.runs import run_info
         info = run_info(load_config(model))
     if info is None:

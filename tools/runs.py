@@ -1,7 +1,7 @@
 """What a training run leaves in its model_path for the tools that read it afterwards.
 
 * `run_info.json`, written when training starts: the model's shape, tokens per step and model FLOPs per token
-  (engine/flops.py), so that `tools/plot_runs.py` can put a run's loss against training tokens and compute
+  (models/flops.py), so that `tools/plot_runs.py` can put a run's loss against training tokens and compute
   from the model_path alone, and the Sacred run ids (`--sacred_id`, set by run_experiment.py) that trained it.
 * `read_scalars`: the TensorBoard scalars (loss, learning_rate, tokens_per_sec, mfu, ...) of a model_path
   (or of its `eval/` folder), step by step, from the event files, without TensorBoard running.
@@ -19,7 +19,7 @@ RUN_INFO = "run_info.json"
 
 
 def run_info(cfg) -> dict:
-    from engine import flops
+    from models import flops
     return {
         "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_ctx": cfg.n_ctx,
         "n_vocab": cfg.n_vocab, "attention_types": list(cfg.attention_types),

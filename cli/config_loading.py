@@ -1,0 +1,176 @@
+"""Reading model and dataset configs: JSON in GPT-Neo's format, read once into config/schema.py's objects.
+
+`load_config("name")` finds `configs/name.json` (or takes a path), checks every key, fills the reference
+defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json`, checks the names the
+config uses against the registries that define them (attention types, activations, mesh-tensorflow's MoE
+hyperparameters, eval tasks, each registry entry's own checks) and returns a frozen `GPTConfig`. Every
+problem is a `ConfigError` with a one-line message that says what to change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES, SAMPLING_MODES, ConfigError,
+                           DatasetConfig, DatasetUse, GPTConfig, check_type, closest, expand_attention_types,
+                           parse_model_options, validate)
+from evals.tasks import TASKS
+from models.activations import ACTIVATIONS
+from models.attention import ATTENTION
+from models.moe import default_moe_params
+
+
+def resolve_config_path(name_or_path: str) -> str:
+    if name_or_path.endswith(".json") or os.sep in name_or_path:
+        path = name_or_path
+    else:
+        path = os.path.join(CONFIG_DIR, name_or_path + ".json")
+    if not os.path.isfile(path):
+        available = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
+        raise ConfigError(f"model config {name_or_path!r} not found at {path}: pass a path to a .json or "
+                          f"one of {', '.join(available)}")
+    return path
+
+
+def read_json(path: str, what: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a JSON object")
+    return data
+
+
+def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -> DatasetConfig:
+    path = os.path.join(config_dir, dataset_id + ".json")
+    if not os.path.isfile(path):
+        known = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".json")) \
+            if os.path.isdir(config_dir) else []
+        raise ConfigError(f"dataset {dataset_id!r} has no config at {path}: register it there "
+                          f"(see README, 'Registering a dataset'){closest(dataset_id, known)}")
+    raw = read_json(path, "dataset config")
+    known_keys = {f.name for f in dataclasses.fields(DatasetConfig)} - {"id"}
+    for key in raw:
+        if key not in known_keys:
+            raise ConfigError(f"unknown key {key!r} in dataset config {path}{closest(key, known_keys)}")
+    for key in ("n_vocab", "path"):
+        if key not in raw:
+            raise ConfigError(f"dataset config {path} lacks {key!r}")
+    # Relative paths are relative to the folder holding configs/ (the repository root for shipped configs).
+    base = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+
+    def local(p):
+        return p if p is None or os.path.isabs(p) or "://" in p else os.path.join(base, p)
+
+    tokenizer_is_pretrained = bool(raw.get("tokenizer_is_pretrained", False))
+    tokenizer_path = raw.get("tokenizer_path")
+    if tokenizer_path and not tokenizer_is_pretrained:
+        tokenizer_path = local(tokenizer_path)
+    return DatasetConfig(
+        id=dataset_id, n_vocab=check_type("n_vocab", raw["n_vocab"], int), path=local(raw["path"]),
+        eval_path=local(raw.get("eval_path") or None), tokenizer_path=tokenizer_path,
+        tokenizer_is_pretrained=tokenizer_is_pretrained, eos_id=raw.get("eos_id"),
+        padding_id=raw.get("padding_id"))
+
+
+def _parse_datasets(value: Any, config_dir: str) -> tuple:
+    if not isinstance(value, list):
+        raise ConfigError('datasets must be a list like [["my_dataset", 10, "documents_random", 1.0]]')
+    uses = []
+    for entry in value:
+        if not isinstance(entry, list) or len(entry) not in (1, 2, 3, 4) or not isinstance(entry[0], str):
+            if isinstance(entry, list) and len(entry) == 5:
+                raise ConfigError(f"datasets entry {entry!r} uses the old [train_glob, eval_glob, stitch, mode, "
+                                  f"weight] form: register the globs in configs/dataset_configs/ID.json and "
+                                  f"write [ID, stitch, mode, weight]")
+            raise ConfigError(f"datasets entry {entry!r} must be [dataset_id, stitch, sampling_mode, weight]")
+        dataset_id, stitch, mode, weight = (list(entry) + [None] * 3)[:4]
+        stitch = 1 if stitch is None else check_type("stitch", stitch, int)
+        mode = "documents_random" if mode is None else mode
+        weight = 1.0 if weight is None else check_type("weight", weight, float)
+        if mode not in SAMPLING_MODES:
+            raise ConfigError(f"sampling mode {mode!r} of dataset {dataset_id!r} is not known: choose from "
+                              f"{', '.join(SAMPLING_MODES)}{closest(mode, SAMPLING_MODES)}")
+        if stitch < 1 or weight <= 0:
+            raise ConfigError(f"dataset {dataset_id!r} needs stitch >= 1 and weight > 0")
+        uses.append(DatasetUse(load_dataset_config(dataset_id, config_dir), stitch, mode, weight))
+    return tuple(uses)
+
+
+def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str = DATASET_CONFIG_DIR) -> GPTConfig:
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in fields:
+            values[key] = value
+        elif key in ALIASES:
+            values[ALIASES[key]] = value
+        else:
+            raise ConfigError(f"unknown key {key!r} in {source}{closest(key, fields)}")
+    for required in ("n_layer", "n_embd", "n_head", "n_vocab"):
+        if required not in values:
+            raise ConfigError(f"{source} lacks {required!r}, which has no default")
+    for name, value in list(values.items()):
+        if name in ("attention_types", "datasets"):
+            continue
+        expected = FIELD_TYPES.get(str(fields[name].type))
+        if value is None and str(fields[name].type).startswith("Optional"):
+            continue
+        if expected is not None:
+            values[name] = check_type(name, value, expected)
+    values["attention_types"] = expand_attention_types(
+        values.get("attention_types", [[["global"], values["n_layer"]]]), values["n_layer"])
+    values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir)
+    values.update(parse_model_options(values))
+    values["eval_tasks"] = _parse_eval_tasks(values.get("eval_tasks") or [])
+    if values["datasets"]:  # special ids come from the (last) dataset's tokenizer, as in GPT-Neo
+        last = values["datasets"][-1].dataset
+        values.setdefault("eos_id", last.eos_id)
+        values.setdefault("padding_id", last.padding_id)
+    return check_registries(validate(GPTConfig(**values)))
+
+
+def _parse_eval_tasks(value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f'eval_tasks must be a list of task names like ["lambada"], got {value!r}')
+    return tuple(value)
+
+
+def check_registries(cfg: GPTConfig) -> GPTConfig:
+    """The names the config uses, checked against the registries that define them, and each used entry's
+    own checks (an attention type's, an eval task's)."""
+    for kind in dict.fromkeys(cfg.attention_types):
+        if kind not in ATTENTION:
+            raise ConfigError(f"attention type {kind!r} is not known: choose from {', '.join(ATTENTION)}"
+                              f"{closest(kind, ATTENTION)}")
+        ATTENTION[kind].check(cfg)
+    if cfg.activation_function not in ACTIVATIONS:
+        raise ConfigError(f"activation_function {cfg.activation_function!r} is not known: choose from "
+                          f"{', '.join(ACTIVATIONS)}{closest(cfg.activation_function, ACTIVATIONS)}")
+    if cfg.moe_params:
+        known = default_moe_params(cfg)  # mesh-tensorflow's MoE defines which keys exist
+        for key, _ in cfg.moe_params:
+            if key not in known:
+                raise ConfigError(f"moe_params key {key!r} is not a mesh-tensorflow MoE hyperparameter"
+                                  f"{closest(key, known)}")
+    for task in cfg.eval_tasks:
+        if task not in TASKS:
+            raise ConfigError(f"eval task {task!r} is not known: choose from {', '.join(TASKS)}{closest(task, TASKS)}")
+        TASKS[task].check(cfg)
+    return cfg
+
+
+def load_config(name_or_path: str, overrides: Optional[dict] = None,
+                dataset_config_dir: str = DATASET_CONFIG_DIR) -> GPTConfig:
+    """Reads a model config by name or path; `overrides` replace keys before validation."""
+    path = resolve_config_path(name_or_path)
+    raw = read_json(path, "model config")
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "dataset_configs")
+    if os.path.isdir(beside):  # a config folder kept outside the repo brings its own dataset registry
+        dataset_config_dir = beside
+    return config_from_dict(raw, source=os.path.basename(path), dataset_config_dir=dataset_config_dir)

@@ -1,0 +1,37 @@
+"""The --predict and --export flags of main.py, and the config keys they override for one run."""
+from __future__ import annotations
+
+# Flags that override the config key of the same name for this run.
+SAMPLING_FLAGS = {
+    "temperature": float, "top_k": int, "top_p": float, "sampling_seed": int, "stop_token": int,
+    "max_new_tokens": int,
+}
+
+
+def add_arguments(p) -> None:
+    """The --predict (and --export) flags, added to main.py's parser."""
+    p.add_argument("--prompt", nargs="+", metavar="FILE",
+                   help="text file(s) holding the prompt(s) for --predict (default: start of text)")
+    p.add_argument("--prompt_per_line", action="store_true",
+                   help="each non-empty line of the --prompt files is a separate prompt")
+    p.add_argument("--num_samples", type=int, default=None,
+                   help="samples per prompt (default: one batch of predict_batch_size for a single prompt, else 1)")
+    p.add_argument("--predict_output", metavar="PREFIX",
+                   help="write PREFIX.txt and PREFIX.jsonl (default: <model_path>/predictions_<step>)")
+    for name, kind in SAMPLING_FLAGS.items():
+        p.add_argument(f"--{name}", type=kind, default=None, help=f"override the config's {name}")
+    p.add_argument("--remove_partial_sequences", action="store_true", default=None,
+                   help="output only the new tokens, not the prompt")
+    p.add_argument("--no_kv_cache", action="store_true",
+                   help="sample by recomputing the whole context each step instead of using the key/value cache")
+    p.add_argument("--export_dir", help="where --export writes the SavedModel (default: <model_path>/export/<step>)")
+
+
+def config_overrides(args) -> dict:
+    """Config keys set by this run's flags."""
+    overrides = {name: getattr(args, name, None) for name in SAMPLING_FLAGS}
+    if getattr(args, "remove_partial_sequences", None):
+        overrides["remove_partial_sequences"] = True
+    if getattr(args, "no_kv_cache", False):
+        overrides["kv_cache"] = False
+    return {k: v for k, v in overrides.items() if v is not None}

@@ -1,0 +1,105 @@
+"""What main.py's planning and scale flags do: --dry_run, --auto_layout, --auto_layout_and_mesh_shape,
+and multi-host (--cluster / --workers / --task_index). main.py declares the flags and hands over to
+`dispatch` (and, on a multi-host chief, `chief_placement`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+
+def config_overrides(args) -> dict:
+    """--auto_layout* replace the layout, so the config's own is not checked against a new --mesh_shape."""
+    if getattr(args, "auto_layout", False) or getattr(args, "auto_layout_and_mesh_shape", False):
+        return {"layout": ""}
+    return {}
+
+
+def multi_host(args) -> bool:
+    return bool(getattr(args, "cluster", None) or getattr(args, "workers", None))
+
+
+def _config_path(args) -> str:
+    from cli.config_loading import resolve_config_path
+    return resolve_config_path(args.model)
+
+
+def dispatch(args, cfg) -> Optional[int]:
+    """Runs the planning commands and non-chief workers; returns their exit code, or None to go on."""
+    from config.schema import ConfigError
+    chosen = [flag for flag in ("dry_run", "auto_layout", "auto_layout_and_mesh_shape") if getattr(args, flag)]
+    if len(chosen) > 1:
+        raise ConfigError(f"pass one of --dry_run, --auto_layout, --auto_layout_and_mesh_shape, not "
+                          f"{' and '.join('--' + c for c in chosen)}")
+    if args.tpu and (multi_host(args) or args.task_index is not None):
+        raise ConfigError("--tpu runs on the TPU's own hosts: leave out --cluster/--workers/--task_index")
+    if args.device_memory and not args.dry_run:
+        raise ConfigError("--device_memory goes with --dry_run")
+    if args.write_config and not (args.auto_layout or args.auto_layout_and_mesh_shape):
+        raise ConfigError("--write_config goes with --auto_layout or --auto_layout_and_mesh_shape")
+    if args.dry_run:
+        return dry_run(args, cfg)
+    if args.auto_layout or args.auto_layout_and_mesh_shape:
+        return auto_layout(args, cfg)
+    if multi_host(args) or args.task_index is not None:
+        from runtime import cluster as cluster_lib
+        cluster = cluster_lib.from_args(args)
+        if not cluster.is_chief:
+            serve(args, cfg, cluster)  # does not return
+    return None
+
+
+def dry_run(args, cfg) -> int:
+    from plan import dry_run as plan
+    start = time.perf_counter()
+    result = plan.make_plan(cfg, args.device_memory)
+    print(plan.describe(result, args.model))
+    print(f"(planned in {time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def auto_layout(args, cfg) -> int:
+    from plan import auto_layout as layout_planner
+    if args.auto_layout:
+        result = layout_planner.auto_layout(cfg)
+    else:
+        n = args.num_devices or (len(args.gpu_ids) if args.gpu_ids else cfg.n_devices)
+        result = layout_planner.auto_layout_and_mesh_shape(cfg, n)
+    print(layout_planner.describe(result, args.model, with_mesh=args.auto_layout_and_mesh_shape))
+    if args.write_config:
+        path = layout_planner.write_config(_config_path(args), result, args.write_config)
+        print(f"wrote {path}: train with python main.py --model {path}")
+    return 0
+
+
+def _local_devices(args, cfg, cluster) -> list:
+    from runtime import devices
+    from config.schema import ConfigError
+    if args.gpu_ids:
+        return list(args.gpu_ids)
+    if cfg.n_devices % cluster.size:
+        raise ConfigError(f"mesh_shape {cfg.mesh_shape!r} has {cfg.n_devices} devices, which {cluster.size} hosts "
+                          f"cannot share evenly: pass --gpu_ids with the devices of each host")
+    return devices.cpu_devices(cfg.n_devices // cluster.size)
+
+
+def serve(args, cfg, cluster) -> None:
+    """A non-chief worker: serve this host's devices until the chief releases it, then exit the process."""
+    from runtime import cluster as cluster_lib
+    from runtime import devices
+    local = _local_devices(args, cfg, cluster)
+    devices.configure(local)
+    server = cluster_lib.start_server(cluster, local)
+    cluster_lib.exit_process(cluster_lib.serve(cluster, server, args.worker_timeout))
+
+
+def chief_placement(args, cfg):
+    """The chief of a multi-host run: its server, and the Placement over every host's devices."""
+    from runtime import cluster as cluster_lib
+    from runtime import devices
+    cluster = cluster_lib.from_args(args)
+    local = _local_devices(args, cfg, cluster)
+    devices.configure(local)
+    placement, _ = cluster_lib.chief_placement(cluster, local, cfg.n_devices)
+    print(f"chief of {cluster.size} hosts: mesh over {', '.join(placement.devices)}", flush=True)
+    return placement

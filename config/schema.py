@@ -1,0 +1,530 @@
+"""The config schema: model and dataset configs as typed, frozen objects, the checks between their fields,
+and the quantities derived from them that several parts of the code need (mesh and layout parsing, local-
+attention blocks, micro-batch counts, the sizes of the dimensions a layout may split).
+
+This module is the bottom of the project: it imports nothing of it. Reading JSON, resolving dataset ids and
+the checks against the registries of attention types, activations, MoE hyperparameters and eval tasks are
+cli/config_loading.py's, above the models. Every problem is a `ConfigError` with a one-line message that
+says what to change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
+DATASET_CONFIG_DIR = os.path.join(CONFIG_DIR, "dataset_configs")
+
+SAMPLING_MODES = ("documents_random", "documents_fixed", "chunks")
+
+# mesh-tensorflow MoE1D's default expert count (tests/test_config.py checks it against mesh-tensorflow).
+MOE_DEFAULT_EXPERTS = 16
+
+
+class ConfigError(ValueError):
+    """A config the user must fix. Its message is one line and names the fix."""
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """One registered dataset: `configs/dataset_configs/<id>.json`."""
+    id: str
+    n_vocab: int
+    path: str
+    eval_path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    tokenizer_is_pretrained: bool = False
+    eos_id: Optional[int] = None
+    padding_id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class DatasetUse:
+    """One entry of a model config's `datasets`: [id, stitch, sampling_mode, weight]."""
+    dataset: DatasetConfig
+    stitch: int = 1
+    sampling_mode: str = "documents_random"
+    weight: float = 1.0
+
+
+def option(default: Any = ()) -> Any:
+    """A field that is a model option (it changes the model away from GPT-Neo's plain GPT)."""
+    return field(default=default, metadata={"model_option": True})
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    # Architecture.
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_vocab: int
+    n_ctx: int = 2048
+    attention_types: tuple = ()          # one entry per layer, expanded from the compact form
+    local_attention_radius: int = 256    # local attention sees the previous `radius` tokens, itself included
+    activation_function: str = "gelu"
+    scale_by_depth: bool = False
+    scale_by_in: bool = False
+    embed_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    res_dropout: float = 0.0
+    precision: str = "float32"
+    recompute_grad: bool = False
+    z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
+    model: str = "GPT"
+
+    # Model options (README, "Model options"). Their defaults are the plain GPT above; a new one is declared
+    # with option(), which is how incremental decoding and the HF converter know it changes the model.
+    mlp_glu: bool = option(False)                # gated feed-forward: act(gate) * up
+    scalenorm: bool = option(False)              # pre-norms with one scalar gain instead of LayerNorm's gain and bias
+    rezero: bool = option(False)                 # no pre-norms; each residual branch times a learned scalar (init 0)
+    macaron: bool = option(False)                # a half-weighted feed-forward before attention, and the other halved
+    num_mem_kv: int = option(0)                  # learned memory key/values every query of a global layer sees
+    moe_layers: tuple = option()                 # layers (from 0) whose feed-forward is a mixture of experts
+    moe_params: tuple = option()                 # (key, value) pairs overriding models/moe.py's defaults
+    axial_pos_emb: Optional[tuple] = option(None)   # (a, b), a*b >= n_ctx: axial instead of learned positions
+    rotary_emb: bool = option(False)             # rotary positions in every attention layer instead of learned ones
+    share_parameters: bool = option(False)       # every layer uses the same block weights
+    no_weight_tie: bool = option(False)          # a separate output projection instead of the transposed wte
+    mlm_training: bool = option(False)           # masked language modelling: bidirectional, loss on masked tokens
+    mlm_mask_id: Optional[int] = option(None)
+    mlm_cls_token_id: Optional[int] = option(None)
+    mlm_mask_prob: float = option(0.15)
+    mlm_same_token_prob: float = option(0.10)
+    mlm_random_token_prob: float = option(0.10)
+    mlm_mask_ignore_ids: tuple = option()
+    tokens_per_mb_per_replica: Optional[int] = option(None)   # micro-batches of this many tokens per replica
+
+    # Optimisation.
+    opt_name: str = "adam"
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    lr_decay: str = "cosine"
+    lr_decay_end: Optional[int] = None   # step at which decay reaches 10% of lr; default train_steps
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    ada_epsilon1: float = 1e-30
+    ada_epsilon2: float = 1e-3
+    weight_decay: float = 0.01
+    gradient_clipping: Optional[float] = 1.0
+
+    # Run.
+    train_batch_size: int = 8
+    train_steps: int = 1000
+    eval_batch_size: int = 8
+    eval_steps: int = 0
+    predict_batch_size: int = 1
+    predict_steps: int = 0
+    iterations: int = 500
+    steps_per_checkpoint: int = 1000
+    keep_checkpoint_max: int = 5         # newest checkpoints kept in model_path
+    keep_checkpoint_every_n_hours: float = 2.0  # and, of older ones, one per this many hours of training
+    model_path: str = ""
+    datasets: tuple = ()
+    mesh_shape: str = "all:1"
+    layout: str = ""
+    seed: int = 1234
+
+    # Sampling (--predict).
+    temperature: float = 1.0
+    top_k: int = 0
+    max_new_tokens: Optional[int] = None  # default: fill the context
+    eos_id: Optional[int] = None
+    padding_id: Optional[int] = None
+    top_p: float = 1.0                   # nucleus sampling: keep the fewest tokens holding this much probability
+    sampling_seed: Optional[int] = None  # same seed + same prompts -> same samples; None: a new seed each run
+    stop_token: Optional[int] = None     # a sample ends at this id; None: eos_id; -1: only at max_new_tokens
+    remove_partial_sequences: bool = False  # output only the new tokens, without the prompt
+    kv_cache: bool = True                # incremental decoding with a key/value cache where the model allows it
+
+    # Evaluation tasks (--eval, and after each checkpoint when eval_steps > 0).
+    eval_tasks: tuple = ()               # e.g. ["lambada"]
+    lambada_path: Optional[str] = None   # local LAMBADA jsonl, one {"text": ...} per line
+    eval_results_path: Optional[str] = None  # jsonl that results are appended to; default model_path/eval_results.jsonl
+
+    # ---- derived values ----
+    @property
+    def n_ctx_plus_one(self) -> int:
+        return self.n_ctx + 1
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def causal(self) -> bool:
+        """Whether position t sees only positions <= t (language modelling) or the whole sequence (MLM)."""
+        return not self.mlm_training
+
+    @property
+    def mesh_dims(self) -> list[tuple[str, int]]:
+        return parse_mesh_shape(self.mesh_shape)
+
+    @property
+    def layout_rules(self) -> list[tuple[str, str]]:
+        return parse_layout(self.layout)
+
+    @property
+    def n_devices(self) -> int:
+        n = 1
+        for _, size in self.mesh_dims:
+            n *= size
+        return n
+
+    @property
+    def moe_num_experts(self) -> int:
+        return dict(self.moe_params).get("moe_num_experts", MOE_DEFAULT_EXPERTS)
+
+    @property
+    def moe_hidden_size(self) -> int:
+        """The experts' hidden width: 4 * n_embd like a dense MLP (mesh-tensorflow's 4096 is a large model's)."""
+        return dict(self.moe_params).get("moe_hidden_size", 4 * self.n_embd)
+
+    @property
+    def moe_group_size(self) -> int:
+        """Routing groups are whole sequences (or equal parts of one, at most 1024 tokens), so they, the expert
+        capacity and the result do not depend on how a layout or micro-batching splits the batch."""
+        return dict(self.moe_params).get("moe_group_size", min(self.n_ctx, 1024))
+
+    def model_options(self) -> list[str]:
+        """'name=value' for every model option not at its default (empty for GPT-Neo's plain GPT)."""
+        return [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                if f.metadata.get("model_option") and getattr(self, f.name) != f.default]
+
+    @property
+    def tokenizer_dataset(self) -> Optional[DatasetConfig]:
+        """The dataset whose tokenizer encodes prompts and decodes samples (the last, as GPT-Neo did)."""
+        return self.datasets[-1].dataset if self.datasets else None
+
+    def replace(self, **changes) -> "GPTConfig":
+        """A copy with some fields changed, validated again. List/object options may be given as in JSON."""
+        changes.update(parse_model_options(changes))
+        return validate(dataclasses.replace(self, **changes))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsing helpers
+
+
+def parse_mesh_shape(text: str) -> list[tuple[str, int]]:
+    """'x:2,y:4' -> [('x', 2), ('y', 4)]."""
+    dims = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        name, sep, size = part.partition(":")
+        if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
+            raise ConfigError(f"mesh_shape {text!r} is malformed at {part!r}: write it as 'x:2,y:4' "
+                              f"(names and positive sizes)")
+        dims.append((name.strip(), int(size)))
+    if not dims:
+        raise ConfigError("mesh_shape is empty: use e.g. 'all:1' for one device or 'x:2' for two")
+    names = [n for n, _ in dims]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"mesh_shape {text!r} names a mesh dimension twice")
+    return dims
+
+
+def parse_layout(text: str) -> list[tuple[str, str]]:
+    """'batch:x,heads:y' -> [('batch', 'x'), ('heads', 'y')]."""
+    rules = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        tensor_dim, sep, mesh_dim = part.partition(":")
+        if not sep or not tensor_dim.strip() or not mesh_dim.strip():
+            raise ConfigError(f"layout {text!r} is malformed at {part!r}: write it as 'batch:x,heads:y'")
+        rules.append((tensor_dim.strip(), mesh_dim.strip()))
+    return rules
+
+
+def expand_attention_types(compact: Any, n_layer: int) -> tuple:
+    """[[["global", "local"], 6]] -> ("global", "local") * 6, checked against n_layer. (Whether each name is
+    a registered attention type is cli/config_loading.py's check.)"""
+    if not isinstance(compact, list):
+        raise ConfigError('attention_types must be a list like [[["global", "local"], 6]]')
+    expanded = []
+    for item in compact:
+        if isinstance(item, str):  # already one type per layer
+            expanded.append(item)
+            continue
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], list)
+                or not isinstance(item[1], int) or item[1] < 1):
+            raise ConfigError(f"attention_types entry {item!r} must look like [[\"global\", \"local\"], 6]")
+        expanded.extend(list(item[0]) * item[1])
+    if any(not isinstance(kind, str) for kind in expanded):
+        raise ConfigError(f"attention_types names must be strings, got {compact!r}")
+    if len(expanded) != n_layer:
+        raise ConfigError(f"attention_types expand to {len(expanded)} layers but n_layer is {n_layer}: "
+                          f"make the repeat counts sum to n_layer")
+    return tuple(expanded)
+
+
+def closest(key: str, known) -> str:
+    """' (did you mean ...?)' for the nearest of `known`, or ''."""
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+ALIASES = {"n_heads": "n_head", "window_size": "local_attention_radius",
+            "axial_pos_emb_": "axial_pos_emb"}  # the reference's parameter list spells it with the underscore
+
+
+def check_type(name: str, value: Any, expected: type) -> Any:
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if expected is float and not isinstance(value, float):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if expected is str and not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+FIELD_TYPES = {"int": int, "float": float, "bool": bool, "str": str,
+                "Optional[int]": int, "Optional[float]": float, "Optional[str]": str}
+
+
+def _int_list(name: str, value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ConfigError(f"{name} must be a list of whole numbers, got {value!r}")
+    return tuple(value)
+
+
+def parse_model_options(values: dict) -> dict:
+    """The model options whose JSON values are lists or objects, as the tuples GPTConfig holds."""
+    parsed = {}
+    if values.get("moe_layers") is not None:
+        parsed["moe_layers"] = _int_list("moe_layers", values["moe_layers"])
+    if values.get("moe_params") is not None:
+        params = values["moe_params"]
+        if isinstance(params, (list, tuple)):  # already (key, value) pairs, e.g. from GPTConfig.replace
+            params = dict(params)
+        if not isinstance(params, dict):
+            raise ConfigError(f'moe_params must be an object like {{"moe_num_experts": 8}}, got {params!r}')
+        parsed["moe_params"] = tuple(sorted(params.items()))
+    if values.get("axial_pos_emb") is not None:
+        axial = _int_list("axial_pos_emb", values["axial_pos_emb"])
+        if len(axial) != 2 or min(axial) < 1:
+            raise ConfigError(f"axial_pos_emb must be two positive sizes [a, b] with a*b >= n_ctx, got "
+                              f"{values['axial_pos_emb']!r}")
+        parsed["axial_pos_emb"] = axial
+    if values.get("mlm_mask_ignore_ids") is not None:
+        parsed["mlm_mask_ignore_ids"] = _int_list("mlm_mask_ignore_ids", values["mlm_mask_ignore_ids"])
+    return parsed
+
+
+def _validate_model_options(cfg: GPTConfig) -> None:
+    kinds = set(cfg.attention_types)
+    if kinds == {"none"}:
+        raise ConfigError("attention_types are all 'none', so no position sees another: make at least one layer "
+                          "global, local or linear")
+    if cfg.scalenorm and cfg.rezero:
+        raise ConfigError("rezero removes the pre-norms that scalenorm would replace: set only one of them")
+    if cfg.num_mem_kv < 0:
+        raise ConfigError(f"num_mem_kv must be >= 0, got {cfg.num_mem_kv}")
+    if cfg.num_mem_kv and "global" not in kinds:
+        raise ConfigError("num_mem_kv adds memory key/values to global attention layers, and this model has "
+                          "none: add a global layer or set num_mem_kv to 0")
+    for layer in cfg.moe_layers:
+        if not 0 <= layer < cfg.n_layer:
+            raise ConfigError(f"moe_layers names layer {layer}, but layers count from 0 to n_layer - 1 = "
+                              f"{cfg.n_layer - 1}: fix moe_layers")
+    if len(set(cfg.moe_layers)) != len(cfg.moe_layers):
+        raise ConfigError(f"moe_layers names a layer twice: {list(cfg.moe_layers)}")
+    if cfg.moe_params and not cfg.moe_layers:
+        raise ConfigError("moe_params is set but moe_layers is empty: list the mixture-of-experts layers in "
+                          "moe_layers (e.g. [1, 3])")
+    params = dict(cfg.moe_params)
+    for key in ("moe_num_experts", "moe_hidden_size", "moe_group_size"):
+        if key in params and (isinstance(params[key], bool) or not isinstance(params[key], int) or params[key] < 1):
+            raise ConfigError(f"moe_params {key} must be a positive whole number, got {params[key]!r}")
+    if cfg.rotary_emb and cfg.axial_pos_emb:
+        raise ConfigError("rotary_emb and axial_pos_emb are two ways to give positions: set only one of them")
+    if cfg.rotary_emb and cfg.head_size % 2:
+        raise ConfigError(f"rotary_emb rotates pairs of features, so n_embd / n_head must be even, got "
+                          f"{cfg.head_size}")
+    if cfg.axial_pos_emb and cfg.axial_pos_emb[0] * cfg.axial_pos_emb[1] < cfg.n_ctx:
+        raise ConfigError(f"axial_pos_emb {list(cfg.axial_pos_emb)} covers {cfg.axial_pos_emb[0] * cfg.axial_pos_emb[1]}"
+                          f" positions, fewer than n_ctx {cfg.n_ctx}: make the product at least n_ctx")
+    if cfg.tokens_per_mb_per_replica is not None and cfg.tokens_per_mb_per_replica < 1:
+        raise ConfigError(f"tokens_per_mb_per_replica must be a positive number of tokens (or null for no "
+                          f"micro-batching), got {cfg.tokens_per_mb_per_replica}")
+    _validate_mlm(cfg)
+
+
+def _validate_mlm(cfg: GPTConfig) -> None:
+    mlm_keys = ("mlm_mask_id", "mlm_cls_token_id")
+    if not cfg.mlm_training:
+        for key in mlm_keys:
+            if getattr(cfg, key) is not None:
+                raise ConfigError(f"{key} is set but mlm_training is false: set mlm_training to true or remove {key}")
+        return
+    if cfg.mlm_mask_id is None:
+        raise ConfigError("mlm_training needs mlm_mask_id, the token id reserved for [mask]: set mlm_mask_id")
+    if cfg.padding_id is None:
+        raise ConfigError("mlm_training labels unmasked positions with padding_id, which is not set: set padding_id "
+                          "(or use a dataset whose config has one)")
+    for key in mlm_keys + ("padding_id",):
+        value = getattr(cfg, key)
+        if value is not None and not 0 <= value < cfg.n_vocab:
+            raise ConfigError(f"{key} {value} is not a token id below n_vocab {cfg.n_vocab}")
+    if cfg.mlm_mask_id == cfg.padding_id:
+        raise ConfigError(f"mlm_mask_id and padding_id are both {cfg.padding_id}: masked positions would look like "
+                          f"padding; reserve another id for [mask]")
+    for key in ("mlm_mask_prob", "mlm_same_token_prob", "mlm_random_token_prob"):
+        if not 0.0 <= getattr(cfg, key) <= 1.0:
+            raise ConfigError(f"{key} must be a probability in [0, 1], got {getattr(cfg, key)}")
+    if cfg.mlm_mask_prob == 0:
+        raise ConfigError("mlm_mask_prob is 0, so no token is ever masked and there is nothing to learn: set it > 0")
+    if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1.0:
+        raise ConfigError(f"mlm_same_token_prob + mlm_random_token_prob = "
+                          f"{cfg.mlm_same_token_prob + cfg.mlm_random_token_prob} exceeds 1: lower one of them")
+
+
+def validate(cfg: GPTConfig) -> GPTConfig:
+    """Checks that hold between fields (those against the registries are cli/config_loading.py's). Raises
+    ConfigError naming the fix."""
+    for name in ("n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "train_batch_size", "eval_batch_size",
+                 "predict_batch_size", "iterations", "local_attention_radius", "keep_checkpoint_max"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.n_embd % cfg.n_head:
+        raise ConfigError(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
+    if len(cfg.attention_types) != cfg.n_layer:
+        raise ConfigError(f"attention_types has {len(cfg.attention_types)} layers but n_layer is {cfg.n_layer}")
+    if cfg.model not in ("GPT", "GPT2"):
+        raise ConfigError(f"model {cfg.model!r} is not known: only 'GPT' is built")
+    if cfg.precision not in ("float32", "bfloat16"):
+        raise ConfigError(f"precision must be 'float32' or 'bfloat16', got {cfg.precision!r}")
+    if cfg.opt_name not in ("adam", "adafactor"):
+        raise ConfigError(f"opt_name must be 'adam' or 'adafactor', got {cfg.opt_name!r}")
+    if cfg.lr_decay not in ("cosine", "linear"):
+        raise ConfigError(f"lr_decay must be 'cosine' or 'linear', got {cfg.lr_decay!r}")
+    for name in ("embed_dropout", "attn_dropout", "res_dropout"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+    if cfg.lr <= 0:
+        raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    _validate_model_options(cfg)
+    _validate_sampling(cfg)
+    for use in cfg.datasets:
+        ds = use.dataset
+        if ds.n_vocab > cfg.n_vocab:
+            raise ConfigError(f"dataset {ds.id!r} was encoded with {ds.n_vocab} tokens but the model has "
+                              f"n_vocab {cfg.n_vocab}: set n_vocab >= {ds.n_vocab}")
+    _validate_mesh(cfg)
+    return cfg
+
+
+def _validate_sampling(cfg: GPTConfig) -> None:
+    if cfg.temperature < 0:
+        raise ConfigError(f"temperature must be >= 0 (0 is greedy decoding), got {cfg.temperature}")
+    if cfg.top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 keeps every token), got {cfg.top_k}")
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1] (1 keeps every token), got {cfg.top_p}")
+    if cfg.sampling_seed is not None and not 0 <= cfg.sampling_seed < 2 ** 31:
+        raise ConfigError(f"sampling_seed must be in [0, 2**31) or null, got {cfg.sampling_seed}")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be at least 1 (or null to fill the context), got {cfg.max_new_tokens}")
+    if cfg.stop_token is not None and not -1 <= cfg.stop_token < cfg.n_vocab:
+        raise ConfigError(f"stop_token must be a token id below n_vocab {cfg.n_vocab}, -1 for none, or null for "
+                          f"eos_id; got {cfg.stop_token}")
+
+
+def tensor_dim_sizes(cfg: GPTConfig) -> dict[str, int]:
+    """Sizes of the named dimensions a layout may split, for the checks below."""
+    sizes = {
+        "batch": cfg.train_batch_size, "sequence": cfg.n_ctx, "memory_length": cfg.n_ctx + cfg.num_mem_kv,
+        "embed_sequence": cfg.n_ctx, "embd": cfg.n_embd, "heads": cfg.n_head,
+        "features_per_head": cfg.head_size, "vocab": cfg.n_vocab, "intermediate_expanded": 4 * cfg.n_embd,
+    }
+    if cfg.moe_layers:
+        sizes.update(experts=cfg.moe_num_experts, expert_hidden=cfg.moe_hidden_size)
+    return sizes
+
+
+# Dimensions that appear together in one tensor of the model; two of them may not share a mesh dimension.
+CO_OCCURRING_DIMS = (
+    ("embd", "heads"), ("embd", "intermediate_expanded"), ("vocab", "embd"), ("embed_sequence", "embd"),
+    ("batch", "sequence", "embd"), ("batch", "sequence", "heads", "features_per_head"),
+    ("batch", "heads", "sequence", "memory_length"), ("batch", "sequence", "vocab"),
+    ("batch", "sequence", "intermediate_expanded"), ("experts", "embd", "expert_hidden"),
+)
+
+
+def _validate_mesh(cfg: GPTConfig) -> None:
+    mesh = dict(cfg.mesh_dims)
+    rules = cfg.layout_rules
+    sizes = tensor_dim_sizes(cfg)
+    seen = set()
+    for tensor_dim, mesh_dim in rules:
+        if mesh_dim not in mesh:
+            raise ConfigError(f"layout splits {tensor_dim!r} over mesh dimension {mesh_dim!r}, which mesh_shape "
+                              f"{cfg.mesh_shape!r} does not have")
+        if tensor_dim in seen:
+            raise ConfigError(f"layout splits {tensor_dim!r} twice: a tensor dimension maps to one mesh dimension")
+        seen.add(tensor_dim)
+        if tensor_dim not in sizes:
+            raise ConfigError(f"layout names {tensor_dim!r}, which is not a dimension of this model: choose from "
+                              f"{', '.join(sizes)}{closest(tensor_dim, sizes)}")
+        if sizes[tensor_dim] % mesh[mesh_dim]:
+            raise ConfigError(f"layout splits {tensor_dim!r} (size {sizes[tensor_dim]}) over {mesh_dim!r} "
+                              f"(size {mesh[mesh_dim]}), which does not divide it evenly")
+    mapping = dict(rules)
+    for group in CO_OCCURRING_DIMS:
+        split = [(d, mapping[d]) for d in group if d in mapping]
+        for i, (dim_a, mesh_a) in enumerate(split):
+            for dim_b, mesh_b in split[i + 1:]:
+                if mesh_a == mesh_b:
+                    raise ConfigError(f"layout maps {dim_a!r} and {dim_b!r} to the same mesh dimension {mesh_a!r}, "
+                                      f"but one tensor has both: split one of them over another mesh dimension")
+
+
+def local_attention_block_length(n_ctx: int, radius: int) -> int:
+    """The block length local attention cuts the sequence into (mesh-tensorflow's local_attention_1d rule):
+    the largest divisor of n_ctx not above max(radius, 128)."""
+    block_length = max(radius, 128)
+    while n_ctx % block_length:
+        block_length -= 1
+    return block_length
+
+
+def local_attention_blocks(n_ctx: int, radius: int) -> int:
+    """How many blocks local attention cuts the sequence into: the blocks keep the name 'sequence', so a
+    layout that splits 'sequence' splits them."""
+    return n_ctx // local_attention_block_length(n_ctx, radius)
+
+
+def dimension_is_split(cfg: GPTConfig, name: str) -> bool:
+    """True if cfg.layout splits the tensor dimension `name` over a mesh dimension of size > 1 (then the kernels
+    that need it whole on each device, models/kernels/, keep mesh-tensorflow's formulation)."""
+    mesh = dict(cfg.mesh_dims)
+    return any(tensor_dim == name and mesh.get(mesh_dim, 1) > 1 for tensor_dim, mesh_dim in cfg.layout_rules)
+
+
+def batch_split(cfg: GPTConfig) -> int:
+    """How many ways the batch is split (the size of the mesh dimension `batch` maps to; 1 if none)."""
+    mesh = dict(cfg.mesh_dims)
+    return math.prod(mesh[m] for t, m in cfg.layout_rules if t == "batch")
+
+
+def num_microbatches(cfg: GPTConfig, batch_size: int) -> int:
+    """Micro-batches per step: as many as it takes for each to hold at most tokens_per_mb_per_replica tokens
+    per replica, in whole sequences, a divisor of the per-replica batch (mesh-tensorflow's
+    serialize_num_microbatches, which tests/test_config.py compares this with); 1 without micro-batching."""
+    if not cfg.tokens_per_mb_per_replica:
+        return 1
+    per_replica = batch_size // batch_split(cfg)
+    size = max(1, cfg.tokens_per_mb_per_replica // cfg.n_ctx)
+    while per_replica % size:
+        size -= 1
+    return per_replica // size
+
+

@@ -1,0 +1,107 @@
+"""The validation loss: the model's mean cross-entropy (over masked positions for MLM) on batches of the eval
+dataset at a checkpoint, run by `main.py --eval` and after each checkpoint when eval_steps > 0."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable, Optional
+
+import mesh_tensorflow as mtf
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from config.schema import ConfigError, GPTConfig
+from data.inputs import eval_batches, eval_dataset
+from data.mlm import mask_dataset
+from evals.tasks import append_result
+from models import gpt
+from runtime import checkpoints, meshes, tpu
+from runtime.devices import Placement
+from runtime.mesh_session import open_session
+from runtime.summaries import summary_writer, write_scalars
+
+
+def evaluation_loss(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
+                    labels: tf.Tensor) -> meshes.Lowered:
+    """The batch's mean cross-entropy (over masked positions for MLM) as `loss`, the model as in inference."""
+    dims = gpt.Dims.of(cfg, meshes.batch_size(inputs))
+    x, y = meshes.import_tokens(mesh, dims, inputs, labels)
+    cross_entropy, _ = gpt.loss(gpt.forward(x, cfg, dims, train=False).logits, y, cfg, dims, gpt.loss_weights(y, cfg))
+    lowering = mtf.Lowering(mesh.graph, {mesh: mesh_impl})
+    return meshes.Lowered(lowering, {"loss": tf.cast(lowering.export_to_tf_tensor(cross_entropy), tf.float32)})
+
+
+def evaluate(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data.Dataset], steps: int,
+             checkpoint: Optional[str] = None) -> tuple[float, int]:
+    """The mean loss over `steps` batches of `batches()` ((inputs, labels), eval_batch_size rows each; made
+    inside the graph) at `checkpoint` (default: model_path's latest); returns (loss, the checkpoint's step)."""
+    checkpoint = checkpoint or checkpoints.require_checkpoint(cfg.model_path)
+    if placement.use_tpu:
+        return _evaluate_on_tpu(cfg, placement, batches, steps, checkpoint)
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(placement.device_function()):
+        iterator = tf.data.make_initializable_iterator(batches())
+        inputs, labels = iterator.get_next()
+        mesh, impl = meshes.placement_mesh(cfg, placement)
+        lowered = evaluation_loss(cfg, mesh, impl, inputs, labels)
+    with open_session(placement, graph, lowered.lowering, checkpoint) as session:
+        session.run(iterator.initializer)
+        losses = [session.run(lowered.outputs["loss"]) for _ in range(steps)]
+    return float(np.mean(losses)), checkpoints.step_of(checkpoint)
+
+
+class TpuEvaluation:
+    """The evaluation loss of `steps` batches of `batches()` in one replicated loop."""
+
+    def __init__(self, cfg: GPTConfig, placement: Placement, batches: Callable, steps: int):
+        system = placement.tpu_system
+        tf.train.get_or_create_global_step()
+        count = tpu.count_variable(steps)
+        with tf.device(system.host_device(0)):
+            self.iterator = tf.data.make_initializable_iterator(batches())
+            inputs, labels = self.iterator.get_next()
+        lowered = []
+
+        def step(dequeued):
+            mesh, impl = tpu.simd_mesh(cfg, system)
+            lowered.append(evaluation_loss(cfg, mesh, impl, *dequeued))
+            return lowered[-1].outputs, None
+
+        self.loop = tpu.ReplicatedLoop(system, [inputs, labels], step, count)
+        self.lowered = lowered[0]
+
+
+def _evaluate_on_tpu(cfg: GPTConfig, placement: Placement, batches: Callable, steps: int, checkpoint: str):
+    """evaluate() on the TPU: the steps in one replicated loop."""
+    graph = tf.Graph()
+    with graph.as_default():
+        program = TpuEvaluation(cfg, placement, batches, steps)
+    with open_session(placement, graph, program.lowered.lowering, checkpoint) as session:
+        session.run(program.iterator.initializer)
+        losses = [values["loss"] for values in program.loop.run(session, steps)]
+    return float(np.mean(losses)), checkpoints.step_of(checkpoint)
+
+
+def report(cfg: GPTConfig, placement: Placement) -> dict:
+    """The validation loss at model_path's latest checkpoint over eval_steps batches (at most the eval data's):
+    printed, written as TensorBoard scalars under model_path/eval and appended to the results file."""
+
+    path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
+    if not path:
+        raise ConfigError("no eval_path: set it in the dataset config to evaluate")
+    available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
+    steps = min(cfg.eval_steps or available, available)
+
+    def batches():
+        return mask_dataset(eval_dataset(path, cfg.n_ctx, cfg.eval_batch_size, n_vocab=cfg.n_vocab), cfg)
+
+    loss, step = evaluate(cfg, placement, batches, steps)
+    perplexity = math.exp(min(loss, 50))
+    print(f"eval at step {step}: loss {loss:.4f} | perplexity {perplexity:.2f} "
+          f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
+    writer = summary_writer(os.path.join(cfg.model_path, "eval"))
+    write_scalars(writer, step, {"loss": loss, "perplexity": perplexity})
+    writer.close()
+    record = {"step": step, "task": "validation", "loss": loss, "perplexity": perplexity, "batches": steps}
+    append_result(cfg, record)
+    return record

@@ -1,0 +1,100 @@
+"""`main.py --export`: a SavedModel that serves generation and logits for token inputs.
+
+The graph is the PREDICT graph of infer/outputs.py on a one-device mesh (mesh-tensorflow then reads the
+master variables directly, so the SavedModel's variables are the checkpoint's model weights, whatever layout
+trained them). Shapes are static, as mesh-tensorflow needs: the batch is `predict_batch_size` (or
+`batch_size`), the length n_ctx. Sampling options (temperature, top_k, top_p, stop token, max_new_tokens,
+remove_partial_sequences, kv cache) are fixed at export from the config; the seed is an input.
+
+Signatures (load with `tf.saved_model.load(path).signatures[name]`):
+
+* `serving_default` (also `generate`): tokens int32 [batch, n_ctx] (prompt then padding), prompt_length int32
+  [batch] (>= 1), seed int32 [batch] -> tokens int32 [batch, n_ctx], lengths int32 [batch]; the same
+  outputs as `--predict` for the same rows and seeds (its .jsonl records each row's seed).
+* `logits`: tokens int32 [batch, n_ctx] -> logits float32 [batch, n_ctx, n_vocab].
+
+Beside the model, `assets.extra/` holds `gpt_config.json` (the config used) and the tokenizer file if the
+config names a local one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Optional
+
+import mesh_tensorflow as mtf
+import tensorflow.compat.v1 as tf
+
+from runtime import checkpoints, meshes
+from infer import outputs as inference
+from runtime.devices import Placement
+from runtime.mesh_session import MeshSession
+from models import gpt
+from config.schema import ConfigError, GPTConfig
+
+
+def _config_json(cfg: GPTConfig) -> dict:
+    def plain(value):
+        if dataclasses.is_dataclass(value):
+            return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+    return {f.name: plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+
+
+def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_size: Optional[int] = None) -> str:
+    """Writes the SavedModel of `checkpoint` (a prefix or a model directory) to export_dir; returns it."""
+    if tf.io.gfile.isdir(checkpoint):
+        found = checkpoints.latest(checkpoint)
+        if not found:
+            raise ConfigError(f"no checkpoint in {checkpoint} to export: train first")
+        checkpoint = found
+    if os.path.exists(export_dir):
+        raise ConfigError(f"{export_dir} already exists: remove it or pass another --export_dir")
+    batch = batch_size or cfg.predict_batch_size
+    one_device = cfg.replace(mesh_shape="all:1", layout="")
+    graph = tf.Graph()
+    with graph.as_default():
+        tokens = tf.placeholder(tf.int32, [batch, cfg.n_ctx], name="tokens")
+        prompt_length = tf.placeholder(tf.int32, [batch], name="prompt_length")
+        seed = tf.placeholder(tf.int32, [batch], name="seed")
+        # One device with no device name: mesh-tensorflow computes on the master variables themselves.
+        mesh, impl = meshes.placement_mesh(one_device, Placement(devices=("",)))
+        dims = gpt.Dims.of(one_device, batch)
+        generated = inference.predict_outputs({"tokens": tokens, "prompt_length": prompt_length, "seed": seed}, mesh,
+                                              one_device, dims)
+        mtf_tokens = mtf.import_fully_replicated(mesh, tokens, mtf.Shape([dims.batch, dims.sequence]), "logit_tokens")
+        logits = gpt.logits(mtf_tokens, one_device, dims, train=False)
+        lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+        out_tokens = tf.identity(lowering.export_to_tf_tensor(generated["tokens"]), name="out_tokens")
+        out_lengths = tf.identity(lowering.export_to_tf_tensor(generated["lengths"]), name="out_lengths")
+        out_logits = tf.identity(lowering.export_to_tf_tensor(logits), name="out_logits")
+        info = tf.saved_model.utils.build_tensor_info
+        generate = tf.saved_model.signature_def_utils.build_signature_def(
+            inputs={"tokens": info(tokens), "prompt_length": info(prompt_length), "seed": info(seed)},
+            outputs={"tokens": info(out_tokens), "lengths": info(out_lengths)},
+            method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
+        logits_signature = tf.saved_model.signature_def_utils.build_signature_def(
+            inputs={"tokens": info(tokens)}, outputs={"logits": info(out_logits)},
+            method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
+        builder = tf.saved_model.Builder(export_dir)
+    with MeshSession(graph, lowering, "", tf.ConfigProto(), checkpoint, finalize=False) as session:
+        with graph.as_default():  # every model variable must be in the checkpoint (restored, not initialised)
+            builder.add_meta_graph_and_variables(
+                session.session, [tf.saved_model.tag_constants.SERVING], saver=session.saver, strip_default_attrs=True,
+                signature_def_map={"serving_default": generate, "generate": generate, "logits": logits_signature})
+            builder.save()
+    extra = os.path.join(export_dir, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    with open(os.path.join(extra, "gpt_config.json"), "w") as f:
+        json.dump(dict(_config_json(cfg), export_batch_size=batch, checkpoint=os.path.basename(checkpoint)), f,
+                  indent=1, default=str)
+    dataset = cfg.tokenizer_dataset
+    if dataset and dataset.tokenizer_path and not dataset.tokenizer_is_pretrained and os.path.isfile(dataset.tokenizer_path):
+        shutil.copy(dataset.tokenizer_path, os.path.join(extra, os.path.basename(dataset.tokenizer_path)))
+    return export_dir

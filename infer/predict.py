@@ -1,0 +1,127 @@
+"""`main.py --predict`: prompts in, samples out as text and as jsonl.
+
+Prompts come from `--prompt FILE [FILE ...]`: each file is one prompt, or with `--prompt_per_line` each
+non-empty line of each file is one. No prompt samples from the start of text (the eos token). Every prompt
+gets `--num_samples` samples (default: a single prompt fills one batch, as the reference did; several prompts
+get one each); they are batched `predict_batch_size` rows at a time (the last batch is padded
+and the padding rows dropped). Sampling options are config keys (temperature, top_k, top_p, sampling_seed,
+stop_token, max_new_tokens, remove_partial_sequences, kv_cache) that the flags of the same names override
+(cli/predict_flags.py).
+
+Writes `<model_path>/predictions_<step>.txt` (the samples, as before) and `.jsonl` (one object per sample:
+prompt, completion, token ids, whether it stopped at the stop token, its seed and the step), or to
+`--predict_output PREFIX.txt/.jsonl`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+from data.errors import DataError
+from infer import run
+from models.sampling import SamplingOptions, incremental_unsupported
+from runtime import checkpoints
+
+def read_prompts(paths, per_line: bool) -> list[str]:
+    if not paths:
+        return [""]
+    prompts = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise DataError(f"prompt file {path} not found: pass a text file to --prompt")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        prompts.extend([line for line in text.splitlines() if line.strip()] if per_line else [text])
+    if not prompts:
+        raise DataError(f"no prompts in {', '.join(paths)}: the files hold only blank lines")
+    return prompts
+
+
+def sample_seeds(seed: int, count: int) -> np.ndarray:
+    """One seed per sample, derived from the run's seed, so that every sample (in whichever batch and row it
+    lands) draws different noise and the same run seed repeats them all."""
+    return ((seed * 1_000_003 + np.arange(count, dtype=np.int64)) % (2 ** 31)).astype(np.int32)
+
+
+@dataclass
+class Batch:
+    tokens: np.ndarray        # [rows, n_ctx]
+    prompt_length: np.ndarray  # [rows]
+    seed: np.ndarray          # [rows]
+    prompt_index: list        # per row
+    prompt_ids: list          # per row
+
+
+def build_rows(cfg, tokenizer, prompts: list[str], num_samples: int, seed: int) -> Batch:
+    """Encoded, left-truncated prompts (room is left for at least one new token), one row per sample."""
+    start_id = cfg.eos_id if cfg.eos_id is not None else 0
+    padding = cfg.padding_id if cfg.padding_id is not None else 0
+    encoded = []
+    for text in prompts:
+        ids = tokenizer.encode(text)
+        if len(ids) > cfg.n_ctx - 1:
+            print(f"warning: a prompt of {len(ids)} tokens keeps its last {cfg.n_ctx - 1} (n_ctx is {cfg.n_ctx})")
+        encoded.append(ids[-(cfg.n_ctx - 1):] or [start_id])
+    rows = [(p, ids) for p, ids in enumerate(encoded) for _ in range(num_samples)]
+    tokens = np.full([len(rows), cfg.n_ctx], padding, np.int32)
+    for i, (_, ids) in enumerate(rows):
+        tokens[i, :len(ids)] = ids
+    return Batch(tokens, np.array([len(ids) for _, ids in rows], np.int32), sample_seeds(seed, len(rows)),
+                 [p for p, _ in rows], [ids for _, ids in rows])
+
+
+def stop_id(cfg):
+    return SamplingOptions.from_config(cfg).stop_id
+
+
+def completion(cfg, prompt_length: int, tokens, length: int) -> tuple[list, bool]:
+    """The new token ids of one output row (graph layout per remove_partial_sequences), without the stop
+    token, and whether the sample ended at it."""
+    new = [int(t) for t in (tokens[:length] if cfg.remove_partial_sequences else tokens[prompt_length:length])]
+    stop = stop_id(cfg)
+    stopped = bool(new) and stop is not None and new[-1] == stop
+    return (new[:-1] if stopped else new), stopped
+
+
+def run_rows(cfg, placement, rows: Batch, checkpoint: str) -> dict:
+    """Samples every row from the checkpoint, predict_batch_size rows at a time: {"tokens", "lengths"}."""
+    features = {"tokens": rows.tokens, "prompt_length": rows.prompt_length, "seed": rows.seed}
+    return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, progress=True)
+
+
+def predict(cfg, placement, args, step: int, tokenizer) -> int:
+    prompts = read_prompts(getattr(args, "prompt", None), getattr(args, "prompt_per_line", False))
+    num_samples = getattr(args, "num_samples", None)
+    if num_samples is None:
+        num_samples = cfg.predict_batch_size if len(prompts) == 1 else 1
+    if num_samples < 1:
+        raise DataError(f"--num_samples must be at least 1, got {num_samples}")
+    seed = cfg.sampling_seed if cfg.sampling_seed is not None else secrets.randbelow(2 ** 31)
+    rows = build_rows(cfg, tokenizer, prompts, num_samples, seed)
+    outputs = run_rows(cfg, placement, rows, checkpoints.prefix_of(cfg.model_path, step))
+
+    prefix = getattr(args, "predict_output", None) or os.path.join(cfg.model_path, f"predictions_{step}")
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    records = []
+    for i in range(len(rows.tokens)):
+        p = rows.prompt_index[i]
+        new, stopped = completion(cfg, int(rows.prompt_length[i]), outputs["tokens"][i], int(outputs["lengths"][i]))
+        text = tokenizer.decode(new)
+        records.append({
+            "index": i, "prompt_index": p, "prompt": prompts[p], "prompt_ids": rows.prompt_ids[i],
+            "completion": text, "tokens": new, "stopped": stopped, "seed": int(rows.seed[i]), "step": step,
+            "text": text if cfg.remove_partial_sequences else prompts[p] + text})
+    with open(prefix + ".txt", "w", encoding="utf-8") as txt, open(prefix + ".jsonl", "w", encoding="utf-8") as jl:
+        for r in records:
+            print(f"======== sample {r['index']} (step {step}) ========\n{r['text']}")
+            txt.write(f"======== sample {r['index']} ========\n{r['text']}\n")
+            jl.write(json.dumps(r, ensure_ascii=False) + "\n")
+    why = incremental_unsupported(cfg)
+    mode = "kv cache" if cfg.kv_cache and why is None else f"full recompute ({why or 'kv_cache is false'})"
+    print(f"wrote {len(records)} samples ({len(prompts)} prompts x {num_samples}, seed {seed}, {mode}) to "
+          f"{prefix}.txt and {prefix}.jsonl")
+    return 0

@@ -1,0 +1,162 @@
+"""Fused element-wise kernels: GELU and LayerNorm, each one XLA-fused pass forward and one backward
+(`tf.function(jit_compile=True)`, compiled once per shape) where mtf's op-by-op formulas make many passes over
+the activations: mtf.gelu is ~8 element-wise ops forward and ~20 backward over [batch, sequence, 4 x embd].
+They compute in fp32 and store in the input's dtype, and run as plain TF ops on small tensors
+(models/kernels/common.py)."""
+from __future__ import annotations
+
+import math
+
+import mesh_tensorflow as mtf
+import tensorflow.compat.v1 as tf
+
+from models.kernels.common import f32, fused, reduced_mesh_axes
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GELU
+
+
+_GELU_C = math.sqrt(2 / math.pi)
+
+
+@tf.function(jit_compile=True)
+def _gelu_forward(x):
+    y = f32(x)
+    return tf.cast(y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y)))), x.dtype)
+
+
+@tf.function(jit_compile=True)
+def _gelu_backward(x, dy):
+    x, dtype, dy = f32(x), dy.dtype, f32(dy)
+    t = tf.tanh(_GELU_C * (x + 0.044715 * x * x * x))
+    return tf.cast(dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_GELU_C * (1.0 + 3 * 0.044715 * x * x))), dtype)
+
+
+def gelu(x: mtf.Tensor) -> mtf.Tensor:
+    """mtf.gelu's tanh approximation (GPT-Neo's, HF's "gelu_new"), forward and gradient each one XLA-fused
+    pass over the [batch, sequence, 4 x embd] activations, where mtf.gelu's op-by-op formula makes ~8 passes
+    forward and ~20 backward (a sixth of a step on the benchmark model). Element-wise: any layout."""
+    dims = x.shape.dims
+
+    def grad_function(op, dy):
+        return [mtf.slicewise(lambda x_, dy_: fused(_gelu_backward, x_, dy_), [op.inputs[0], dy],
+                              output_shape=x.shape, output_dtype=x.dtype, splittable_dims=dims, grad_function=0,
+                              name="gelu_grad")]
+
+    return mtf.slicewise(lambda x_: fused(_gelu_forward, x_), [x], output_shape=x.shape, output_dtype=x.dtype,
+                         splittable_dims=dims, grad_function=grad_function, name="gelu")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layer norm
+
+
+@tf.function(jit_compile=True)
+def _layer_norm_forward(x, g, b, epsilon):
+    dtype, x, g, b = x.dtype, f32(x), f32(g), f32(b)
+    xc = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    return tf.cast(xc * tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon) * g + b, dtype)
+
+
+@tf.function(jit_compile=True)
+def _layer_norm_backward_fused(x, g, dy, epsilon):
+    dtype, x, g, dy = x.dtype, f32(x), f32(g), f32(dy)
+    xc = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    r = tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon)
+    x_hat = xc * r
+    d_hat = dy * g
+    dx = r * (d_hat - tf.reduce_mean(d_hat, axis=-1, keepdims=True)
+              - x_hat * tf.reduce_mean(d_hat * x_hat, axis=-1, keepdims=True))
+    return tf.cast(dx, dtype), tf.cast(dy * x_hat, dtype)
+
+
+def _layer_norm_backward(x, g, dy, epsilon):
+    """dx, and dg / db summed over this slice's rows (the caller all-reduces them over the other devices). The
+    row sums run outside XLA: its column reductions are slower on CPU than TF's own."""
+    dx, dy_x_hat = fused(_layer_norm_backward_fused, x, g, dy, epsilon)
+    rows = list(range(len(x.shape) - 1))
+    return dx, tf.reduce_sum(dy_x_hat, axis=rows), tf.reduce_sum(dy, axis=rows)
+
+
+def _split_moments(mesh_impl, x, axis: int, size: int, epsilon: float):
+    """(x - mean, 1/sqrt(var + eps)) over a last dimension split along mesh axis `axis`, as laid-out tensors."""
+    total = mesh_impl.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_sum(t, -1, keepdims=True), x), [axis], "SUM")
+    xc = mesh_impl.slicewise(lambda t, s: t - s / size, x, total)
+    squares = mesh_impl.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_sum(t * t, -1, keepdims=True), xc), [axis],
+                                  "SUM")
+    return xc, mesh_impl.slicewise(lambda s: tf.math.rsqrt(s / size + epsilon), squares)
+
+
+class LayerNormOperation(mtf.Operation):
+    """(x - mean) / sqrt(var + eps) * g + b over x's last dimension, as one XLA-fused pass per slice; when the
+    layout splits that dimension, the means are all-reduced across it."""
+
+    def __init__(self, x: mtf.Tensor, g: mtf.Tensor, b: mtf.Tensor, epsilon: float):
+        super().__init__([x, g, b], name="layer_norm")
+        self._epsilon = epsilon
+        self._outputs = [mtf.Tensor(self, x.shape, x.dtype)]
+
+    def gradient(self, grad_ys):
+        x, g, _ = self.inputs
+        dx, dg, db = LayerNormGradOperation(x, g, grad_ys[0], self._epsilon).outputs
+        return [dx, dg, db]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        x, g, b = (lowering.tensors[t] for t in self.inputs)
+        dim = self.inputs[0].shape.dims[-1]
+        axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
+        eps = self._epsilon
+        if axis is None:
+            y = mesh_impl.slicewise(lambda x_, g_, b_: fused(_layer_norm_forward, x_, g_, b_, eps), x, g, b)
+        else:
+            xc, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
+            y = mesh_impl.slicewise(lambda c, r_, g_, b_: c * r_ * g_ + b_, xc, r, g, b)
+        lowering.set_tensor_lowering(self.outputs[0], y)
+
+
+class LayerNormGradOperation(mtf.Operation):
+    def __init__(self, x: mtf.Tensor, g: mtf.Tensor, dy: mtf.Tensor, epsilon: float):
+        super().__init__([x, g, dy], name="layer_norm_grad")
+        self._epsilon = epsilon
+        self._outputs = [mtf.Tensor(self, x.shape, x.dtype), mtf.Tensor(self, g.shape, g.dtype),
+                         mtf.Tensor(self, g.shape, g.dtype)]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        x_shape = self.inputs[0].shape
+        x, g, dy = (lowering.tensors[t] for t in self.inputs)
+        dim = x_shape.dims[-1]
+        axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
+        eps = self._epsilon
+        if axis is None:
+            dx, dg, db = mesh_impl.slicewise(lambda x_, g_, dy_: _layer_norm_backward(x_, g_, dy_, eps), x, g, dy)
+        else:
+            xc, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
+            x_hat = mesh_impl.slicewise(lambda c, r_: c * r_, xc, r)
+            d_hat = mesh_impl.slicewise(lambda d, g_: d * g_, dy, g)
+            mean_d = mesh_impl.allreduce(mesh_impl.slicewise(lambda d: tf.reduce_sum(d, -1, keepdims=True), d_hat),
+                                         [axis], "SUM")
+            mean_dx = mesh_impl.allreduce(
+                mesh_impl.slicewise(lambda d, h: tf.reduce_sum(d * h, -1, keepdims=True), d_hat, x_hat), [axis], "SUM")
+            n = dim.size
+            dx = mesh_impl.slicewise(lambda r_, d, h, m1, m2: r_ * (d - m1 / n - h * (m2 / n)), r, d_hat, x_hat,
+                                     mean_d, mean_dx)
+            rows = list(range(x_shape.ndims - 1))
+            dg = mesh_impl.slicewise(lambda d, h: tf.reduce_sum(d * h, axis=rows), dy, x_hat)
+            db = mesh_impl.slicewise(lambda d: tf.reduce_sum(d, axis=rows), dy)
+        row_axes = reduced_mesh_axes(mesh_impl, x_shape.dims[:-1])
+        if row_axes:  # each device summed its own rows
+            dg = mtf.LazyAllreduceSum(mesh_impl, dg, row_axes)
+            db = mtf.LazyAllreduceSum(mesh_impl, db, row_axes)
+        for output, value in zip(self.outputs, (dx, dg, db)):
+            lowering.set_tensor_lowering(output, value)
+
+
+def layer_norm(x: mtf.Tensor, g: mtf.Tensor, b: mtf.Tensor, epsilon: float = 1e-5) -> mtf.Tensor:
+    """LayerNorm over x's last dimension with gain g and bias b (shape [that dimension]): the formula of
+    models/layers.py's mtf version (mean, centred mean square, rsqrt(var + eps)), fused forward and backward."""
+    if g.shape.dims != [x.shape.dims[-1]] or b.shape.dims != [x.shape.dims[-1]]:
+        raise ValueError(f"layer_norm's gain and bias must be [{x.shape.dims[-1]}], got {g.shape} and {b.shape}")
+    return LayerNormOperation(x, g, b, epsilon).outputs[0]

@@ -1,0 +1,85 @@
+"""Matrix products: the projections of every layer and the output layer are einsums of two tensors that are
+each one matrix product. `matmul` runs them as tf.matmul on 2-D reshapes (with transpose flags for the
+gradients), about 2x faster than TF's einsum kernel (oneDNN's on x86) for decoding's matrix-vector products
+(bench/bench_decode.py); any other einsum goes to mtf.einsum."""
+from __future__ import annotations
+
+import math
+
+import mesh_tensorflow as mtf
+import tensorflow.compat.v1 as tf
+
+from models.kernels.common import reduced_mesh_axes
+
+
+def _matmul_plan(a_dims, b_dims, out_dims):
+    """How einsum(a, b) -> out is one tf.matmul per device: (swap, transpose_a, transpose_b, n_free_a, n_free_b),
+    after swapping the operands if `swap`; None if it is not a single matrix product (a dimension in both inputs
+    and the output, or dimensions out of order)."""
+    contracted = [d for d in a_dims if d in b_dims]
+    a_free = [d for d in a_dims if d not in contracted]
+    b_free = [d for d in b_dims if d not in contracted]
+    if not contracted or any(d in out_dims for d in contracted):
+        return None
+    if list(out_dims) == a_free + b_free:
+        swap = False
+    elif list(out_dims) == b_free + a_free:
+        swap, a_dims, b_dims, a_free, b_free = True, b_dims, a_dims, b_free, a_free
+    else:
+        return None
+    order = [d for d in a_dims if d in contracted]
+    if order != [d for d in b_dims if d in contracted]:
+        return None
+    if list(a_dims) not in (a_free + order, order + a_free) or list(b_dims) not in (order + b_free, b_free + order):
+        return None
+    return swap, list(a_dims) == order + a_free, list(b_dims) == b_free + order, len(a_free), len(b_free)
+
+
+class MatmulOperation(mtf.Operation):
+    """mtf.einsum([a, b], output_shape) when it is one matrix product (`_matmul_plan`): a reshape of each slice
+    to 2-D and one tf.matmul with transpose flags, summed over the mesh axes that split the contracted
+    dimensions. TF's einsum (oneDNN's on x86) takes about twice as long for the same product on CPU: 2x for
+    decoding's matrix-vector products (bench/bench_decode.py)."""
+
+    def __init__(self, a: mtf.Tensor, b: mtf.Tensor, output_shape: mtf.Shape, name=None):
+        super().__init__([a, b], name=name or "matmul")
+        self._plan = _matmul_plan(a.shape.dims, b.shape.dims, output_shape.dims)
+        if self._plan is None or a.dtype != b.dtype:
+            raise ValueError(f"{a.shape} x {b.shape} -> {output_shape} is not one matrix product of equal dtypes")
+        self._outputs = [mtf.Tensor(self, output_shape, a.dtype)]
+
+    def gradient(self, grad_ys):
+        dy = grad_ys[0]
+        a, b = self.inputs
+        return [matmul(dy, b, a.shape), matmul(a, dy, b.shape)]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        swap, transpose_a, transpose_b, n_free_a, n_free_b = self._plan
+        out_shape = mesh_impl.slice_shape(self.outputs[0].shape)
+
+        def product(a, b):
+            if swap:
+                a, b = b, a
+            a_shape, b_shape = a.shape.as_list(), b.shape.as_list()
+            m = math.prod(a_shape[len(a_shape) - n_free_a:] if transpose_a else a_shape[:n_free_a])
+            n = math.prod(b_shape[:n_free_b] if transpose_b else b_shape[len(b_shape) - n_free_b:])
+            a2 = tf.reshape(a, [-1, m] if transpose_a else [m, -1])
+            b2 = tf.reshape(b, [n, -1] if transpose_b else [-1, n])
+            return tf.reshape(tf.matmul(a2, b2, transpose_a=transpose_a, transpose_b=transpose_b), out_shape)
+
+        a, b = self.inputs
+        y = mesh_impl.slicewise(product, lowering.tensors[a], lowering.tensors[b])
+        axes = reduced_mesh_axes(mesh_impl, [d for d in a.shape.dims if d in b.shape.dims])
+        if axes:
+            y = mtf.LazyAllreduceSum(mesh_impl, y, axes)
+        lowering.set_tensor_lowering(self.outputs[0], y)
+
+
+def matmul(a: mtf.Tensor, b: mtf.Tensor, output_shape) -> mtf.Tensor:
+    """mtf.einsum([a, b], output_shape): as one tf.matmul per device where it is a single matrix product (the
+    projections of every layer and the output layer), else mtf.einsum itself."""
+    output_shape = mtf.convert_to_shape(output_shape)
+    if a.dtype != b.dtype or _matmul_plan(a.shape.dims, b.shape.dims, output_shape.dims) is None:
+        return mtf.einsum([a, b], output_shape=output_shape)
+    return MatmulOperation(a, b, output_shape).outputs[0]

@@ -1,0 +1,202 @@
+"""Multi-host training on TensorFlow's own distributed runtime: a cluster of hosts, one server per host,
+one placement mesh over all of their devices.
+
+Every host runs `python main.py ... --cluster cluster.json --task_index I` (or `--workers h0:p,h1:p`).
+Each starts a `tf.distribute.Server` for its entry of the cluster. Task 0, the chief, builds the one
+training graph (in-graph replication, as mesh-tensorflow's placement mesh works): every mesh device is
+`/job:worker/task:T/device:GPU:J` (or CPU), so slices and their ops run on the host that owns the device,
+and the chief's session drives all of them through its server. Master variables are spread over the
+hosts' CPUs (mesh-tensorflow's BalancedVariablePlacer); a checkpoint is saved by each host for the
+variables it holds, so model_path must be storage every host sees at the same path (NFS, GCS).
+
+The other tasks serve until the chief releases them: at exit (normal or by exception) the chief enqueues a
+token on a queue that each worker's own device holds, the worker's blocking dequeue returns, and it exits.
+A worker whose chief never comes or dies without releasing it gives up after --worker_timeout seconds.
+
+A cluster file is JSON: {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}, or TF_CONFIG's form
+{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 0}} (then --task_index may be left out).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from runtime.devices import DeviceError, Placement, normalize
+
+JOB = "worker"
+RELEASE_QUEUE = "gpt_cluster_release"
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d+$")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    workers: tuple          # "host:port" per task, task 0 (the chief) first
+    task_index: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.task_index == 0
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def cluster_def(self):
+        import tensorflow.compat.v1 as tf
+        return tf.train.ClusterSpec({JOB: list(self.workers)}).as_cluster_def()
+
+    def task_device(self, task: int, local: str = "device:CPU:0") -> str:
+        kind, index = normalize(local)
+        return f"/job:{JOB}/replica:0/task:{task}/device:{kind}:{index}"
+
+    def mesh_devices(self, local_devices: list) -> list:
+        """Every host's local devices, host by host: the placement mesh's device list."""
+        return [self.task_device(task, d) for task in range(self.size) for d in local_devices]
+
+    def host_devices(self) -> list:
+        """Each host's CPU: where master variables live."""
+        return [self.task_device(task) for task in range(self.size)]
+
+
+def _check(workers: list, task_index: Optional[int], source: str) -> Cluster:
+    if not isinstance(workers, list) or not workers or not all(isinstance(w, str) for w in workers):
+        raise DeviceError(f"{source} must list the workers as \"host:port\" strings, task 0 (the chief) first")
+    for w in workers:
+        if not _ADDRESS.match(w):
+            raise DeviceError(f"worker address {w!r} in {source} is not host:port")
+    if len(set(workers)) != len(workers):
+        raise DeviceError(f"{source} names a worker twice")
+    if task_index is None:
+        raise DeviceError(f"which worker is this? pass --task_index (0 for the chief, up to {len(workers) - 1})")
+    if not 0 <= task_index < len(workers):
+        raise DeviceError(f"--task_index {task_index} is not a worker of {source} (0..{len(workers) - 1})")
+    return Cluster(tuple(workers), task_index)
+
+
+def from_file(path: str, task_index: Optional[int] = None) -> Cluster:
+    if not os.path.isfile(path):
+        raise DeviceError(f"cluster file {path} not found: write {{\"worker\": [\"host0:port\", \"host1:port\"]}}")
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DeviceError(f"cluster file {path} is not valid JSON: {e.msg} at line {e.lineno}")
+    if not isinstance(raw, dict):
+        raise DeviceError(f"cluster file {path} must hold a JSON object")
+    if "cluster" in raw:  # TF_CONFIG's form
+        task = raw.get("task") or {}
+        if task_index is None and isinstance(task.get("index"), int):
+            task_index = task["index"]
+        raw = raw["cluster"]
+    extra = set(raw) - {JOB}
+    if extra:
+        raise DeviceError(f"cluster file {path} has jobs {sorted(extra)}: only \"{JOB}\" (one entry per host) "
+                          f"is used; the chief is worker 0")
+    return _check(raw.get(JOB), task_index, f"cluster file {path}")
+
+
+def from_flags(workers: str, task_index: Optional[int]) -> Cluster:
+    return _check([w.strip() for w in workers.split(",") if w.strip()], task_index, "--workers")
+
+
+def from_args(args) -> Optional[Cluster]:
+    """The cluster named by --cluster or --workers (with --task_index), or None for one host."""
+    if getattr(args, "cluster", None) and getattr(args, "workers", None):
+        raise DeviceError("pass --cluster FILE or --workers LIST, not both")
+    if getattr(args, "cluster", None):
+        return from_file(args.cluster, args.task_index)
+    if getattr(args, "workers", None):
+        return from_flags(args.workers, args.task_index)
+    if getattr(args, "task_index", None) is not None:
+        raise DeviceError("--task_index needs --cluster FILE or --workers LIST")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Servers
+
+
+def start_server(cluster: Cluster, local_devices: list):
+    """This host's server, with as many CPU devices as local_devices names (device:CPU:i splits the CPU)."""
+    import tensorflow.compat.v1 as tf
+    cpus = max([normalize(d)[1] + 1 for d in local_devices if normalize(d)[0] == "CPU"] or [1])
+    config = tf.ConfigProto(device_count={"CPU": cpus}, allow_soft_placement=True)
+    return tf.distribute.Server(cluster.cluster_def(), job_name=JOB, task_index=cluster.task_index, config=config,
+                                start=True)
+
+
+def _release_queue(tf, cluster: Cluster, task: int):
+    with tf.device(cluster.task_device(task)):
+        return tf.FIFOQueue(cluster.size, [tf.int32], shapes=[[]], shared_name=RELEASE_QUEUE,
+                            name=f"release_{task}")
+
+
+def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
+    """A non-chief task: hold this host's devices for the chief until it releases us. 0 when released,
+    3 when the timeout passed first."""
+    import tensorflow.compat.v1 as tf
+    log(f"worker {cluster.task_index} of {cluster.size} serving at {cluster.workers[cluster.task_index]}; "
+        f"waiting for the chief ({cluster.workers[0]})", flush=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with tf.Graph().as_default():
+        dequeue = _release_queue(tf, cluster, cluster.task_index).dequeue()
+        # Only this task's devices: a session over the whole cluster would first wait for every other task.
+        config = tf.ConfigProto(device_filters=[f"/job:{JOB}/task:{cluster.task_index}"])
+        with tf.Session(server.target, config=config) as session:
+            while True:
+                wait_ms = 2000 if deadline is None else int(max(1, min(2.0, deadline - time.monotonic())) * 1000)
+                try:
+                    session.run(dequeue, options=tf.RunOptions(timeout_in_ms=wait_ms))
+                    log(f"worker {cluster.task_index}: released by the chief", flush=True)
+                    return 0
+                except tf.errors.DeadlineExceededError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        log(f"worker {cluster.task_index}: no release from the chief within {timeout:.0f} s; "
+                            f"exiting", flush=True)
+                        return 3
+
+
+def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
+    """The chief: tell every other task it may exit (skips tasks that are gone)."""
+    import tensorflow.compat.v1 as tf
+    if cluster.size < 2:
+        return
+    with tf.Graph().as_default():
+        enqueues = [_release_queue(tf, cluster, task).enqueue(0) for task in range(1, cluster.size)]
+        config = tf.ConfigProto(allow_soft_placement=True)
+        with tf.Session(server.target, config=config) as session:
+            for task, op in enumerate(enqueues, start=1):
+                try:
+                    session.run(op, options=tf.RunOptions(timeout_in_ms=int(timeout_s * 1000)))
+                except tf.errors.OpError as e:  # that worker is already gone
+                    print(f"could not release worker {task}: {type(e).__name__}", file=sys.stderr)
+
+
+def exit_process(code: int) -> None:
+    """Ends this process now. A TF gRPC server cannot be shut down cleanly, and interpreter shutdown can
+    block on its threads, so a process that started one leaves with os._exit after flushing its output."""
+    from tools.console import restore
+    sys.stdout.flush()
+    sys.stderr.flush()
+    restore()  # the console filter passes on what it holds
+    os._exit(code)
+
+
+def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected: int):
+    """Task 0: starts this host's server, checks the mesh size, and returns the Placement that trains over
+    the whole cluster. The workers are released when this process exits."""
+    mesh_devices = cluster.mesh_devices(local_devices)
+    if len(mesh_devices) != mesh_devices_expected:
+        raise DeviceError(f"the mesh has {mesh_devices_expected} devices but the cluster has {len(mesh_devices)} "
+                          f"({cluster.size} hosts x {len(local_devices)} devices each): change --mesh_shape or "
+                          f"the devices per host (--gpu_ids)")
+    server = start_server(cluster, local_devices)
+    atexit.register(release_workers, cluster, server)
+    return Placement(devices=tuple(mesh_devices), master=server.target, hosts=tuple(cluster.host_devices()),
+                     default_device=cluster.task_device(0)), server

@@ -1,0 +1,57 @@
+"""A mode's graph on a mesh, lowered to TF: the pieces every job's program shares.
+
+Each job has one function that takes TF input tensors, builds its mesh-tensorflow graph on a fresh
+`new_mesh()`, lowers it with the given mesh implementation (`placement_mesh`: devices of CPUs and GPUs; or
+runtime/tpu.py's SIMD mesh) and returns a `Lowered`: the TF tensors to run together with the lowering, whose
+copy ops move values between the master variables (which checkpoints hold under GPT-Neo's names) and the
+per-device slices. They are train/step.py's training step, evals/validation.py's evaluation loss and
+infer/outputs.py's PREDICT outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import mesh_tensorflow as mtf
+import tensorflow.compat.v1 as tf
+
+from config.schema import GPTConfig
+from models import gpt
+from runtime.devices import Placement
+
+MESH_NAME = "gpt_mesh"
+
+
+@dataclass
+class Lowered:
+    """One mode's graph, lowered: `outputs` are TF tensors (scalars for train/eval, arrays for predict)."""
+    lowering: mtf.Lowering
+    outputs: dict
+    train_op: Optional[tf.Operation] = None
+    # mtf (variable, gradient) pairs of the training step, for callers that fetch gradients (tests).
+    gradients: list = field(default_factory=list)
+
+
+def new_mesh(variable_placer=None) -> mtf.Mesh:
+    return mtf.Mesh(mtf.Graph(), MESH_NAME, variable_placer)
+
+
+def batch_size(tokens: tf.Tensor) -> int:
+    if not tokens.shape.is_fully_defined():
+        raise ValueError(f"token batches need a static shape, got {tokens.shape}: batch the dataset with "
+                         f"drop_remainder=True")
+    return int(tokens.shape[0])
+
+
+def import_tokens(mesh: mtf.Mesh, dims: gpt.Dims, inputs: tf.Tensor, labels: tf.Tensor):
+    shape = mtf.Shape([dims.batch, dims.sequence])
+    return (mtf.import_fully_replicated(mesh, tf.cast(inputs, tf.int32), shape, "inputs"),
+            mtf.import_fully_replicated(mesh, tf.cast(labels, tf.int32), shape, "labels"))
+
+
+def placement_mesh(cfg: GPTConfig, placement: Placement):
+    """(mtf.Mesh, PlacementMeshImpl) over the placement's devices; master variables on its hosts if several."""
+    placer = mtf.utils.BalancedVariablePlacer(list(placement.hosts)) if placement.hosts else None
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
+                                                     mtf.convert_to_layout_rules(cfg.layout), list(placement.devices))
+    return new_mesh(placer), impl

@@ -1,0 +1,285 @@
+"""--tpu NAME (or --tpu colab): mesh-tensorflow's SIMD mesh run on a TPU through `tf.compat.v1.tpu` directly.
+
+What the TPUEstimator did for GPT-Neo, in the pieces this project needs, each buildable without a TPU
+(tests/test_tpu.py builds every graph below on fake v3-8, v3-32 and v3-512 topologies):
+
+* `connect`: the TPU is found with TPUClusterResolver (`--tpu colab` finds Colab's own), its system is
+  initialised once, and its topology read back: a `TpuSystem` (hosts, cores, device assignment).
+* The device assignment gives every core one replica (one mesh position; `DeviceAssignment.build` with a
+  1x1x1x1 computation, as TPUEstimator's num_cores_per_replica=1 did). `logical_to_physical` maps logical
+  mesh positions to physical cores so that the last mesh dimension's neighbours share a chip
+  (mesh-tensorflow's auto_logical_to_physical_tpu; lexicographic where it has no answer).
+* `variable_placer`: master variables spread over the TPU hosts' CPUs, the first host counted as already
+  holding the compiled program's cache (300 MB per replica). Checkpoints are saved from there.
+* `ReplicatedLoop`: one program run on every core, `count` times per session call: each iteration dequeues
+  its inputs from the core's infeed, runs the mode's step on the SIMD mesh, and enqueues its scalars (or
+  prediction arrays) on the core's outfeed. The inputs are broadcast: the input pipeline runs once, on the
+  first host, with the whole batch, and the same batch is enqueued to every core, which keeps the slice its
+  layout gives it (mesh-tensorflow's import_fully_replicated). A host thread feeds the infeed while another
+  drains the outfeed, as TPUEstimator's infeed/outfeed controllers did.
+* The jobs run their programs in that loop: train/loop.py's `TpuTraining` (`iterations` steps per session
+  call; a variable sets how many, so one compiled program serves the shorter loops before a checkpoint;
+  progress per step from the outfed scalars, checkpoints from the hosts), evals/validation.py's
+  `TpuEvaluation` and infer/run.py's `TpuPrediction`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import mesh_tensorflow as mtf
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from runtime import meshes
+from runtime.devices import Placement
+from config.schema import ConfigError, GPTConfig
+
+REPLICA_CACHE_BYTES = 300_000_000  # per replica, held by the first host (GPT-Neo's estimate)
+
+
+def cluster_resolver_argument(tpu: str) -> Optional[str]:
+    """--tpu colab -> None (TPUClusterResolver finds Colab's TPU itself); anything else is the TPU's name
+    (or grpc:// address)."""
+    if not tpu:
+        raise ConfigError("--tpu needs the TPU's name (or 'colab')")
+    return None if tpu == "colab" else tpu
+
+
+def host_job(cluster_spec: Optional[tf.train.ClusterSpec]) -> str:
+    """The job whose tasks are the TPU hosts: the only job of the cluster, or `tpu_worker` (Cloud TPU VMs'
+    name for it) beside others, else `worker` (as TPUEstimator chose)."""
+    jobs = list(cluster_spec.jobs) if cluster_spec else []
+    if len(jobs) == 1:
+        return jobs[0]
+    return "tpu_worker" if "tpu_worker" in jobs else "worker"
+
+
+@dataclass(frozen=True)
+class TpuSystem:
+    """What the program needs to know about the TPU: its topology and the hosts' job."""
+    topology: object               # tf.tpu.experimental.Topology
+    job: str = "worker"
+    master: str = ""
+    cluster_def: object = None     # tf.train.ClusterDef of the TPU's hosts, for the session
+
+    @property
+    def num_cores(self) -> int:
+        return int(np.prod(self.topology.mesh_shape))
+
+    @property
+    def num_hosts(self) -> int:
+        return int(self.topology.num_tasks)
+
+    @property
+    def physical_shape(self) -> list:
+        return [int(s) for s in self.topology.mesh_shape]
+
+    def device_assignment(self) -> tf.tpu.experimental.DeviceAssignment:
+        """One replica per core (TPUEstimator's num_cores_per_replica=1)."""
+        return tf.tpu.experimental.DeviceAssignment.build(
+            self.topology, computation_shape=[1] * self.topology.mesh_rank, num_replicas=self.num_cores)
+
+    def host_device(self, host: int) -> str:
+        return f"/job:{self.job}/task:{host}/device:CPU:0"
+
+    def host_devices(self) -> list:
+        return [self.host_device(h) for h in range(self.num_hosts)]
+
+
+def resolver(tpu: str):
+    return tf.distribute.cluster_resolver.TPUClusterResolver(cluster_resolver_argument(tpu))
+
+
+def initialize_system(master: str, config: tf.ConfigProto, job: str) -> bytes:
+    """Initialises the TPU system (once per run); returns its serialized topology."""
+    with tf.Graph().as_default(), tf.Session(master, config=config) as session:
+        return session.run(tf.tpu.initialize_system(job=job))
+
+
+def connect(tpu: str) -> TpuSystem:
+    """Finds the TPU, initialises its system and reads its topology."""
+    found = resolver(tpu)
+    cluster_spec = found.cluster_spec()
+    config = tf.ConfigProto(allow_soft_placement=True)
+    if cluster_spec:
+        config.cluster_def.CopyFrom(cluster_spec.as_cluster_def())
+    job = host_job(cluster_spec)
+    topology = tf.tpu.experimental.Topology(serialized=initialize_system(found.master(), config, job))
+    return TpuSystem(topology, job, found.master(), cluster_spec.as_cluster_def() if cluster_spec else None)
+
+
+def placement(tpu: str) -> Placement:
+    system = connect(tpu)
+    return Placement(tpu=tpu, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system)
+
+
+def session_config(placement_: Placement) -> tf.ConfigProto:
+    config = tf.ConfigProto(allow_soft_placement=True, isolate_session_state=True)
+    system = placement_.tpu_system
+    if system is not None and system.cluster_def is not None:
+        config.cluster_def.CopyFrom(system.cluster_def)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------
+# The SIMD mesh
+
+
+def _mtf_flags_ready() -> None:
+    """mesh-tensorflow's simd_mesh_impl reads absl flags (logical_cores_per_chip, fold_xy); this program
+    parses its own arguments, so mark absl's as parsed to use their defaults instead of failing."""
+    from absl import flags
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def logical_to_physical(mesh_sizes: list, physical_shape: list, device_assignment=None) -> list:
+    """A permutation of range(cores): logical mesh position -> physical core, for a pod whose topology
+    mesh_shape is physical_shape ([x, y, z, cores_per_chip])."""
+    _mtf_flags_ready()
+    cores = math.prod(physical_shape)
+    if math.prod(mesh_sizes) != cores:
+        raise ConfigError(f"mesh_shape has {math.prod(mesh_sizes)} devices but the TPU has {cores} cores "
+                          f"(topology {list(physical_shape)}): make the mesh's sizes multiply to {cores}")
+    try:
+        mapping = mtf.simd_mesh_impl.auto_logical_to_physical_tpu(list(mesh_sizes), list(physical_shape),
+                                                                  device_assignment=device_assignment)
+    except (ValueError, AssertionError, TypeError):
+        mapping = None
+    # The function returns a function object (not a list) for chips whose core count differs from its
+    # logical_cores_per_chip flag, and may return coordinates; anything but a permutation means "no answer".
+    if not isinstance(mapping, list) or sorted(mapping) != list(range(cores)):
+        mapping = list(range(cores))
+    return mapping
+
+
+def variable_placer(system: TpuSystem) -> mtf.utils.BalancedVariablePlacer:
+    hosts = system.host_devices()
+    return mtf.utils.BalancedVariablePlacer(hosts, [REPLICA_CACHE_BYTES * system.num_cores] + [0] * (len(hosts) - 1))
+
+
+def simd_mesh_arguments(cfg: GPTConfig, system: TpuSystem, assignment=None) -> dict:
+    """The arguments of SimdMeshImpl for this config on this TPU."""
+    shape = mtf.convert_to_shape(cfg.mesh_shape)
+    if shape.size != system.num_cores:
+        raise ConfigError(f"mesh_shape {cfg.mesh_shape!r} has {shape.size} devices but the TPU has "
+                          f"{system.num_cores} cores: use a mesh of {system.num_cores} (e.g. --mesh_shape "
+                          f"x:{system.num_cores} --layout batch:x, or --auto_layout_and_mesh_shape --num_devices "
+                          f"{system.num_cores})")
+    assignment = assignment or system.device_assignment()
+    return dict(shape=shape, layout=mtf.convert_to_layout_rules(cfg.layout), device_assignment=assignment,
+                logical_to_physical=logical_to_physical(shape.to_integer_list, system.physical_shape, assignment))
+
+
+def simd_mesh(cfg: GPTConfig, system: TpuSystem, assignment=None):
+    """(mtf.Mesh with the hosts' variable placer, SimdMeshImpl) for a program on this TPU."""
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(**simd_mesh_arguments(cfg, system, assignment))
+    return meshes.new_mesh(variable_placer(system)), impl
+
+
+# ----------------------------------------------------------------------------------------------------
+# The replicated loop
+
+
+class ReplicatedLoop:
+    """`step(inputs) -> (outputs, op)` run on every core of the TPU, `count` times per session call.
+
+    `inputs` are tensors on the first host (an iterator's next element, or placeholders fed per call): each
+    iteration they are enqueued, whole, to every core's infeed (broadcast) and dequeued inside the program.
+    `outputs` (a dict of tensors of static shape) are enqueued on each core's outfeed after `op` (the train op,
+    or nothing) and read back on the hosts; the values of the first replica are returned (every replica
+    computes the same scalars; mesh outputs are exported whole on every core)."""
+
+    def __init__(self, system: TpuSystem, inputs: list, step: Callable, count: Optional[tf.Variable] = None):
+        self.system = system
+        self.assignment = system.device_assignment()
+        n = system.num_cores
+        self.count = count
+        shapes = [t.shape.as_list() for t in inputs]
+        dtypes = [t.dtype for t in inputs]
+        self.enqueue_ops = []
+        for replica in range(n):  # broadcast: the same tensors to every core, from the core's own host
+            with tf.device(self.assignment.host_device(replica=replica, job=system.job)):
+                self.enqueue_ops.append(tf.raw_ops.InfeedEnqueueTuple(
+                    inputs=inputs, shapes=shapes, device_ordinal=self.assignment.tpu_ordinal(replica=replica)))
+        built = {}
+
+        def one_iteration(i):
+            dequeued = tf.raw_ops.InfeedDequeueTuple(dtypes=dtypes, shapes=shapes)
+            outputs, op = step(list(dequeued))
+            built.setdefault("outputs", outputs)
+            names = sorted(outputs)
+            outfeed = tf.raw_ops.OutfeedEnqueueTuple(inputs=[outputs[k] for k in names])
+            with tf.control_dependencies([outfeed] + ([op] if op is not None else [])):
+                return i + 1
+
+        def program():
+            limit = self.count.read_value() if self.count is not None else 1
+            return tf.while_loop(lambda i: i < limit, one_iteration, [tf.constant(0)], name="loop")
+
+        with _control_flow_v1():
+            results = tf.tpu.replicate(program, inputs=[[]] * n, device_assignment=self.assignment)
+        self.loop_op = tf.group([r[0] if isinstance(r, (list, tuple)) else r for r in results])
+        self.names = sorted(built["outputs"])
+        out_dtypes = [built["outputs"][k].dtype for k in self.names]
+        out_shapes = [built["outputs"][k].shape.as_list() for k in self.names]
+        self.dequeue_ops = []
+        for replica in range(n):  # every core's outfeed is drained, or the cores would block on it
+            with tf.device(self.assignment.host_device(replica=replica, job=system.job)):
+                self.dequeue_ops.append(tf.raw_ops.OutfeedDequeueTuple(
+                    dtypes=out_dtypes, shapes=out_shapes, device_ordinal=self.assignment.tpu_ordinal(replica=replica)))
+
+    def run(self, session, count: int, feed_dict=None) -> list:
+        """Runs `count` iterations (the loop's count variable must already say so); per iteration the first
+        replica's outputs as a dict."""
+        results, errors = [], []
+
+        def feed():
+            try:
+                for _ in range(count):
+                    session.run(self.enqueue_ops, feed_dict=feed_dict)
+            except Exception as e:  # noqa: BLE001  (re-raised in the calling thread)
+                errors.append(e)
+
+        def drain():
+            try:
+                for _ in range(count):
+                    values = session.run(self.dequeue_ops)
+                    results.append(dict(zip(self.names, values[0])))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=feed, daemon=True), threading.Thread(target=drain, daemon=True)]
+        for t in threads:
+            t.start()
+        session.run(self.loop_op)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+@contextlib.contextmanager
+def _control_flow_v1():
+    """TF 1's while loop for the program: mesh-tensorflow creates the SIMD mesh's slice variables while it
+    lowers the step, inside the loop body, and lifts their initial values out of the loop with
+    `control_dependencies(None)`, which leaves a v1 loop's context but not a v2 loop's function graph."""
+    from tensorflow.python.ops import control_flow_util
+    before = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        yield
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = before
+
+
+def count_variable(initial: int) -> tf.Variable:
+    """How many iterations the next session call runs: a variable the program reads, so the same
+    compiled program runs a full loop of `iterations` steps and the shorter one before a checkpoint."""
+    return tf.get_variable("iterations_per_loop", shape=[], dtype=tf.int32, trainable=False, use_resource=True,
+                           initializer=tf.constant_initializer(initial), collections=[tf.GraphKeys.LOCAL_VARIABLES])

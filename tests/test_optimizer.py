@@ -1,0 +1,49 @@
+"""train/optimizer.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer."""
+import mesh_tensorflow as mtf
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from conftest import CPU_DEVICES
+from train.optimizer import NO_DECAY, AdamWeightDecay
+
+
+def two_steps(optimizer_class, mesh_shape, layout):
+    """Two Adam steps on a decayed matrix and an undecayed bias; returns their values and slots."""
+    rng = np.random.RandomState(0)
+    graph = tf.Graph()
+    with graph.as_default():
+        mtf_graph = mtf.Graph()
+        mesh = mtf.Mesh(mtf_graph, "m")
+        shape = mtf.convert_to_shape(mesh_shape)
+        impl = mtf.placement_mesh_impl.PlacementMeshImpl(shape, mtf.convert_to_layout_rules(layout),
+                                                         CPU_DEVICES[:shape.size])
+        rows, cols = mtf.Dimension("rows", 8), mtf.Dimension("cols", 6)
+        w = mtf.get_variable(mesh, "w", mtf.Shape([rows, cols]), initializer=tf.constant_initializer(rng.randn(8, 6)))
+        b = mtf.get_variable(mesh, "o_b", mtf.Shape([cols]), initializer=tf.constant_initializer(rng.randn(6)))
+        g_w = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(8, 6).astype(np.float32)), w.shape)
+        g_b = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(6).astype(np.float32)), b.shape)
+        lr = mtf.import_fully_replicated(mesh, tf.constant(0.01), mtf.Shape([]))
+        optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=0.1, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
+                                    exclude_from_weight_decay=NO_DECAY)
+        updates = optimizer.apply_grads([g_w, g_b], mtf_graph.trainable_variables)
+        lowering = mtf.Lowering(mtf_graph, {mesh: impl})
+        step = tf.group([lowering.lowered_operation(op) for op in updates])
+        names = ["w", "o_b", "w/adam_m", "w/adam_v", "o_b/adam_m", "o_b/adam_v"]
+        with tf.Session(config=tf.ConfigProto(device_count={"CPU": 4})) as session:
+            session.run(tf.global_variables_initializer())
+            session.run(lowering.copy_masters_to_slices())
+            session.run(step)
+            session.run(step)
+            session.run(lowering.copy_slices_to_masters())
+            masters = {v.name.split(":")[0]: v for v in tf.global_variables()}
+            return {n: session.run(masters[n]) for n in names}
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "cols:x")])
+def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout):
+    expected = two_steps(mtf.optimize.AdamWeightDecayOptimizer, "all:1", "")
+    got = two_steps(AdamWeightDecay, mesh_shape, layout)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert np.abs(expected["w/adam_m"]).max() > 0  # the step ran

@@ -1,0 +1,177 @@
+"""The training loop (the project's own, in place of TensorFlow's Estimator).
+
+It builds the training step (train/step.py) on the mesh, opens a session that restores model_path's latest
+checkpoint (or initialises the variables from their seeds; runtime/mesh_session.py) and runs steps from the
+input pipeline, positioned at the restored step so that a resumed run sees exactly the batches an
+uninterrupted one would. It saves a checkpoint every `steps_per_checkpoint` steps and at the end
+(runtime/checkpoints.py: atomic, rotated), prints progress and writes TensorBoard scalars (train/progress.py).
+Ctrl-C stops after the current step with a checkpoint saved; a second Ctrl-C stops at once (the last
+checkpoint is intact either way).
+
+On CPUs and GPUs (one host or several, runtime/cluster.py) the mesh is mesh-tensorflow's placement mesh and
+one session call runs one step. With --tpu it is the SIMD mesh inside a replicated TPU loop that runs
+`iterations` steps per session call (runtime/tpu.py); everything else here is shared.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable, Optional
+
+import tensorflow.compat.v1 as tf
+
+from config.schema import GPTConfig
+from runtime import checkpoints, meshes, tpu
+from runtime.devices import Placement
+from runtime.mesh_session import MeshSession, open_session
+from train.progress import TrainingLog
+from train.step import training_step
+
+# (start_step) -> tf.data.Dataset of (inputs, labels) int batches [train_batch_size, n_ctx], from that step on.
+TrainBatches = Callable[[int], tf.data.Dataset]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C after `step`, with that step's checkpoint saved."""
+
+    def __init__(self, step: int, checkpoint: str):
+        super().__init__(f"interrupted at step {step}; saved {checkpoint}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training
+
+
+class _PlacementTraining:
+    """The training step on a placement mesh, one step per session call."""
+    steps_per_call = 1
+
+    def __init__(self, cfg: GPTConfig, placement: Placement, dataset: tf.data.Dataset, extra_fetches=None):
+        with tf.device(placement.device_function()):
+            self.iterator = tf.data.make_initializable_iterator(dataset)
+            inputs, labels = self.iterator.get_next()
+            mesh, impl = meshes.placement_mesh(cfg, placement)
+            self.lowered = training_step(cfg, mesh, impl, inputs, labels)
+            extra = extra_fetches(self.lowered) if extra_fetches else {}
+        self.fetches = {"train": self.lowered.train_op, "scalars": self.lowered.outputs, "extra": extra}
+
+    def start(self, session: MeshSession) -> None:
+        session.run(self.iterator.initializer)
+
+    def run(self, session: MeshSession, steps: int) -> list:
+        assert steps == 1
+        values = session.run(self.fetches)
+        return [dict(values["scalars"], **values["extra"])]
+
+
+class TpuTraining:
+    """The training step in the TPU's replicated loop, up to `iterations` steps per session call (a variable
+    sets how many, so one compiled program serves the shorter loops before a checkpoint)."""
+
+    def __init__(self, cfg: GPTConfig, placement: Placement, batches: Callable, start_step: int):
+        system = placement.tpu_system
+        self.steps_per_call = cfg.iterations
+        # The global step and the loop count are left unplaced, as TPUEstimator left them: the program reads
+        # both and increments the step. The input pipeline runs on the first host.
+        tf.train.get_or_create_global_step()
+        self.count = tpu.count_variable(cfg.iterations)
+        self._count_value = tf.placeholder(tf.int32, [])
+        self._set_count = self.count.assign(self._count_value)
+        with tf.device(system.host_device(0)):
+            self.iterator = tf.data.make_initializable_iterator(batches(start_step))
+            inputs, labels = self.iterator.get_next()
+        lowered = []
+
+        def step(dequeued):
+            mesh, impl = tpu.simd_mesh(cfg, system)
+            result = training_step(cfg, mesh, impl, *dequeued)
+            lowered.append(result)
+            return result.outputs, result.train_op
+
+        self.loop = tpu.ReplicatedLoop(system, [inputs, labels], step, self.count)
+        self.lowered = lowered[0]
+        self._count_now = cfg.iterations
+
+    def start(self, session) -> None:
+        session.run(self.iterator.initializer)
+
+    def run(self, session, steps: int) -> list:
+        if steps != self._count_now:
+            session.run(self._set_count, {self._count_value: steps})
+            self._count_now = steps
+        return self.loop.run(session, steps)
+
+
+def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Optional[int] = None,
+          log: Optional[TrainingLog] = None, extra_fetches: Optional[Callable] = None,
+          on_step: Optional[Callable[[int, dict], None]] = None) -> int:
+    """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
+    train_steps), saving every steps_per_checkpoint steps and at the end. Returns the step reached.
+
+    `extra_fetches(lowered)` may return more TF tensors to fetch with every step; `on_step(step, values)` sees
+    each step's scalars (and those extras)."""
+    until = cfg.train_steps if until is None else until
+    checkpoints.remove_leftovers(cfg.model_path)
+    checkpoint = checkpoints.latest(cfg.model_path)
+    step = checkpoints.step_of(checkpoint) if checkpoint else 0
+    if step >= until:
+        return step
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.set_random_seed(cfg.seed)
+        if placement.use_tpu:
+            program = TpuTraining(cfg, placement, batches, step)
+        else:
+            program = _PlacementTraining(cfg, placement, batches(step), extra_fetches)
+    if log and step == 0:  # once per model_path: the graph for TensorBoard's graph view
+        log.graph(graph)
+    with open_session(placement, graph, program.lowered.lowering, checkpoint) as session, \
+            _StopOnInterrupt() as stop:
+        writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
+                                              cfg.keep_checkpoint_every_n_hours)
+        program.start(session)
+        saved = step
+        try:
+            while step < until and not stop.requested:
+                boundary = min(until, (step // cfg.steps_per_checkpoint + 1) * cfg.steps_per_checkpoint)
+                for values in program.run(session, min(program.steps_per_call, boundary - step)):
+                    step += 1
+                    if log:
+                        log.step(step, values)
+                    if on_step:
+                        on_step(step, values)
+                if step == boundary:
+                    session.save(writer, step)
+                    saved = step
+        finally:
+            if log:
+                log.close()
+        if stop.requested:
+            if saved != step:
+                session.save(writer, step)
+            raise Interrupted(step, checkpoints.prefix_of(cfg.model_path, step))
+    return step
+
+
+class _StopOnInterrupt:
+    """The first Ctrl-C asks training to stop after the current step (with a checkpoint); the second stops
+    at once. Only in the main thread (signal handlers cannot be installed elsewhere)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        print("\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)", flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __enter__(self) -> "_StopOnInterrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
