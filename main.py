@@ -32,12 +32,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval", action="store_true", help="report loss and perplexity on eval_path")
     p.add_argument("--predict", action="store_true", help="sample text from the latest checkpoint")
     p.add_argument("--export", action="store_true", help="write a SavedModel serving generation and logits")
-    from cli import predict_flags
+    from cli import gpu_flags, predict_flags
     predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
+    gpu_flags.add_arguments(p)  # --gpu_memory, --plain_kernels
     p.add_argument("--check_dataset", action="store_true", help="print token id range and a decoded sample")
     p.add_argument("--log_every", type=int, default=None, help="print training progress every N steps")
     p.add_argument("--peak_tflops", type=float, default=None,
-                   help="device peak TFLOP/s for MFU (default: measured fp32 matmul peak of this machine)")
+                   help="one device's peak TFLOP/s for MFU (one GPU or TPU core; default: the datasheet peak of a known "
+                   "GPU, else measured on the first mesh device in the training dtype; runtime/peaks.py)")
     p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
                    "model_path/run_info.json")
     p.add_argument("--xla", action="store_true", help="fuse element-wise ops with XLA (matmuls stay TF's); faster "
@@ -72,6 +74,8 @@ def main(argv=None) -> int:
     if args.xla:
         from runtime.xla import enable_xla_fusion
         enable_xla_fusion()
+    from cli.gpu_flags import apply_plain_kernels
+    apply_plain_kernels(args)  # --plain_kernels: before any graph is built
     from data.errors import DataError
     from runtime.devices import DeviceError
     from train.loop import Interrupted
@@ -80,8 +84,16 @@ def main(argv=None) -> int:
     tf.get_logger().setLevel("ERROR")
     try:
         return run(args)
-    except (ConfigError, DeviceError, DataError) as e:
+    except (ConfigError, DeviceError, DataError) as e:  # runtime/checkpoints.py's CheckpointError among them
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a write the jobs do not check themselves (run_info.json, event files, eval results)
+        import errno
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
+                           errno.EISDIR):
+            raise
+        print(f"error: could not write {e.filename or 'a file'} ({e.strerror}): free space or fix the folder, then run "
+              f"again (the checkpoints saved so far are intact)", file=sys.stderr)
         return 1
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:  # bad data found while training reads it
         from data.inputs import pipeline_error
@@ -99,7 +111,7 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from cli import predict_flags, scale_flags
+    from cli import gpu_flags, predict_flags, scale_flags
     from cli.config_loading import load_config
     from config.schema import ConfigError
     from runtime import devices
@@ -124,12 +136,16 @@ def run(args) -> int:
     elif scale_flags.multi_host(args):
         placement = scale_flags.chief_placement(args, cfg)
     else:
-        names = devices.configure(args.gpu_ids or devices.cpu_devices(cfg.n_devices))
+        names = devices.configure(args.gpu_ids or devices.cpu_devices(cfg.n_devices), args.gpu_memory)
         devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, names)
         placement = Placement(devices=tuple(names))
+        gpu_flags.start_up(args, placement)  # GPUs: the start-up line, the XLA:GPU check (runtime/gpus.py)
 
     if not cfg.model_path:
         raise ConfigError("the config has no model_path: set it to the folder for checkpoints and logs")
+    if os.path.exists(cfg.model_path) and not os.path.isdir(cfg.model_path):
+        raise ConfigError(f"model_path {cfg.model_path} is a file, not a folder: set model_path to a folder for "
+                          f"checkpoints and logs (or move the file away)")
     if args.new and not start_fresh(cfg.model_path, args.yes):
         return 1
     if args.export:
@@ -138,8 +154,11 @@ def run(args) -> int:
         return predict(cfg, placement, args)
     if args.eval:
         return evaluate(cfg, placement)
+    from tools.runs import write_run_info
     from train.job import run_training
-    run_training(cfg, placement, args.peak_tflops, args.log_every, args.sacred_id)
+    # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
+    run_training(cfg, placement, args.peak_tflops, args.log_every,
+                 on_start=lambda step: write_run_info(cfg, step, args.sacred_id))
     return 0
 
 
@@ -164,6 +183,9 @@ def evaluate(cfg, placement) -> int:
     from data.tokenizer import load_for_config
     from evals import tasks, validation
     step = require_checkpoint(cfg)
+    from runtime import checkpoints
+    checkpoints.check_writable(cfg.model_path, "make it writable (evaluation writes model_path/eval and its "
+                                               "results file), or evaluate a writable copy")
     has_eval_path = bool(cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
     if not has_eval_path and not cfg.eval_tasks:
         raise ConfigError("nothing to evaluate: set eval_path in the dataset config or eval_tasks in the model config")
@@ -175,7 +197,8 @@ def evaluate(cfg, placement) -> int:
 
 
 def require_checkpoint(cfg) -> int:
-    """The step of model_path's latest checkpoint; an error when there is none."""
+    """The step of model_path's newest checkpoint that can be read (found by its files; a newer one cut short is
+    skipped with a warning); an error when there is none."""
     from runtime import checkpoints
     return checkpoints.step_of(checkpoints.require_checkpoint(cfg.model_path))
 
@@ -192,7 +215,7 @@ def export(cfg, args) -> int:
     from runtime import checkpoints
     from infer.export import export_saved_model
     step = require_checkpoint(cfg)
-    path = export_saved_model(cfg, checkpoints.latest(cfg.model_path),
+    path = export_saved_model(cfg, checkpoints.prefix_of(cfg.model_path, step),
                               args.export_dir or os.path.join(cfg.model_path, "export", str(step)))
     print(f"exported step {step} to {path} (signatures: serving_default/generate, logits; "
           f"batch {cfg.predict_batch_size}, n_ctx {cfg.n_ctx})")
@@ -244,6 +267,6 @@ def first_tokens(path: str, count: int) -> list[int]:
 
 
 if __name__ == "__main__":
-    from tools.console import quiet_tensorflow
+    from console import quiet_tensorflow
     quiet_tensorflow()  # before TensorFlow is imported: its C++ start-up chatter stays off the console
     sys.exit(main())

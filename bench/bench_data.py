@@ -34,7 +34,7 @@ import warnings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from tools.console import quiet_tensorflow
+    from console import quiet_tensorflow
     quiet_tensorflow()
 warnings.filterwarnings("ignore")  # mesh-tensorflow's deprecation notices
 

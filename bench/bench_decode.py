@@ -25,7 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from tools.console import quiet_tensorflow
+    from console import quiet_tensorflow
     quiet_tensorflow()
 
 MARK = "BENCH_RESULT "
@@ -35,7 +35,9 @@ def attention_types(n_layer: int) -> list:
     return [[["global", "local"], n_layer // 2]] if n_layer % 2 == 0 else [[["global"], n_layer]]
 
 
-def worker_ours(args) -> dict:
+def worker_ours(args, names: list | None = None) -> dict:
+    """This project's decoding speed on `names` (mesh devices; default one CPU device: bench_gpu.py passes a GPU),
+    in args.precision where given (default float32)."""
     import numpy as np
     import models  # noqa: F401
     import tensorflow.compat.v1 as tf
@@ -47,8 +49,8 @@ def worker_ours(args) -> dict:
     from cli.config_loading import config_from_dict
 
     tf.get_logger().setLevel("ERROR")
-    names = devices.configure(["device:CPU:0"])
-    cfg = config_from_dict(dict(
+    names = names or devices.configure(["device:CPU:0"])
+    cfg = config_from_dict(dict(precision=getattr(args, "precision", "float32"),
         n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_ctx=args.n_ctx, n_vocab=args.n_vocab,
         attention_types=attention_types(args.n_layer), local_attention_radius=args.window, temperature=0.0,
         predict_batch_size=1, mesh_shape="all:1", layout="", kv_cache=not args.recompute_worker), "bench config")
@@ -88,21 +90,24 @@ def worker_ours(args) -> dict:
     return {"path": path, "by_prompt": results}
 
 
-def worker_hf(args) -> dict:
+def worker_hf(args, device: str = "cpu") -> dict:
+    """HF generate's decoding speed on the CPU or (bench_gpu.py) device "cuda", in args.precision where given."""
     import torch
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
     torch.manual_seed(0)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    if device == "cpu":
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     config = GPTNeoConfig(vocab_size=args.n_vocab, max_position_embeddings=args.n_ctx, hidden_size=args.n_embd,
                           num_layers=args.n_layer, num_heads=args.n_head, attention_types=attention_types(args.n_layer),
                           window_size=args.window, activation_function="gelu_new", resid_dropout=0.0,
                           embed_dropout=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0)
-    model = GPTNeoForCausalLM(config).eval()
+    dtype = torch.bfloat16 if getattr(args, "precision", "float32") == "bfloat16" else torch.float32
+    model = GPTNeoForCausalLM(config).to(device=device, dtype=dtype).eval()
     generator = torch.Generator().manual_seed(0)
     results = {}
     for p in args.prompt_lengths:
-        ids = torch.randint(1, args.n_vocab, (1, p), generator=generator)
+        ids = torch.randint(1, args.n_vocab, (1, p), generator=generator).to(device)
         times = {}
         for new in args.new_tokens:
             kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0,
@@ -114,6 +119,8 @@ def worker_hf(args) -> dict:
                 for _ in range(args.repeats):
                     start = time.perf_counter()
                     model.generate(ids, **kwargs)
+                    if device != "cpu":
+                        torch.cuda.synchronize()
                     best = min(best, time.perf_counter() - start)
             times[new] = best
         n1, n2 = args.new_tokens

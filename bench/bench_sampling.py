@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from tools.console import quiet_tensorflow
+    from console import quiet_tensorflow
     quiet_tensorflow()
 
 import models  # noqa: E402,F401

@@ -30,7 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from tools.console import quiet_tensorflow
+    from console import quiet_tensorflow
     quiet_tensorflow()
 
 MARK = "BENCH_RESULT "
@@ -108,7 +108,8 @@ def worker_peak(args) -> dict:
             "bf16_matmul_flops": matmul_peak("bfloat16", args.peak_size, args.peak_seconds)}
 
 
-def worker_ours(args) -> dict:
+def worker_ours(args, names: list | None = None) -> dict:
+    """This project's training speed on `names` (mesh devices; default one CPU device: bench_gpu.py passes a GPU)."""
     import numpy as np
     import models  # noqa: F401
     if args.xla:
@@ -121,7 +122,7 @@ def worker_ours(args) -> dict:
 
     tf.get_logger().setLevel("ERROR")
     m = model_args(args)
-    names = devices.configure(["device:CPU:0"])
+    names = names or devices.configure(["device:CPU:0"])
     total = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as folder:
         cfg = bench_config(m, args.precision, os.path.join(folder, "run"), train_steps=total)
@@ -145,41 +146,48 @@ def worker_ours(args) -> dict:
             "step_times": [round(b - a, 3) for a, b in zip(times[args.warmup - 1:], times[args.warmup:])]}
 
 
-def worker_hf(args) -> dict:
+def worker_hf(args, device: str = "cpu") -> dict:
+    """HF GPTNeo's training speed on the CPU or (bench_gpu.py) device "cuda"."""
     import torch
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
     m = model_args(args)
     torch.manual_seed(0)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    if device == "cpu":
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     config = GPTNeoConfig(vocab_size=m["n_vocab"], max_position_embeddings=m["n_ctx"], hidden_size=m["n_embd"],
                           num_layers=m["n_layer"], num_heads=m["n_head"],
                           attention_types=[[["global", "local"], m["n_layer"] // 2]] if m["n_layer"] % 2 == 0 else
                           [[["global"], m["n_layer"]]], window_size=m["window"],
                           activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
-    model = GPTNeoForCausalLM(config)
+    model = GPTNeoForCausalLM(config).to(device)
     model.train()
     dtype = torch.bfloat16 if args.precision == "bfloat16" else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    data = torch.randint(0, m["n_vocab"], (64, m["n_ctx"] + 1), generator=torch.Generator().manual_seed(0))
+    data = torch.randint(0, m["n_vocab"], (64, m["n_ctx"] + 1), generator=torch.Generator().manual_seed(0)).to(device)
     times, losses = [], []
     for step in range(args.warmup + args.steps):
         rows = torch.arange(step * m["batch"], (step + 1) * m["batch"]) % data.shape[0]
-        batch = data[rows]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+        batch = data[rows.to(device)]
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype is not None):
             logits = model(input_ids=batch[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, m["n_vocab"]), batch[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if device != "cpu":
+            torch.cuda.synchronize()  # the step's kernels are queued: time them done
         times.append(time.perf_counter())
         losses.append(float(loss))
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * m["batch"] * m["n_ctx"]
-    return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps, "first_loss": losses[0],
-            "last_loss": losses[-1], "torch_threads": torch.get_num_threads(),
-            "torch_fp32_matmul_flops": torch_matmul_peak(args.peak_size, args.peak_seconds)}
+    result = {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps, "first_loss": losses[0],
+              "last_loss": losses[-1]}
+    if device == "cpu":
+        result.update(torch_threads=torch.get_num_threads(),
+                      torch_fp32_matmul_flops=torch_matmul_peak(args.peak_size, args.peak_seconds))
+    return result
 
 
 def torch_matmul_peak(size: int, seconds: float) -> float:

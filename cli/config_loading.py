@@ -13,9 +13,9 @@ import json
 import os
 from typing import Any, Optional
 
-from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES, SAMPLING_MODES, ConfigError,
-                           DatasetConfig, DatasetUse, GPTConfig, check_type, closest, expand_attention_types,
-                           parse_model_options, validate)
+from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES, INPUT_FNS, SAMPLING_MODES,
+                           ConfigError, DatasetConfig, DatasetUse, GPTConfig, check_positive, check_type, closest,
+                           expand_attention_types, parse_model_options, validate)
 from evals.tasks import TASKS
 from models.activations import ACTIVATIONS
 from models.attention import ATTENTION
@@ -77,20 +77,30 @@ def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -
         padding_id=raw.get("padding_id"))
 
 
-def _parse_datasets(value: Any, config_dir: str) -> tuple:
+def _parse_datasets(value: Any, config_dir: str, input_fn: Optional[str] = None) -> tuple:
+    """The `datasets` entries: [id, stitch, sampling_mode, weight] lists (shorter lists take the defaults) and
+    GPT-Neo's bare ids. An entry that names no sampling mode gets input_fn's (config/schema.py, INPUT_FNS);
+    without input_fn a bare id is read sequentially, as GPT-Neo's default input function did, and a list
+    samples documents at random, as here before."""
     if not isinstance(value, list):
-        raise ConfigError('datasets must be a list like [["my_dataset", 10, "documents_random", 1.0]]')
+        raise ConfigError('datasets must be a list like [["my_dataset", 10, "documents_random", 1.0]] or '
+                          '["my_dataset"]')
     uses = []
     for entry in value:
+        bare = isinstance(entry, str)
+        if bare:
+            entry = [entry]
         if not isinstance(entry, list) or len(entry) not in (1, 2, 3, 4) or not isinstance(entry[0], str):
             if isinstance(entry, list) and len(entry) == 5:
                 raise ConfigError(f"datasets entry {entry!r} uses the old [train_glob, eval_glob, stitch, mode, "
                                   f"weight] form: register the globs in configs/dataset_configs/ID.json and "
                                   f"write [ID, stitch, mode, weight]")
-            raise ConfigError(f"datasets entry {entry!r} must be [dataset_id, stitch, sampling_mode, weight]")
+            raise ConfigError(f"datasets entry {entry!r} must be [dataset_id, stitch, sampling_mode, weight] or a "
+                              f"dataset id \"ID\" (read sequentially)")
         dataset_id, stitch, mode, weight = (list(entry) + [None] * 3)[:4]
         stitch = 1 if stitch is None else check_type("stitch", stitch, int)
-        mode = "documents_random" if mode is None else mode
+        if mode is None:
+            mode = INPUT_FNS[input_fn][0] if input_fn in INPUT_FNS else "sequential" if bare else "documents_random"
         weight = 1.0 if weight is None else check_type("weight", weight, float)
         if mode not in SAMPLING_MODES:
             raise ConfigError(f"sampling mode {mode!r} of dataset {dataset_id!r} is not known: choose from "
@@ -101,16 +111,38 @@ def _parse_datasets(value: Any, config_dir: str) -> tuple:
     return tuple(uses)
 
 
+def _predict_max_steps(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if check_type("predict_max_steps", value, int) < 0:
+        raise ConfigError(f"predict_max_steps must be >= 0 (0 or null: no cap), got {value}")
+    return value or None
+
+
+# Keys that name a setting of GPTConfig another way: key -> (field, the field's value for the key's value). The
+# reference's aliases, and GPT-Neo's slow_sampling (its sampler without the key/value cache) and
+# predict_max_steps (its cap on new tokens, 0 or null for none). README, "Parameter reference".
+SYNONYMS = {**{key: (name, lambda value: value) for key, name in ALIASES.items()},
+            "slow_sampling": ("kv_cache", lambda value: not check_type("slow_sampling", value, bool)),
+            "predict_max_steps": ("max_new_tokens", _predict_max_steps)}
+
+
 def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str = DATASET_CONFIG_DIR) -> GPTConfig:
     fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key in fields:
             values[key] = value
-        elif key in ALIASES:
-            values[ALIASES[key]] = value
-        else:
+        elif key not in SYNONYMS:
             raise ConfigError(f"unknown key {key!r} in {source}{closest(key, fields)}")
+    for key, (name, translate) in SYNONYMS.items():
+        if key in raw:
+            value = translate(raw[key])
+            if name in raw and raw[name] != value:
+                raise ConfigError(f"{source} sets {key} {json.dumps(raw[key])} and {name} {json.dumps(raw[name])}, "
+                                  f"which disagree ({key} {json.dumps(raw[key])} means {name} {json.dumps(value)}): "
+                                  f"keep one of them")
+            values[name] = value
     for required in ("n_layer", "n_embd", "n_head", "n_vocab"):
         if required not in values:
             raise ConfigError(f"{source} lacks {required!r}, which has no default")
@@ -122,9 +154,10 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
             continue
         if expected is not None:
             values[name] = check_type(name, value, expected)
+    check_positive(values)  # n_layer -1 is its own error, not an attention_types mismatch
     values["attention_types"] = expand_attention_types(
         values.get("attention_types", [[["global"], values["n_layer"]]]), values["n_layer"])
-    values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir)
+    values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir, values.get("input_fn"))
     values.update(parse_model_options(values))
     values["eval_tasks"] = _parse_eval_tasks(values.get("eval_tasks") or [])
     if values["datasets"]:  # special ids come from the (last) dataset's tokenizer, as in GPT-Neo
@@ -148,9 +181,11 @@ def check_registries(cfg: GPTConfig) -> GPTConfig:
             raise ConfigError(f"attention type {kind!r} is not known: choose from {', '.join(ATTENTION)}"
                               f"{closest(kind, ATTENTION)}")
         ATTENTION[kind].check(cfg)
-    if cfg.activation_function not in ACTIVATIONS:
-        raise ConfigError(f"activation_function {cfg.activation_function!r} is not known: choose from "
-                          f"{', '.join(ACTIVATIONS)}{closest(cfg.activation_function, ACTIVATIONS)}")
+    for key in ("activation_function", "moe_activation"):
+        name = getattr(cfg, key)
+        if name is not None and name not in ACTIVATIONS:
+            raise ConfigError(f"{key} {name!r} is not known: choose from {', '.join(ACTIVATIONS)}"
+                              f"{closest(name, ACTIVATIONS)}")
     if cfg.moe_params:
         known = default_moe_params(cfg)  # mesh-tensorflow's MoE defines which keys exist
         for key, _ in cfg.moe_params:
@@ -169,7 +204,11 @@ def load_config(name_or_path: str, overrides: Optional[dict] = None,
     """Reads a model config by name or path; `overrides` replace keys before validation."""
     path = resolve_config_path(name_or_path)
     raw = read_json(path, "model config")
-    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for key, (name, _) in SYNONYMS.items():  # a flag overrides the config's key under either of its names
+        if name in given:
+            raw.pop(key, None)
+    raw.update(given)
     beside = os.path.join(os.path.dirname(os.path.abspath(path)), "dataset_configs")
     if os.path.isdir(beside):  # a config folder kept outside the repo brings its own dataset registry
         dataset_config_dir = beside

@@ -22,6 +22,8 @@ def add_arguments(p) -> None:
         p.add_argument(f"--{name}", type=kind, default=None, help=f"override the config's {name}")
     p.add_argument("--remove_partial_sequences", action="store_true", default=None,
                    help="output only the new tokens, not the prompt")
+    p.add_argument("--entmax_sampling", action="store_true",
+                   help="sample from entmax instead of the softmax (GPT-Neo's flag; the config's sampling_use_entmax)")
     p.add_argument("--no_kv_cache", action="store_true",
                    help="sample by recomputing the whole context each step instead of using the key/value cache")
     p.add_argument("--export_dir", help="where --export writes the SavedModel (default: <model_path>/export/<step>)")
@@ -32,6 +34,8 @@ def config_overrides(args) -> dict:
     overrides = {name: getattr(args, name, None) for name in SAMPLING_FLAGS}
     if getattr(args, "remove_partial_sequences", None):
         overrides["remove_partial_sequences"] = True
+    if getattr(args, "entmax_sampling", False):
+        overrides["sampling_use_entmax"] = True
     if getattr(args, "no_kv_cache", False):
         overrides["kv_cache"] = False
     return {k: v for k, v in overrides.items() if v is not None}

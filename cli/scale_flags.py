@@ -4,8 +4,12 @@ and multi-host (--cluster / --workers / --task_index). main.py declares the flag
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Optional
+
+from console import restore
 
 
 def config_overrides(args) -> dict:
@@ -90,7 +94,16 @@ def serve(args, cfg, cluster) -> None:
     local = _local_devices(args, cfg, cluster)
     devices.configure(local)
     server = cluster_lib.start_server(cluster, local)
-    cluster_lib.exit_process(cluster_lib.serve(cluster, server, args.worker_timeout))
+    exit_process(cluster_lib.serve(cluster, server, args.worker_timeout))
+
+
+def exit_process(code: int) -> None:
+    """Ends this process now. A TF gRPC server cannot be shut down cleanly, and interpreter shutdown can
+    block on its threads, so a process that started one leaves with os._exit after flushing its output."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    restore()  # the console filter passes on what it holds
+    os._exit(code)
 
 
 def chief_placement(args, cfg):

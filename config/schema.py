@@ -20,7 +20,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
 DATASET_CONFIG_DIR = os.path.join(CONFIG_DIR, "dataset_configs")
 
-SAMPLING_MODES = ("documents_random", "documents_fixed", "chunks")
+SAMPLING_MODES = ("documents_random", "documents_fixed", "chunks", "sequential")
+# GPT-Neo's input functions (the config's `input_fn`), each with the sampling modes it reads; the first is the
+# mode of a dataset entry that names none. Without input_fn, a bare dataset id is read by sequential_input
+# (GPT-Neo's default) and an [id, stitch, mode, weight] list by generic_text (as in this project's configs).
+INPUT_FNS = {"sequential_input": ("sequential",), "generic_text": ("documents_random", "documents_fixed", "chunks")}
 
 # mesh-tensorflow MoE1D's default expert count (tests/test_config.py checks it against mesh-tensorflow).
 MOE_DEFAULT_EXPERTS = 16
@@ -45,7 +49,8 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class DatasetUse:
-    """One entry of a model config's `datasets`: [id, stitch, sampling_mode, weight]."""
+    """One entry of a model config's `datasets`: [id, stitch, sampling_mode, weight], or a bare id (GPT-Neo's
+    form, read sequentially: [id, 1, "sequential", 1.0])."""
     dataset: DatasetConfig
     stitch: int = 1
     sampling_mode: str = "documents_random"
@@ -87,6 +92,7 @@ class GPTConfig:
     num_mem_kv: int = option(0)                  # learned memory key/values every query of a global layer sees
     moe_layers: tuple = option()                 # layers (from 0) whose feed-forward is a mixture of experts
     moe_params: tuple = option()                 # (key, value) pairs overriding models/moe.py's defaults
+    moe_activation: Optional[str] = option(None)  # the experts' activation; None: activation_function
     axial_pos_emb: Optional[tuple] = option(None)   # (a, b), a*b >= n_ctx: axial instead of learned positions
     rotary_emb: bool = option(False)             # rotary positions in every attention layer instead of learned ones
     share_parameters: bool = option(False)       # every layer uses the same block weights
@@ -113,6 +119,11 @@ class GPTConfig:
     ada_epsilon2: float = 1e-3
     weight_decay: float = 0.01
     gradient_clipping: Optional[float] = 1.0
+    initial_loss_scale: float = 2.0 ** 15  # float16 precision: the dynamic loss scale's start (train/loss_scale.py)
+    loss_scale_window: int = 2000        # float16: the loss scale doubles after this many steps without overflow
+    entmax_loss: bool = False            # train on the entmax loss of the logits instead of cross-entropy
+    entmax_alpha: float = 1.3            # alpha of entmax (loss and sampling): GPT-Neo's 1.3; 1.5 is entmax15
+    log_grads: bool = False              # also log every variable's gradient norm (grad_norm/<variable>)
 
     # Run.
     train_batch_size: int = 8
@@ -127,6 +138,8 @@ class GPTConfig:
     keep_checkpoint_every_n_hours: float = 2.0  # and, of older ones, one per this many hours of training
     model_path: str = ""
     datasets: tuple = ()
+    input_fn: Optional[str] = None       # GPT-Neo's input function: "sequential_input" or "generic_text" (INPUT_FNS)
+    shuffle_input_filenames: bool = True  # "sequential" datasets: the files in a seeded order each epoch
     mesh_shape: str = "all:1"
     layout: str = ""
     seed: int = 1234
@@ -142,6 +155,7 @@ class GPTConfig:
     stop_token: Optional[int] = None     # a sample ends at this id; None: eos_id; -1: only at max_new_tokens
     remove_partial_sequences: bool = False  # output only the new tokens, without the prompt
     kv_cache: bool = True                # incremental decoding with a key/value cache where the model allows it
+    sampling_use_entmax: bool = False    # sample from entmax(logits / temperature) instead of the softmax
 
     # Evaluation tasks (--eval, and after each checkpoint when eval_steps > 0).
     eval_tasks: tuple = ()               # e.g. ["lambada"]
@@ -337,9 +351,10 @@ def _validate_model_options(cfg: GPTConfig) -> None:
                               f"{cfg.n_layer - 1}: fix moe_layers")
     if len(set(cfg.moe_layers)) != len(cfg.moe_layers):
         raise ConfigError(f"moe_layers names a layer twice: {list(cfg.moe_layers)}")
-    if cfg.moe_params and not cfg.moe_layers:
-        raise ConfigError("moe_params is set but moe_layers is empty: list the mixture-of-experts layers in "
-                          "moe_layers (e.g. [1, 3])")
+    for key in ("moe_params", "moe_activation"):
+        if getattr(cfg, key) and not cfg.moe_layers:
+            raise ConfigError(f"{key} is set but moe_layers is empty: list the mixture-of-experts layers in "
+                              f"moe_layers (e.g. [1, 3])")
     params = dict(cfg.moe_params)
     for key in ("moe_num_experts", "moe_hidden_size", "moe_group_size"):
         if key in params and (isinstance(params[key], bool) or not isinstance(params[key], int) or params[key] < 1):
@@ -387,21 +402,35 @@ def _validate_mlm(cfg: GPTConfig) -> None:
                           f"{cfg.mlm_same_token_prob + cfg.mlm_random_token_prob} exceeds 1: lower one of them")
 
 
+# Sizes and counts that must be at least 1 (steps_per_checkpoint 0 would save a checkpoint every step).
+POSITIVE_FIELDS = ("n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "train_batch_size", "eval_batch_size",
+                   "predict_batch_size", "iterations", "local_attention_radius", "keep_checkpoint_max",
+                   "steps_per_checkpoint")
+
+
+def check_positive(values: dict) -> None:
+    """The POSITIVE_FIELDS among `values` (field name -> value) are at least 1. Runs on the raw values before
+    attention_types are expanded against n_layer, so that n_layer -1 is reported as itself."""
+    for name in POSITIVE_FIELDS:
+        if name in values and values[name] < 1:
+            raise ConfigError(f"{name} must be at least 1, got {values[name]}")
+
+
 def validate(cfg: GPTConfig) -> GPTConfig:
     """Checks that hold between fields (those against the registries are cli/config_loading.py's). Raises
     ConfigError naming the fix."""
-    for name in ("n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "train_batch_size", "eval_batch_size",
-                 "predict_batch_size", "iterations", "local_attention_radius", "keep_checkpoint_max"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    check_positive({name: getattr(cfg, name) for name in POSITIVE_FIELDS})
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
     if len(cfg.attention_types) != cfg.n_layer:
         raise ConfigError(f"attention_types has {len(cfg.attention_types)} layers but n_layer is {cfg.n_layer}")
     if cfg.model not in ("GPT", "GPT2"):
         raise ConfigError(f"model {cfg.model!r} is not known: only 'GPT' is built")
-    if cfg.precision not in ("float32", "bfloat16"):
-        raise ConfigError(f"precision must be 'float32' or 'bfloat16', got {cfg.precision!r}")
+    if cfg.precision not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"precision must be 'float32', 'bfloat16' or 'float16', got {cfg.precision!r}")
+    if cfg.initial_loss_scale < 1 or cfg.loss_scale_window < 1:
+        raise ConfigError(f"initial_loss_scale and loss_scale_window must be at least 1, got "
+                          f"{cfg.initial_loss_scale} and {cfg.loss_scale_window}")
     if cfg.opt_name not in ("adam", "adafactor"):
         raise ConfigError(f"opt_name must be 'adam' or 'adafactor', got {cfg.opt_name!r}")
     if cfg.lr_decay not in ("cosine", "linear"):
@@ -413,6 +442,9 @@ def validate(cfg: GPTConfig) -> GPTConfig:
         raise ConfigError(f"lr must be positive, got {cfg.lr}")
     _validate_model_options(cfg)
     _validate_sampling(cfg)
+    if not 1.0 < cfg.entmax_alpha < 2.0:
+        raise ConfigError(f"entmax_alpha must be in (1, 2) (1 would be softmax, 2 sparsemax), got {cfg.entmax_alpha}")
+    _validate_input_fn(cfg)
     for use in cfg.datasets:
         ds = use.dataset
         if ds.n_vocab > cfg.n_vocab:
@@ -420,6 +452,22 @@ def validate(cfg: GPTConfig) -> GPTConfig:
                               f"n_vocab {cfg.n_vocab}: set n_vocab >= {ds.n_vocab}")
     _validate_mesh(cfg)
     return cfg
+
+
+def _validate_input_fn(cfg: GPTConfig) -> None:
+    if cfg.input_fn is None:
+        return
+    if cfg.input_fn not in INPUT_FNS:
+        raise ConfigError(f"input_fn {cfg.input_fn!r} is not known: choose from {', '.join(INPUT_FNS)}"
+                          f"{closest(cfg.input_fn, INPUT_FNS)}")
+    for use in cfg.datasets:
+        if use.sampling_mode not in INPUT_FNS[cfg.input_fn]:
+            hint = ("remove input_fn (or set it to generic_text) to sample documents, or read pre-chunked data "
+                    "with a bare id" if cfg.input_fn == "sequential_input" else
+                    "remove input_fn (or set it to sequential_input) to read it sequentially")
+            reads = ", ".join(INPUT_FNS[cfg.input_fn])
+            raise ConfigError(f"dataset {use.dataset.id!r} asks for sampling mode {use.sampling_mode!r}, which "
+                              f"input_fn {cfg.input_fn!r} does not read (it reads {reads}): {hint}")
 
 
 def _validate_sampling(cfg: GPTConfig) -> None:

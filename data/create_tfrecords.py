@@ -32,7 +32,9 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence
@@ -127,7 +129,7 @@ def create_tfrecords(
     tokenizer = _load_chosen_tokenizer(encoder_path, use_gpt2_tokenizer, gpt2_tokenizer_path)
     settings = EncodingSettings(mode, _check_separator(separator, tokenizer), minimum_size, n_ctx if mode == "chunks" else 0, files_per, name)
     files = list_input_files(input_dir, glob)
-    os.makedirs(output_dir, exist_ok=True)
+    _make_output_dir(output_dir)
     finished = _finished_files(output_dir, name)
     manifest_created = _check_or_write_manifest(output_dir, settings, tokenizer, files, finished)
     _remove_leftover_temporaries(output_dir, name)
@@ -215,9 +217,24 @@ def _finished_files(output_dir: str, name: str) -> dict:
     return finished
 
 
+def _make_output_dir(output_dir: str) -> None:
+    """Creates --output_dir; a file in its place (or in place of a parent folder) is a DataError naming it."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = output_dir
+        while os.path.dirname(blocker) != blocker and not os.path.isfile(blocker):
+            blocker = os.path.dirname(blocker)
+        where = "" if blocker == output_dir else f"cannot be created: {blocker} "
+        raise DataError(f"--output_dir {output_dir} {where}is a file, not a folder: choose another --output_dir "
+                        f"(or move the file away)") from None
+    except OSError as exc:
+        raise DataError(f"--output_dir {output_dir} cannot be created ({exc.strerror}): choose another --output_dir") from None
+
+
 def _remove_leftover_temporaries(output_dir: str, name: str) -> None:
     """Delete half-written files of a crashed run; their groups are then redone."""
-    pattern = re.compile(rf"^{re.escape(name)}_\d+\.tfrecords{re.escape(TEMPORARY_SUFFIX)}$")
+    pattern = re.compile(rf"^{re.escape(name)}(_\d+\.tfrecords|\.manifest\.json){re.escape(TEMPORARY_SUFFIX)}$")
     for entry in os.listdir(output_dir):
         if pattern.match(entry):
             os.remove(os.path.join(output_dir, entry))
@@ -236,8 +253,13 @@ def _check_or_write_manifest(output_dir: str, settings: EncodingSettings, tokeni
     }
     path = _manifest_path(output_dir, settings.name)
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            previous = json.load(handle)
+        previous, problem = _read_manifest(path)
+        if problem and finished:
+            raise DataError(
+                f"{path} is corrupt ({problem}), so the {len(finished)} finished {settings.name!r} files in "
+                f"{output_dir} cannot be resumed safely: delete them and the manifest (or the whole folder) to "
+                f"start over, or choose another --output_dir/--name"
+            )
         if previous != manifest and finished:
             raise DataError(
                 f"{output_dir} holds {settings.name!r} files made with other settings, tokenizer or inputs "
@@ -249,6 +271,23 @@ def _check_or_write_manifest(output_dir: str, settings: EncodingSettings, tokeni
         raise DataError(f"{output_dir} holds {settings.name!r} files but no manifest, so they cannot be resumed safely; delete them or choose another --output_dir/--name")
     _write_json_atomically(path, manifest)
     return True
+
+
+def _read_manifest(path: str) -> tuple:
+    """(the manifest, None), or (None, what is wrong with it) when it is not one this tool wrote."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            previous = json.load(handle)
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except OSError as exc:
+        raise DataError(f"{path} cannot be read ({exc.strerror}): delete it, or choose another --output_dir/--name") from None
+    if (not isinstance(previous, dict) or not isinstance(previous.get("settings"), dict)
+            or not all(isinstance(previous.get(key), str) for key in ("tokenizer_sha256", "inputs_sha256"))):
+        return None, "not a create_tfrecords manifest: it needs settings, tokenizer_sha256 and inputs_sha256"
+    return previous, None
 
 
 def _write_json_atomically(path: str, payload: dict) -> None:
@@ -389,7 +428,25 @@ _worker_state: dict = {}
 
 
 def _initialise_worker(tokenizer_path: str, pretrained: bool, settings: EncodingSettings, output_dir: str) -> None:
+    _quiet_on_interruption()
     _worker_state.update(tokenizer=load_tokenizer(tokenizer_path, pretrained), settings=settings, output_dir=output_dir)
+
+
+def _quiet_on_interruption() -> None:
+    """A worker leaves stopping to the parent, which terminates the pool and cleans up: Ctrl-C (SIGINT, sent to
+    the whole process group) is ignored here, SIGTERM (the pool's terminate()) ends the worker silently, and on
+    Linux the worker also gets SIGTERM if the parent dies (kill -9), instead of a BrokenPipeError traceback
+    when it next sends a result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler (main's) is inherited through fork
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(1)
 
 
 def _work_on_group(item: tuple) -> Summary:
@@ -589,8 +646,18 @@ def parse_separator(text: Optional[str]) -> Optional[list]:
     return value
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the run stops the way Ctrl-C stops it."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only there can signals be handled
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
         if args.write_dataset_config is not None:
             _check_dataset_id(args.write_dataset_config)  # before the work, not after it
@@ -609,10 +676,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a failed write: disk full, read-only folder
+        print(f"error: {exc.filename or args.output_dir}: {exc.strerror or exc}; finished files are kept: free "
+              f"the space or fix the folder, then rerun the same command to resume", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, _Terminated) as exc:
+        print(f"interrupted: {_finished_count(args.output_dir, args.name)} finished files kept in {args.output_dir}; "
+              f"rerun the same command to resume", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     return 0
 
 
+def _finished_count(output_dir: str, name: str) -> int:
+    try:
+        return len(_finished_files(output_dir, name))
+    except (OSError, DataError):
+        return 0
+
+
 if __name__ == "__main__":
-    from tools.console import quiet_tensorflow
+    from console import quiet_tensorflow
     quiet_tensorflow()  # TF's C++ start-up chatter would bury the progress bar; errors still show
     sys.exit(main())

@@ -46,8 +46,15 @@ class DatasetSource:
 
     path: str  # tfrecords glob
     stitch: int
-    sampling_mode: str  # "documents_random" | "documents_fixed" | "chunks"
+    sampling_mode: str  # "documents_random" | "documents_fixed" | "chunks" | "sequential"
     weight: float = 1.0
+    shuffle_files: bool = True  # "sequential" only (shuffle_input_filenames): a seeded file order per epoch
+
+
+# Modes that read pre-chunked records (data/create_tfrecords.py --mode chunks) one window per record, each
+# file front to back: "chunks" in the files' own order, "sequential" (GPT-Neo's sequential_input) in a seeded
+# order of the files per epoch, or their own order without shuffle_files.
+PRECHUNKED_MODES = ("chunks", "sequential")
 
 
 # ----------------------------------------------------------------------------- stateless hash
@@ -268,7 +275,7 @@ def _check_train_arguments(sources, n_ctx, batch_size, seed, start_step) -> None
     for source in sources:
         if source.sampling_mode not in SAMPLING_MODES:
             raise DataError(f"unknown sampling mode {source.sampling_mode!r} for {source.path}; use one of {', '.join(SAMPLING_MODES)}")
-        if source.sampling_mode != "chunks" and (not isinstance(source.stitch, int) or source.stitch < 1):
+        if source.sampling_mode not in PRECHUNKED_MODES and (not isinstance(source.stitch, int) or source.stitch < 1):
             raise DataError(f"stitch must be an integer >= 1 for {source.path}, got {source.stitch!r}")
         if not source.weight > 0:
             raise DataError(f"dataset weight must be > 0 for {source.path}, got {source.weight!r}")
@@ -289,9 +296,16 @@ def _check_first_documents(source: DatasetSource, table: _FileTable, window: int
             raise DataError(f"{first_file} holds token id {bad}, outside the model's vocabulary (0 <= id < n_vocab = {n_vocab}): "
                             f"it was encoded with another tokenizer; raise n_vocab or re-encode the data")
     shortest = min(len(tokens) for tokens in documents)
-    if source.sampling_mode == "chunks":
+    if source.sampling_mode in PRECHUNKED_MODES:
         if shortest < window:
-            raise DataError(f"{first_file} holds chunks of {shortest} tokens but n_ctx+1 = {window} are needed; recreate it with --mode chunks --n_ctx {window - 1}")
+            documents_instead = (' (or, for tfrecords of whole documents, write the dataset as [ID, stitch, "documents_random", '
+                                 '1.0] in the model config)' if source.sampling_mode == "sequential" else "")
+            raise DataError(f"{first_file} holds chunks of {shortest} tokens but n_ctx+1 = {window} are needed; recreate it "
+                            f"with --mode chunks --n_ctx {window - 1}{documents_instead}")
+        if shortest > window:
+            print(f"warning: {first_file} holds chunks of {shortest} or more tokens; {source.sampling_mode} mode trains on the "
+                  f"first n_ctx+1 = {window} of each (as GPT-Neo's sequential_input did) and skips the rest: recreate the "
+                  f"tfrecords with --mode chunks --n_ctx {window - 1} to use all of them", file=sys.stderr)
     elif source.stitch * shortest < window:
         raise DataError(
             f"stitch {source.stitch} * shortest document ({shortest} tokens, in {first_file}) < n_ctx+1 = {window}: "
@@ -332,8 +346,9 @@ def _examples_taken_per_source(sources: list[DatasetSource], seed: int, examples
 
 def _source_windows(source: DatasetSource, table: _FileTable, window: int, seed: int, tag: int, skip_examples: int) -> tf.data.Dataset:
     """Infinite stream of int64 [window] examples of one source, starting at example ``skip_examples``."""
-    if source.sampling_mode == "chunks":
-        records = _records_from(table, skip_examples, seed, tag, shuffle_files=False)
+    if source.sampling_mode in PRECHUNKED_MODES:
+        shuffle = source.sampling_mode == "sequential" and source.shuffle_files
+        records = _records_from(table, skip_examples, seed, tag, shuffle_files=shuffle)
         return records.map(lambda record: _first_tokens(_parse_tokens(record), window, source), num_parallel_calls=tf.data.AUTOTUNE)
 
     first_document = skip_examples * source.stitch
@@ -365,7 +380,7 @@ def _epoch_file_order_tf(n_files: int, seed: int, tag: int, epoch: tf.Tensor) ->
 def _records_from(table: _FileTable, first_record: int, seed: int, tag: int, shuffle_files: bool) -> tf.data.Dataset:
     """Serialized records of the endless epoch sequence, starting at record ``first_record``.
 
-    Each epoch visits every file once, in a seeded order (or sorted order for chunks); the
+    Each epoch visits every file once, in a seeded order (or in sorted order); the
     start is found from the per-file counts, so whole files before it are never opened.
     """
     counts = np.asarray(table.counts, dtype=np.int64)
@@ -427,7 +442,7 @@ def pipeline_error(error: tf.errors.OpError) -> Optional[DataError]:
 
 
 def _assert_long_enough(tokens: tf.Tensor, window: int, source: DatasetSource) -> tf.Tensor:
-    what = "a chunk" if source.sampling_mode == "chunks" else f"a stitched group of {source.stitch} documents"
+    what = "a chunk" if source.sampling_mode in PRECHUNKED_MODES else f"a stitched group of {source.stitch} documents"
     return tf.debugging.assert_greater_equal(
         tf.size(tokens, out_type=tf.int64), tf.constant(window, tf.int64),
         message=f"{PIPELINE_ERROR_TAG}{what} from {source.path} has fewer than n_ctx+1 = {window} tokens; raise stitch or recreate the tfrecords with a larger --minimum_size",

@@ -1,5 +1,6 @@
-"""The validation loss: the model's mean cross-entropy (over masked positions for MLM) on batches of the eval
-dataset at a checkpoint, run by `main.py --eval` and after each checkpoint when eval_steps > 0."""
+"""The validation loss: the model's mean cross-entropy (the entmax loss with `entmax_loss`; over masked positions
+for MLM) on batches of the eval dataset at a checkpoint, run by `main.py --eval` and after each checkpoint when
+eval_steps > 0."""
 from __future__ import annotations
 
 import math
@@ -96,12 +97,14 @@ def report(cfg: GPTConfig, placement: Placement) -> dict:
         return mask_dataset(eval_dataset(path, cfg.n_ctx, cfg.eval_batch_size, n_vocab=cfg.n_vocab), cfg)
 
     loss, step = evaluate(cfg, placement, batches, steps)
-    perplexity = math.exp(min(loss, 50))
-    print(f"eval at step {step}: loss {loss:.4f} | perplexity {perplexity:.2f} "
+    # The entmax loss (entmax_loss) is no log-likelihood: it has no perplexity.
+    scores = {"loss": loss} if cfg.entmax_loss else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
+    shown = " (entmax loss)" if cfg.entmax_loss else f" | perplexity {scores['perplexity']:.2f}"
+    print(f"eval at step {step}: loss {loss:.4f}{shown} "
           f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
     writer = summary_writer(os.path.join(cfg.model_path, "eval"))
-    write_scalars(writer, step, {"loss": loss, "perplexity": perplexity})
+    write_scalars(writer, step, scores)
     writer.close()
-    record = {"step": step, "task": "validation", "loss": loss, "perplexity": perplexity, "batches": steps}
+    record = {"step": step, "task": "validation", **scores, "batches": steps}
     append_result(cfg, record)
     return record

@@ -50,12 +50,14 @@ def _config_json(cfg: GPTConfig) -> dict:
 def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_size: Optional[int] = None) -> str:
     """Writes the SavedModel of `checkpoint` (a prefix or a model directory) to export_dir; returns it."""
     if tf.io.gfile.isdir(checkpoint):
-        found = checkpoints.latest(checkpoint)
+        found = checkpoints.restorable(checkpoint)
         if not found:
             raise ConfigError(f"no checkpoint in {checkpoint} to export: train first")
         checkpoint = found
     if os.path.exists(export_dir):
         raise ConfigError(f"{export_dir} already exists: remove it or pass another --export_dir")
+    checkpoints.check_writable(os.path.dirname(os.path.abspath(export_dir)),
+                               "make it writable, or pass --export_dir to write the SavedModel elsewhere")
     batch = batch_size or cfg.predict_batch_size
     one_device = cfg.replace(mesh_shape="all:1", layout="")
     graph = tf.Graph()
@@ -82,19 +84,29 @@ def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_s
         logits_signature = tf.saved_model.signature_def_utils.build_signature_def(
             inputs={"tokens": info(tokens)}, outputs={"logits": info(out_logits)},
             method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
-        builder = tf.saved_model.Builder(export_dir)
+    # The session compares the checkpoint with this graph (a checkpoint of another model is an error) before the
+    # builder makes export_dir; a write that fails removes the half-written export.
     with MeshSession(graph, lowering, "", tf.ConfigProto(), checkpoint, finalize=False) as session:
-        with graph.as_default():  # every model variable must be in the checkpoint (restored, not initialised)
-            builder.add_meta_graph_and_variables(
-                session.session, [tf.saved_model.tag_constants.SERVING], saver=session.saver, strip_default_attrs=True,
-                signature_def_map={"serving_default": generate, "generate": generate, "logits": logits_signature})
-            builder.save()
-    extra = os.path.join(export_dir, "assets.extra")
-    os.makedirs(extra, exist_ok=True)
-    with open(os.path.join(extra, "gpt_config.json"), "w") as f:
-        json.dump(dict(_config_json(cfg), export_batch_size=batch, checkpoint=os.path.basename(checkpoint)), f,
-                  indent=1, default=str)
-    dataset = cfg.tokenizer_dataset
-    if dataset and dataset.tokenizer_path and not dataset.tokenizer_is_pretrained and os.path.isfile(dataset.tokenizer_path):
-        shutil.copy(dataset.tokenizer_path, os.path.join(extra, os.path.basename(dataset.tokenizer_path)))
+        try:
+            with graph.as_default():  # every model variable must be in the checkpoint (restored, not initialised)
+                builder = tf.saved_model.Builder(export_dir)
+                builder.add_meta_graph_and_variables(
+                    session.session, [tf.saved_model.tag_constants.SERVING], saver=session.saver,
+                    strip_default_attrs=True,
+                    signature_def_map={"serving_default": generate, "generate": generate, "logits": logits_signature})
+                builder.save()
+            extra = os.path.join(export_dir, "assets.extra")
+            os.makedirs(extra, exist_ok=True)
+            with open(os.path.join(extra, "gpt_config.json"), "w") as f:
+                json.dump(dict(_config_json(cfg), export_batch_size=batch, checkpoint=os.path.basename(checkpoint)), f,
+                          indent=1, default=str)
+            dataset = cfg.tokenizer_dataset
+            if (dataset and dataset.tokenizer_path and not dataset.tokenizer_is_pretrained
+                    and os.path.isfile(dataset.tokenizer_path)):
+                shutil.copy(dataset.tokenizer_path, os.path.join(extra, os.path.basename(dataset.tokenizer_path)))
+        except (OSError, tf.errors.OpError) as e:
+            shutil.rmtree(export_dir, ignore_errors=True)
+            raise checkpoints.CheckpointError(f"could not write the SavedModel to {export_dir} "
+                                              f"({checkpoints.reason(e)}); nothing was kept there: free space, or pass "
+                                              f"--export_dir to write it elsewhere") from e
     return export_dir

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,8 +34,17 @@ def read_prompts(paths, per_line: bool) -> list[str]:
     for path in paths:
         if not os.path.isfile(path):
             raise DataError(f"prompt file {path} not found: pass a text file to --prompt")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:  # a gzip, an image, text in another encoding
+            text = None
+        except OSError as e:  # unreadable: permissions, an I/O error
+            raise DataError(f"prompt file {path} cannot be read ({e.strerror}): pass a readable text file to "
+                            f"--prompt") from None
+        if text is None or "\x00" in text:  # NUL: binary that happens to decode, or UTF-16 without a BOM
+            raise DataError(f"prompt file {path} is not UTF-8 text (a binary file, or text in another encoding): "
+                            f"pass a plain UTF-8 text file to --prompt")
         prompts.extend([line for line in text.splitlines() if line.strip()] if per_line else [text])
     if not prompts:
         raise DataError(f"no prompts in {', '.join(paths)}: the files hold only blank lines")
@@ -93,6 +103,37 @@ def run_rows(cfg, placement, rows: Batch, checkpoint: str) -> dict:
     return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, progress=True)
 
 
+def write_samples(prefix: str, records: list, step: int) -> None:
+    """PREFIX.txt and PREFIX.jsonl, each written whole under a temporary name, then renamed. When that fails
+    (disk full, read-only), the samples (already printed) go to a file in the temporary folder that the
+    CheckpointError names: finished samples are never lost."""
+    texts = {".txt": "".join(f"======== sample {r['index']} ========\n{r['text']}\n" for r in records),
+             ".jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)}
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+        for suffix, text in texts.items():
+            with open(prefix + suffix + ".tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(prefix + suffix + ".tmp", prefix + suffix)
+    except OSError as e:
+        for suffix in texts:
+            if os.path.exists(prefix + suffix + ".tmp"):
+                try:
+                    os.remove(prefix + suffix + ".tmp")
+                except OSError:
+                    pass
+        try:
+            fd, kept = tempfile.mkstemp(prefix=f"predictions_{step}_", suffix=".jsonl")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(texts[".jsonl"])
+            where = f"printed above and saved in {kept}"
+        except OSError:
+            where = "printed above (and nowhere else)"
+        raise checkpoints.CheckpointError(
+            f"could not write {prefix}.txt and .jsonl ({checkpoints.reason(e)}): the {len(records)} samples are "
+            f"{where}; free space, or pass --predict_output PREFIX to write them elsewhere") from e
+
+
 def predict(cfg, placement, args, step: int, tokenizer) -> int:
     prompts = read_prompts(getattr(args, "prompt", None), getattr(args, "prompt_per_line", False))
     num_samples = getattr(args, "num_samples", None)
@@ -102,10 +143,11 @@ def predict(cfg, placement, args, step: int, tokenizer) -> int:
         raise DataError(f"--num_samples must be at least 1, got {num_samples}")
     seed = cfg.sampling_seed if cfg.sampling_seed is not None else secrets.randbelow(2 ** 31)
     rows = build_rows(cfg, tokenizer, prompts, num_samples, seed)
+    prefix = getattr(args, "predict_output", None) or os.path.join(cfg.model_path, f"predictions_{step}")
+    checkpoints.check_writable(os.path.dirname(os.path.abspath(prefix)),  # before sampling, not after
+                               "make it writable, or pass --predict_output PREFIX to write the samples elsewhere")
     outputs = run_rows(cfg, placement, rows, checkpoints.prefix_of(cfg.model_path, step))
 
-    prefix = getattr(args, "predict_output", None) or os.path.join(cfg.model_path, f"predictions_{step}")
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     records = []
     for i in range(len(rows.tokens)):
         p = rows.prompt_index[i]
@@ -115,11 +157,9 @@ def predict(cfg, placement, args, step: int, tokenizer) -> int:
             "index": i, "prompt_index": p, "prompt": prompts[p], "prompt_ids": rows.prompt_ids[i],
             "completion": text, "tokens": new, "stopped": stopped, "seed": int(rows.seed[i]), "step": step,
             "text": text if cfg.remove_partial_sequences else prompts[p] + text})
-    with open(prefix + ".txt", "w", encoding="utf-8") as txt, open(prefix + ".jsonl", "w", encoding="utf-8") as jl:
-        for r in records:
-            print(f"======== sample {r['index']} (step {step}) ========\n{r['text']}")
-            txt.write(f"======== sample {r['index']} ========\n{r['text']}\n")
-            jl.write(json.dumps(r, ensure_ascii=False) + "\n")
+    for r in records:
+        print(f"======== sample {r['index']} (step {step}) ========\n{r['text']}")
+    write_samples(prefix, records, step)
     why = incremental_unsupported(cfg)
     mode = "kv cache" if cfg.kv_cache and why is None else f"full recompute ({why or 'kv_cache is false'})"
     print(f"wrote {len(records)} samples ({len(prompts)} prompts x {num_samples}, seed {seed}, {mode}) to "

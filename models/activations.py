@@ -102,3 +102,13 @@ ACTIVATIONS = {
     "roottanh": lambda x: _pow(mtf.square(x) + 1, 1 / 3) * mtf.tanh(x),
     "softplusmone": lambda x: mtf.softplus(x) - 1,
 }
+
+
+def activation_for(name: str, dtype: tf.DType):
+    """ACTIVATIONS[name] for activations of `dtype`: under float16 computed in float32 (exp and squares leave
+    float16's range above ~11 and ~256, and elish's exp(x) * 0 is then NaN), except GELU, whose fused kernel
+    computes in float32 already. Other dtypes get the function itself."""
+    fn = ACTIVATIONS[name]
+    if dtype != tf.float16 or fn is gelu:
+        return fn
+    return lambda x: mtf.cast(fn(mtf.cast(x, tf.float32)), x.dtype)

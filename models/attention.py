@@ -123,7 +123,7 @@ def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
         query_pos = mtf.range(q.mesh, ctx.sequence, tf.int32)
         memory_pos = mtf.range(q.mesh, memory_length, tf.int32) - n_mem  # memory slots sit at negative positions
         future = mtf.less(query_pos, memory_pos)  # [sequence, memory_length]
-        bias = mtf.cast(future, q.dtype) * -1e10
+        bias = mtf.cast(future, tf.float32) * -1e10  # float32: -1e10 is -inf in float16, and 0 * -inf is NaN
     # mtf's attention math, with the logits laid out for batched matmuls (models/kernels/attention.py)
     return attention_kernels.attention(q, k, v, memory_length_dim=memory_length, key_dim=ctx.kv, value_dim=ctx.kv,
                                        bias=bias, memory_split=dimension_is_split(ctx.cfg, memory_length.name),

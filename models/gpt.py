@@ -17,6 +17,7 @@ import tensorflow.compat.v1 as tf
 
 from models import embeddings
 from models.attention import ATTENTION, self_attention
+from models.entmax import entmax_loss
 from config.schema import GPTConfig, dimension_is_split
 from models.kernels.lookups import gather
 from models.kernels.loss import cross_entropy_and_log_z
@@ -42,8 +43,9 @@ class Dims:
 
 
 def variable_dtype(cfg: GPTConfig) -> mtf.VariableDType:
-    """fp32 master weights; bf16 activations when precision is bfloat16."""
-    activation = tf.bfloat16 if cfg.precision == "bfloat16" else tf.float32
+    """fp32 master weights; bf16 or fp16 activations when precision is bfloat16 or float16 (float16 trains with
+    dynamic loss scaling: train/loss_scale.py)."""
+    activation = {"bfloat16": tf.bfloat16, "float16": tf.float16}.get(cfg.precision, tf.float32)
     return mtf.VariableDType(master_dtype=tf.float32, slice_dtype=tf.float32, activation_dtype=activation)
 
 
@@ -160,12 +162,16 @@ def loss_weights(labels: mtf.Tensor, cfg: GPTConfig) -> Optional[mtf.Tensor]:
 
 def loss(logits_: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig, dims: Dims,
          weights: Optional[mtf.Tensor] = None) -> tuple[mtf.Tensor, mtf.Tensor]:
-    """Cross-entropy, and the training objective (cross-entropy plus GPT-Neo's z-loss on log Z).
+    """The loss (cross-entropy, or with `entmax_loss` the entmax loss: models/entmax.py), and the training
+    objective (the loss plus GPT-Neo's z-loss on log Z of the softmax).
 
     Both are means over all positions, or, given `weights` [batch, sequence] (see `loss_weights`), sums
     weighted by them."""
     with tf.variable_scope("xentropy_final"):
-        if dimension_is_split(cfg, "vocab"):
+        if cfg.entmax_loss:
+            per_token = entmax_loss(logits_, labels, dims.vocab, cfg.entmax_alpha)
+            log_z = mtf.reduce_logsumexp(logits_, dims.vocab) if cfg.z_loss else None
+        elif dimension_is_split(cfg, "vocab"):
             per_token = mtf.layers.softmax_cross_entropy_with_logits(logits_, labels, dims.vocab)
             log_z = mtf.reduce_logsumexp(logits_, dims.vocab) if cfg.z_loss else None
         else:  # the same values from one logsumexp, with a fused gradient (models/kernels/loss.py)

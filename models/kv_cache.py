@@ -100,7 +100,7 @@ def attend_step(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, window: Optional[in
     hidden = mtf.greater(memory_pos, query_pos)  # the future
     if window is not None:
         hidden = mtf.logical_or(hidden, mtf.less_equal(memory_pos, query_pos - window))
-    bias = mtf.cast(hidden, q.dtype) * -1e10
+    bias = mtf.cast(hidden, tf.float32) * -1e10  # float32 as the logits (-1e10 is -inf in float16; 0 * -inf NaN)
     out, k_cache, v_cache = decode.decode_step_attention(
         q, k, v, k_cache, v_cache, bias, query_pos, memory_length, kv,
         memory_split=dimension_is_split(cfg, memory_length.name),

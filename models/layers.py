@@ -14,7 +14,7 @@ import tensorflow.compat.v1 as tf
 
 from models.kernels import elementwise
 from models.kernels.matmul import matmul
-from models.activations import ACTIVATIONS
+from models.activations import activation_for
 from config.schema import GPTConfig
 
 
@@ -56,9 +56,11 @@ def scale_norm(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType, epsilon: flo
     dim = x.shape[-1]
     with tf.variable_scope(scope):
         g = variable(x.mesh, "g", [], dtype, constant=1.0)
+        # in float32, as LayerNorm's kernel: a float16 mean square overflows above 256
+        out_dtype, x, g = x.dtype, mtf.cast(x, tf.float32), mtf.cast(g, tf.float32)
         x = x - mtf.reduce_mean(x, reduced_dim=dim)
         variance = mtf.reduce_mean(mtf.square(x), reduced_dim=dim)
-        return x * mtf.rsqrt(variance + epsilon) * g
+        return mtf.cast(x * mtf.rsqrt(variance + epsilon) * g, out_dtype)
 
 
 def rezero(x: mtf.Tensor, scope: str, dtype: mtf.VariableDType) -> mtf.Tensor:
@@ -105,7 +107,7 @@ def mlp(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType, tra
     The two halves are a dimension of their own, not a slice, so any layout of intermediate_expanded works.
     """
     hidden = mtf.Dimension("intermediate_expanded", 4 * cfg.n_embd)
-    activation = ACTIVATIONS[cfg.activation_function]
+    activation = activation_for(cfg.activation_function, x.dtype)
     with tf.variable_scope(scope):
         if cfg.mlp_glu:
             glu = mtf.Dimension("glu", 2)

@@ -13,7 +13,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 from mesh_tensorflow.transformer import moe as mtf_moe
 
-from models.activations import ACTIVATIONS
+from models.activations import activation_for
 from config.schema import GPTConfig
 
 
@@ -48,10 +48,11 @@ def moe_feed_forward(x: mtf.Tensor, cfg: GPTConfig, dtype: mtf.VariableDType, tr
     and divided by num_microbatches)."""
     # Every position is routed (mesh-tensorflow's training statistics need a "nonpadding" tensor).
     every_position = mtf.ones(x.mesh, x.shape.dims[:-1], dtype=x.dtype)
+    activation = activation_for(cfg.moe_activation or cfg.activation_function, x.dtype)
     with tf.variable_scope(tf.get_variable_scope(), custom_getter=name_seeded_initializers(cfg.seed)):
         out, loss = mtf_moe.transformer_moe_layer_v1(
             x, x.shape[-1], moe_hparams(cfg), train, dtype, layout=cfg.layout, mesh_shape=cfg.mesh_shape,
-            nonpadding=every_position, activation=ACTIVATIONS[cfg.activation_function],
+            nonpadding=every_position, activation=activation,
             num_microbatches=num_microbatches)
     return out, mtf.cast(loss, tf.float32)
 

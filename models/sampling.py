@@ -13,7 +13,8 @@ Two ways to get each step's logits:
 * **full recompute**: each step runs the whole context again. Used when `kv_cache` is false or the model has a
   layer type or option without an incremental path (`incremental_unsupported`).
 
-Choosing a token (temperature, top-k, top-p, then a Gumbel-max draw) runs on whole vocabulary rows. Its
+Choosing a token (temperature, with `sampling_use_entmax` entmax instead of the softmax, top-k, top-p, then a
+Gumbel-max draw) runs on whole vocabulary rows. Its
 randomness is a stateless hash of (seed, row, position, token id), so a fixed seed gives the same samples on
 every run, on every mesh layout, incremental or not.
 """
@@ -26,6 +27,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import gpt, kv_cache
+from models.entmax import entmax_tf
 from models.attention import ATTENTION, FULL_RECOMPUTE
 from config.schema import ConfigError, GPTConfig
 
@@ -42,13 +44,15 @@ class SamplingOptions:
     padding_id: int = 0
     remove_partial_sequences: bool = False
     incremental: bool = True   # use the kv cache where the model supports it
+    entmax_alpha: Optional[float] = None  # sample from entmax_α(logits / temperature); None: the softmax
 
     @classmethod
     def from_config(cls, cfg: GPTConfig, **changes) -> "SamplingOptions":
         stop = cfg.eos_id if cfg.stop_token is None else (None if cfg.stop_token < 0 else cfg.stop_token)
         values = dict(max_new_tokens=cfg.max_new_tokens or cfg.n_ctx, temperature=cfg.temperature, top_k=cfg.top_k,
                       top_p=cfg.top_p, stop_id=stop, padding_id=cfg.padding_id if cfg.padding_id is not None else 0,
-                      remove_partial_sequences=cfg.remove_partial_sequences, incremental=cfg.kv_cache)
+                      remove_partial_sequences=cfg.remove_partial_sequences, incremental=cfg.kv_cache,
+                      entmax_alpha=cfg.entmax_alpha if cfg.sampling_use_entmax else None)
         values.update(changes)
         return cls(**values)
 
@@ -109,12 +113,19 @@ def stateless_uniform(seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor, vo
 
 def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor,
                      options: SamplingOptions) -> tf.Tensor:
-    """logits [rows, vocab] float -> token ids [rows] int32: temperature, top-k, top-p, Gumbel-max."""
+    """logits [rows, vocab] float -> token ids [rows] int32: temperature, top-k, top-p, Gumbel-max.
+
+    With `entmax_alpha` the draw is from entmax_α(logits / temperature) (models/entmax.py): the logits are
+    replaced by its log-probabilities, NEG_INF outside its support, so no filter or draw can pick a token of
+    probability 0, and top-p measures entmax's probabilities."""
     logits = tf.cast(logits, tf.float32)
     if options.temperature == 0:
         return tf.argmax(logits, axis=-1, output_type=tf.int32)
     vocab_size = logits.shape[-1]
     logits = logits / options.temperature
+    if options.entmax_alpha is not None:
+        probs = entmax_tf(logits, options.entmax_alpha)
+        logits = tf.where(probs > 0, tf.math.log(probs), tf.fill(tf.shape(probs), NEG_INF))
     if options.top_k and options.top_k < vocab_size:
         kth = tf.math.top_k(logits, options.top_k, sorted=True).values[:, -1:]
         logits = tf.where(logits < kth, tf.fill(tf.shape(logits), NEG_INF), logits)

@@ -14,9 +14,13 @@ Everything comes from the model's real training graph (plan/model_graph.py), bui
   and the largest forward tensor's gradient exists beside it. This is an estimate: TensorFlow's allocator,
   fusion and scheduling move the real peak both ways.
 
-"Per device" is the same on every device: mesh-tensorflow splits tensors evenly. The smallest mesh search
-tries, for 1, 2, 4, ... devices, every one- and two-dimensional mesh with data-parallel, Megatron-style
-(heads, mlp, vocab) and GPT-Neo-style (embd, memory_length) layouts, and reports the first that fits.
+"Per device" is the same on every device: mesh-tensorflow splits tensors evenly. It is device memory: on GPUs
+each GPU holds its slices (weights, optimizer state, gradients, activations), while the master copies of all
+variables, optimizer state included, live in host RAM (runtime/meshes.py places them on the host's CPU, or
+spreads them over the hosts of a cluster or a TPU); on CPU devices the host's RAM holds both. The smallest
+mesh search tries, for 1, 2, 4, ... devices, every one- and two-dimensional mesh with data-parallel,
+Megatron-style (heads, mlp, vocab) and GPT-Neo-style (embd, memory_length) layouts, and reports the first
+that fits.
 """
 from __future__ import annotations
 
@@ -352,7 +356,7 @@ def describe(plan: Plan, name: str) -> str:
         f"  whole run      {cfg.train_steps:,} steps = {_short(run_tokens)} tokens, {step_flops * cfg.train_steps:.3e} "
         f"FLOPs",
         "",
-        f"  per-device memory on {cfg.mesh_shape}, layout {cfg.layout or '(nothing split)'}:",
+        f"  per-device memory (on GPUs: GPU memory) on {cfg.mesh_shape}, layout {cfg.layout or '(nothing split)'}:",
         f"  {'':52}{'recompute_grad off':>20}{'recompute_grad on':>20}",
     ]
     off, on = plan.memory[False], plan.memory[True]
@@ -372,11 +376,13 @@ def describe(plan: Plan, name: str) -> str:
     for label, a, b in rows:
         lines.append(f"  {label:<52}{human_bytes(a):>20}{human_bytes(b):>20}")
     lines.append(f"  {'':52}{marks[False]:>20}{marks[True]:>20}".rstrip())
-    if cfg.n_devices == 1:
-        lines.append("  (on a mesh of one device mesh-tensorflow keeps float32 variables in host memory)")
-    else:
-        lines.append(f"  host memory for the master copies of all variables: {human_bytes(plan.facts.master_bytes)} "
-                     f"(on the first host; spread over the hosts with --cluster, over TPU hosts with --tpu)")
+    configured = "on" if cfg.recompute_grad else "off"
+    lines += [
+        f"  host RAM       {human_bytes(host_memory(plan, cpu_devices=False))} on GPUs and TPUs: the master copies "
+        f"of all variables, {cfg.opt_name} state included (spread over the hosts with --cluster or --tpu)",
+        f"  host RAM       {human_bytes(host_memory(plan, cpu_devices=True))} on CPU devices: the master copies plus "
+        f"{cfg.n_devices} x the total (recompute_grad {configured}), all in the CPU's RAM",
+    ]
     for kind, size in (("eval_batch_size", cfg.eval_batch_size), ("predict_batch_size", cfg.predict_batch_size)):
         if size % batch_split(cfg):
             lines.append(f"  note: {kind} {size} does not divide over the {batch_split(cfg)}-way batch split: "
@@ -400,6 +406,16 @@ def describe(plan: Plan, name: str) -> str:
         lines.append("  (layouts tried: data parallel, model parallel over heads/mlp/vocab or embd/memory_length, "
                      "and both; --auto_layout on the chosen mesh may find a leaner one)")
     return "\n".join(lines)
+
+
+def host_memory(plan: Plan, cpu_devices: bool) -> float:
+    """Host RAM a one-host run needs for variables and the training step: the master copies of all variables
+    (master dtype, optimizer slots included); on CPU devices also every device's per-device total (the config's
+    recompute_grad), since the CPU's logical devices are host RAM."""
+    total = plan.facts.master_bytes
+    if cpu_devices:
+        total += plan.cfg.n_devices * plan.memory[plan.cfg.recompute_grad].total
+    return total
 
 
 def _dtype_name(tensors: TensorSet) -> str:

@@ -11,17 +11,31 @@ first.
 Retention is tf.train.Saver's (the Estimator's): the newest `keep` checkpoints stay, and an older one is
 kept only if `keep_every_hours` have passed since the last one kept that way (config keys
 keep_checkpoint_max and keep_checkpoint_every_n_hours).
+
+What model_path can do to a run is checked before anything is written (CheckpointError, one line each): the
+newest checkpoint that can be read is the one restored (`restorable`: one cut short or with an unreadable index
+is skipped, saying so; none readable stops the run), its variables and shapes must be the config's graph's
+(`check_fits`, from runtime/mesh_session.py), the folders a job writes must be writable (`check_writable`), and
+a failed save removes what it wrote and leaves every earlier checkpoint as it was. A missing or broken state
+file never hides a checkpoint (they are found by their files) and is rewritten at the next start
+(`repair_state`).
 """
 from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
 from config.schema import ConfigError
+
+class CheckpointError(ConfigError):
+    """A model_path whose checkpoints cannot be restored, do not fit the config, or cannot be written; or an output
+    folder that cannot be written. One line: what is wrong and how to fix it (main.py prints it as `error: ...`)."""
+
 
 PREFIX = "model.ckpt"
 STAGING = ".saving-"              # model_path/.saving-STEP/: a save in progress (or killed)
@@ -57,13 +71,191 @@ def latest_step(model_path: str) -> int:
     return found[-1] if found else 0
 
 
-_LEFTOVER = re.compile(r"^(\.saving-\d+|model\.ckpt-\d+_temp.*|model\.ckpt-\d+\.meta\.tmp.*|graph\.pbtxt\.tmp.*)$")
+def warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def reason(error: BaseException) -> str:
+    """One line of what an I/O or TensorFlow error says (its strerror, or the line of a session error's message
+    that names the problem, without the node and stack trace around it)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    lines = [line.strip() for line in (getattr(error, "message", None) or str(error)).splitlines() if line.strip()]
+    after_node = [i + 1 for i, line in enumerate(lines) if line.startswith("Node:")]
+    if after_node and after_node[0] < len(lines):
+        return lines[after_node[0]]
+    return lines[0] if lines else type(error).__name__
+
+
+def problem(prefix: str) -> Optional[str]:
+    """Why the checkpoint at `prefix` cannot be restored (its index unreadable, a data shard missing or shorter
+    than the index says: a copy or a disk cut short), or None. Reads the index and the data files' sizes only."""
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    except (tf.errors.OpError, ValueError) as e:
+        return f"its index cannot be read: {reason(e)}"
+    folder, base = os.path.split(prefix)
+    shards = {}
+    for name in tf.io.gfile.listdir(folder):
+        match = _DATA.match(name)
+        if match and match.group(1) == base:
+            shards[name] = tf.io.gfile.stat(os.path.join(folder, name)).length
+    count = int(next(iter(shards)).rsplit("-of-", 1)[1]) if shards else 1
+    wanted = [f"{base}.data-{i:05d}-of-{count:05d}" for i in range(count)]
+    missing = [name for name in wanted if name not in shards]
+    if missing:
+        return f"its data file {missing[0]} is missing"
+    if any(dtype == tf.string for dtype in dtypes.values()):
+        return None  # string tensors have no fixed size to compare with
+    need = sum(int(dtypes[name].size) * int(_product(shape)) for name, shape in shapes.items())
+    have = sum(shards[name] for name in wanted)
+    if have < need:
+        return f"its data files hold {have} of the {need} bytes its index lists: cut short"
+    return None
+
+
+def _product(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+_warned: set = set()
+
+
+def restorable(model_path: str, say=warn) -> Optional[str]:
+    """The prefix of the newest checkpoint that can be restored, found by its files (the state file is not
+    needed); None when model_path has none. Newer ones that cannot be read are skipped, saying so in one line;
+    when there are checkpoints and none can be read, a CheckpointError (a run never starts from scratch over
+    them)."""
+    skipped = []
+    for step in reversed(steps(model_path)):
+        prefix = prefix_of(model_path, step)
+        why = problem(prefix)
+        if why is None:
+            if skipped and say and (model_path, skipped[0][0]) not in _warned:  # once per process
+                _warned.add((model_path, skipped[0][0]))
+                newest, newest_why = skipped[0]
+                others = f" (and {len(skipped) - 1} more between)" if len(skipped) > 1 else ""
+                say(f"{PREFIX}-{newest} in {model_path} cannot be read ({newest_why}){others}; using "
+                    f"{PREFIX}-{step}, the newest checkpoint that can be read")
+            return prefix
+        skipped.append((step, why))
+    if skipped:
+        newest, why = skipped[0]
+        others = f" (nor can the {len(skipped) - 1} older ones)" if len(skipped) > 1 else ""
+        raise CheckpointError(f"no checkpoint in {model_path} can be read: {PREFIX}-{newest} {why}{others}: put back "
+                              f"a good copy of its files, or pass --new to start over (it deletes {model_path})")
+    return None
+
+
+def check_fits(checkpoint: str, variables: dict, optional=()) -> None:
+    """A CheckpointError unless the checkpoint holds every variable of the graph (`variables`: name -> shape;
+    `optional` ones may be absent) with the same shape, and no model variable the graph lacks (optimizer slots,
+    `NAME/slot` and Adafactor's `NAME_slot_v`, and scopes the graph has no variable in, such as global_step in a sampling graph, are not
+    compared). Run before the checkpoint is restored and before anything is written."""
+    folder, base = os.path.split(checkpoint)
+    try:
+        stored = dict(tf.train.list_variables(checkpoint))
+    except (tf.errors.OpError, ValueError) as e:
+        raise CheckpointError(f"{base} in {folder} cannot be read ({reason(e)}): put back a good copy of its files, "
+                              f"or delete them to use the previous checkpoint") from e
+    differences = []
+    for name in sorted(variables):
+        shape = list(variables[name])
+        if name in stored and list(stored[name]) != shape:
+            differences.append(f"{name} is {list(stored[name])} there but {shape} in this config")
+    for name in sorted(variables):
+        if name not in stored and name not in optional:
+            differences.append(f"{name} {list(variables[name])} is in this config but not in the checkpoint")
+    scopes = {name.split("/")[0] for name in variables}
+    for name in sorted(stored):
+        parts = name.split("/")
+        owned = any("/".join(parts[:i]) in stored for i in range(1, len(parts)))  # a slot: NAME/adam_m
+        adafactor_slot = re.fullmatch(r"(.+)_slot_(v|vr|vc|m)", name)  # Adafactor's: NAME_slot_vr
+        owned = owned or bool(adafactor_slot and adafactor_slot.group(1) in stored)
+        if name not in variables and name.split("/")[0] in scopes and not owned:
+            differences.append(f"{name} {list(stored[name])} is in the checkpoint but not in this config")
+    if differences:
+        more = f" (and {len(differences) - 2} more)" if len(differences) > 2 else ""
+        raise CheckpointError(f"{base} in {folder} is another model than the config's: {'; '.join(differences[:2])}"
+                              f"{more}: use the config that trained it, or another model_path (--new deletes this "
+                              f"one and starts over)")
+
+
+def check_writable(folder: str, fix: str) -> None:
+    """A CheckpointError unless this process can write in `folder` (or make it: then in its nearest existing
+    parent), found with a write test that leaves nothing behind; `fix` says what to do instead. Local paths only
+    (a bucket's permissions show at its first write)."""
+    if "://" in folder:
+        return
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        where = folder if path == os.path.abspath(folder) else f"{path} (in {folder})"
+        raise CheckpointError(f"{where} is a file, not a folder: {fix}")
+    test = os.path.join(path, f".write-test-{os.getpid()}")
+    try:
+        with open(test, "w"):
+            pass
+        os.remove(test)
+    except OSError as e:
+        raise CheckpointError(f"cannot write in {path} ({reason(e)}): {fix}") from e
+
+
+def repair_state(model_path: str, keep: int, restored: Optional[int]) -> Optional[str]:
+    """Rewrites the `checkpoint` state file when it is missing, unreadable or out of step with the checkpoint
+    files (listing one that is gone, or not the newest), so that TensorFlow's readers (tf.train.latest_checkpoint,
+    HF's converter) find what this runner finds. It lists the checkpoints it listed that still exist, then the
+    newer ones, up to `restored` (the step training restored; newer ones could not be read); rebuilt from
+    nothing, the newest `keep` (older ones stay unlisted, so rotation never deletes them, as with the checkpoints
+    keep_checkpoint_every_n_hours kept). Returns a line saying what was repaired, or None."""
+    found = [s for s in steps(model_path) if restored is not None and s <= restored]
+    if not found:
+        return None
+    state_path = os.path.join(model_path, "checkpoint")
+    state = _read_state(model_path)
+    listed = None
+    if state is not None and state.model_checkpoint_path:
+        try:
+            listed = [step_of(p) for p in state.all_model_checkpoint_paths] or [step_of(state.model_checkpoint_path)]
+        except ValueError:
+            listed = None
+    if listed is None:
+        why = "missing" if not tf.io.gfile.exists(state_path) else "unreadable"
+        wanted = found[-keep:] if keep else found
+    else:
+        kept = [s for s in listed if s in found]
+        wanted = sorted(kept + [s for s in found if s > max(kept, default=-1)])
+        current = step_of(state.model_checkpoint_path)
+        if wanted == listed and current == wanted[-1]:
+            return None
+        why = "out of step with the checkpoint files"
+    _write_state(model_path, wanted, state.last_preserved_timestamp if listed is not None else None)
+    return (f"repaired {state_path} (it was {why}): it lists "
+            f"{', '.join(f'{PREFIX}-{s}' for s in wanted)}")
+
+
+def _write_state(model_path: str, listed: list, last_preserved: Optional[float]) -> None:
+    names = [os.path.basename(prefix_of(model_path, s)) for s in listed]  # relative: the folder can move
+    tf.train.update_checkpoint_state(
+        model_path, names[-1], all_model_checkpoint_paths=names,
+        all_model_checkpoint_timestamps=[_save_time(prefix_of(model_path, s)) for s in listed],
+        last_preserved_timestamp=last_preserved or time.time())
+
+
+_LEFTOVER = re.compile(r"^(\.saving-\d+|model\.ckpt-\d+_temp.*|model\.ckpt-\d+\.meta\.tmp.*|graph\.pbtxt\.tmp.*"
+                       r"|checkpoint\.tmp.*|\.write-test-\d+)$")
 _DATA = re.compile(r"^(model\.ckpt-\d+)\.data-\d+-of-\d+$")
 
 
 def remove_leftovers(model_path: str) -> list[str]:
     """What interrupted saves leave behind (this runner's staging folders, TF's `_temp` folders and `.tmp`
-    files, data shards whose index never arrived), never a complete checkpoint. Returns the names removed."""
+    files, the state file's `checkpoint.tmp*`, data shards whose index never arrived, a write test of
+    `check_writable`), never a complete checkpoint. Returns the names removed."""
     if not tf.io.gfile.isdir(model_path):
         return []
     names = [n.rstrip("/") for n in tf.io.gfile.listdir(model_path)]
@@ -90,7 +282,23 @@ class CheckpointWriter:
         self.started = time.time()
 
     def save(self, session: tf.Session, step: int) -> str:
-        """Writes model.ckpt-STEP; returns its prefix."""
+        """Writes model.ckpt-STEP; returns its prefix. A write that fails (disk full, read-only, not a folder) is a
+        CheckpointError, after what it wrote is removed: the checkpoints saved before are as they were."""
+        try:
+            return self._save(session, step)
+        except (OSError, tf.errors.OpError) as e:
+            if isinstance(e, OSError) and e.errno is None:
+                raise  # no error of the file system (a process dying, as tests simulate): leftovers stay for the next start
+            try:
+                remove_leftovers(self.model_path)
+            except (OSError, tf.errors.OpError):
+                pass  # the next start removes them
+            kept = ", ".join(f"{PREFIX}-{s}" for s in steps(self.model_path)) or "none"
+            raise CheckpointError(f"could not save {PREFIX}-{step} in {self.model_path} ({reason(e)}); the checkpoints "
+                                  f"saved before are intact ({kept}): free space or fix the folder, then run again "
+                                  f"to resume from the newest") from e
+
+    def _save(self, session: tf.Session, step: int) -> str:
         tf.io.gfile.makedirs(self.model_path)
         staging = os.path.join(self.model_path, f"{STAGING}{step}")
         if tf.io.gfile.exists(staging):
@@ -116,7 +324,8 @@ class CheckpointWriter:
         imported step 0) are never deleted."""
         state = _read_state(self.model_path)
         listed = [step_of(p) for p in state.all_model_checkpoint_paths] if state else []
-        listed = [s for s in listed if s != new and tf.io.gfile.exists(prefix_of(self.model_path, s) + ".index")]
+        # Listed newer ones cannot be read (training restored an older step): they stay, unlisted, until saved again.
+        listed = sorted(s for s in listed if s < new and tf.io.gfile.exists(prefix_of(self.model_path, s) + ".index"))
         listed.append(new)
         last_kept = state.last_preserved_timestamp if state and state.last_preserved_timestamp else self.started
         while len(listed) > self.keep:
@@ -126,11 +335,7 @@ class CheckpointWriter:
                 last_kept = saved
             else:
                 _delete(prefix_of(self.model_path, old))
-        names = [os.path.basename(prefix_of(self.model_path, s)) for s in listed]  # relative: the folder can move
-        tf.train.update_checkpoint_state(
-            self.model_path, names[-1], all_model_checkpoint_paths=names,
-            all_model_checkpoint_timestamps=[_save_time(prefix_of(self.model_path, s)) for s in listed],
-            last_preserved_timestamp=last_kept)
+        _write_state(self.model_path, listed, last_kept)
 
 
 def _read_state(model_path: str):
@@ -157,8 +362,9 @@ def _delete(prefix: str) -> None:
 
 
 def require_checkpoint(folder: str) -> str:
-    """The newest checkpoint in `folder` (a model_path); a one-line error when there is none."""
-    found = latest(folder)
+    """The newest checkpoint in `folder` (a model_path) that can be read (`restorable`); a one-line error when
+    there is none."""
+    found = restorable(folder)
     if not found:
         raise ConfigError(f"no checkpoint in {folder}: train first (python main.py --model ...)")
     return found

@@ -178,16 +178,6 @@ def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
                     print(f"could not release worker {task}: {type(e).__name__}", file=sys.stderr)
 
 
-def exit_process(code: int) -> None:
-    """Ends this process now. A TF gRPC server cannot be shut down cleanly, and interpreter shutdown can
-    block on its threads, so a process that started one leaves with os._exit after flushing its output."""
-    from tools.console import restore
-    sys.stdout.flush()
-    sys.stderr.flush()
-    restore()  # the console filter passes on what it holds
-    os._exit(code)
-
-
 def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected: int):
     """Task 0: starts this host's server, checks the mesh size, and returns the Placement that trains over
     the whole cluster. The workers are released when this process exits."""

@@ -6,15 +6,13 @@ one CPU (this is how the tests check data- and model-parallel layouts without ac
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import tensorflow as tf
 
-
-class DeviceError(ValueError):
-    """A device list that does not fit the machine or the mesh. One line, names the fix."""
+from runtime import gpus
+from runtime.errors import DeviceError
 
 
 @dataclass(frozen=True)
@@ -63,9 +61,10 @@ def cpu_devices(count: int) -> list[str]:
     return [f"device:CPU:{i}" for i in range(count)]
 
 
-def configure(names: list[str]) -> list[str]:
-    """Checks the named devices exist (splitting the CPU where CPU devices are named) and returns their
-    full TF names. Must run before TensorFlow creates its first session or eager context."""
+def configure(names: list[str], gpu_memory: Optional[str] = None) -> list[str]:
+    """Checks the named devices exist (splitting the CPU where CPU devices are named; making only the named GPUs
+    visible, with `gpu_memory`: "growth" or a fraction, see runtime/gpus.py) and returns their full TF names.
+    Must run before TensorFlow creates its first session or eager context."""
     parsed = [normalize(n) for n in names]
     if len(set(parsed)) != len(parsed):
         raise DeviceError(f"--gpu_ids names a device twice: {' '.join(names)}")
@@ -85,13 +84,8 @@ def configure(names: list[str]) -> list[str]:
             except RuntimeError:
                 raise DeviceError(f"cannot split the CPU into {wanted} devices after TensorFlow has started: "
                                   f"choose the devices before running anything")
-    else:
-        available = [d.name.replace("/physical_device:", "") for d in tf.config.list_physical_devices("GPU")]
-        missing = [f"device:GPU:{i}" for _, i in parsed if i >= len(available)]
-        if missing:
-            have = ", ".join("device:" + a for a in available) if available else "none"
-            raise DeviceError(f"{', '.join(missing)} not found; GPUs on this machine: {have} "
-                              f"(use device:CPU:i names to run on the CPU)")
+    else:  # only the named GPUs visible, with their memory setting; one line on what is missing (runtime/gpus.py)
+        return gpus.configure_gpus([index for _, index in parsed], gpu_memory)
     return [f"/device:{kind}:{index}" for kind, index in parsed]
 
 
@@ -103,14 +97,4 @@ def check_mesh_fits(mesh_shape: str, n_mesh_devices: int, devices: list[str]) ->
             f"--mesh_shape all:{len(devices)} --layout batch:all (or --mesh_shape all:1 --layout '' for one)")
 
 
-def measure_matmul_peak(size: int = 1024, seconds: float = 1.0) -> float:
-    """fp32 matmul FLOP/s this machine reaches in TF, the denominator of MFU when no --peak_tflops is given."""
-    a = tf.random.normal([size, size])
-    b = tf.random.normal([size, size])
-    matmul = tf.function(lambda x, y: tf.matmul(x, y))
-    matmul(a, b).numpy()
-    runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        matmul(a, b).numpy()
-        runs += 1
-    return 2 * size ** 3 * runs / (time.perf_counter() - start)
+# One device's peak FLOP/s for MFU (measured or from datasheets): runtime/peaks.py.

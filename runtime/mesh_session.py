@@ -6,20 +6,27 @@ export, tools/hf.py's import), on CPUs and GPUs or on a TPU.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from runtime import checkpoints, tpu
+from runtime import checkpoints, gpus, tpu
 from runtime.devices import Placement
+
+# Graph collection of the variables a checkpoint may lack, initialised where it does: float16 training's loss
+# scale (train/loss_scale.py), absent from checkpoints of other precisions and converted ones.
+RESTORE_OPTIONAL = "restore_optional"
 
 
 class MeshSession:
     """A session over a graph holding one lowered mesh, with the model's variables restored from `checkpoint`
     (or initialised from their seeds) and copied to the mesh's slices. `save` copies them back and writes a
-    checkpoint of every global variable (weights, optimizer slots, global step) into model_path."""
+    checkpoint of every global variable (weights, optimizer slots, global step) into model_path. The checkpoint's
+    variables and shapes are compared with the graph's first (checkpoints.check_fits): a checkpoint of another
+    model is one CheckpointError, before anything is restored or written."""
 
     def __init__(self, graph: tf.Graph, lowering: mtf.Lowering, target: str, config: tf.ConfigProto,
                  checkpoint: Optional[str], finalize: bool = True):
@@ -27,7 +34,16 @@ class MeshSession:
             self.saver = tf.train.Saver(tf.global_variables(), sharded=True, max_to_keep=None,
                                         save_relative_paths=True)
             initialize = tf.group(tf.global_variables_initializer(), tf.local_variables_initializer())
-            restore_locals = tf.local_variables_initializer()
+            if checkpoint:  # before anything is restored or written: every job's graph against its checkpoint
+                checkpoints.check_fits(checkpoint, {v.op.name: v.shape.as_list() for v in tf.global_variables()},
+                                       {v.op.name for v in tf.get_collection(RESTORE_OPTIONAL)})
+            stored = {name for name, _ in tf.train.list_variables(checkpoint)} if checkpoint else set()
+            fresh = [v for v in tf.get_collection(RESTORE_OPTIONAL) if checkpoint and v.op.name not in stored]
+            restorer = self.saver
+            if fresh:
+                names = {v.op.name for v in fresh}
+                restorer = tf.train.Saver([v for v in tf.global_variables() if v.op.name not in names], sharded=True)
+            restore_locals = tf.group(tf.local_variables_initializer(), tf.variables_initializer(fresh))
             self.copy_to_slices = lowering.copy_masters_to_slices()
             self.copy_to_masters = lowering.copy_slices_to_masters()
         if finalize:  # nothing is added while running: a loop that grows the graph fails at once
@@ -35,7 +51,16 @@ class MeshSession:
         self.session = tf.Session(target, graph=graph, config=config)
         with graph.as_default():  # Saver.save/restore take their eager path outside the graph
             if checkpoint:
-                self.saver.restore(self.session, checkpoint)
+                try:
+                    restorer.restore(self.session, checkpoint)
+                except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.NotFoundError,
+                        tf.errors.InvalidArgumentError) as e:  # damaged in a way its file sizes do not show
+                    self.session.close()
+                    folder, base = os.path.split(checkpoint)
+                    raise checkpoints.CheckpointError(
+                        f"{base} in {folder} cannot be restored ({checkpoints.reason(e)}): put back a good copy of "
+                        f"its files, delete them ({base}.*) to use the previous checkpoint, or pass --new to start "
+                        f"over") from e
                 self.session.run(restore_locals)
             else:
                 self.session.run(initialize)
@@ -69,7 +94,10 @@ def padded_batch(rows: np.ndarray, size: int) -> np.ndarray:
 def session_config(placement: Placement) -> tf.ConfigProto:
     if placement.use_tpu:
         return tpu.session_config(placement)
-    return tf.ConfigProto(allow_soft_placement=True, device_count={"CPU": placement.cpu_devices})
+    # Soft placement: ops with no GPU kernel run on the CPU (train/loop.py lists them once, runtime/gpus.py)
+    config = tf.ConfigProto(allow_soft_placement=True, device_count={"CPU": placement.cpu_devices})
+    gpus.session_gpu_options(config, placement)  # only the --gpu_ids GPUs, their memory setting; none for CPUs
+    return config
 
 
 def open_session(placement: Placement, graph: tf.Graph, lowering: mtf.Lowering,

@@ -49,9 +49,18 @@ def import_tokens(mesh: mtf.Mesh, dims: gpt.Dims, inputs: tf.Tensor, labels: tf.
             mtf.import_fully_replicated(mesh, tf.cast(labels, tf.int32), shape, "labels"))
 
 
+def master_host(placement: Placement) -> str:
+    """Where a one-host placement mesh keeps its master variables: "/device:CPU:0" for GPUs, "" (unplaced:
+    the host CPU anyway) for CPU devices."""
+    return "/device:CPU:0" if any("GPU" in d.upper() for d in placement.devices) else ""
+
+
 def placement_mesh(cfg: GPTConfig, placement: Placement):
-    """(mtf.Mesh, PlacementMeshImpl) over the placement's devices; master variables on its hosts if several."""
-    placer = mtf.utils.BalancedVariablePlacer(list(placement.hosts)) if placement.hosts else None
+    """(mtf.Mesh, PlacementMeshImpl) over the placement's devices; master variables on its hosts if several,
+    else on this host's CPU when the mesh runs on GPUs (left unplaced, TensorFlow would put every master copy,
+    optimizer slots included, on GPU 0 beside that GPU's own slices)."""
+    hosts = placement.hosts or tuple(filter(None, [master_host(placement)]))
+    placer = mtf.utils.BalancedVariablePlacer(list(hosts)) if hosts else None
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
                                                      mtf.convert_to_layout_rules(cfg.layout), list(placement.devices))
     return new_mesh(placer), impl

@@ -94,6 +94,23 @@ def test_datasets_resolve_and_are_checked_against_the_model(tmp_path):
         config_from_dict(dict(TINY, datasets=[["typo", 1, "documents_random", 1.0]]), dataset_config_dir=folder)
 
 
+def test_sizes_are_checked_before_attention_types_expand():
+    for n_layer in (-1, 0):
+        for attention_types in (None, [[["global", "local"], 1]], [[["global"], n_layer]]):
+            message = error_of(n_layer=n_layer, attention_types=attention_types)
+            assert message == f"n_layer must be at least 1, got {n_layer}", message
+    assert error_of(n_embd=-32) == "n_embd must be at least 1, got -32"
+
+
+@pytest.mark.parametrize("value", [0, -5])
+def test_steps_per_checkpoint_below_1_is_refused_from_the_config_and_as_an_override(tmp_path, value):
+    assert error_of(steps_per_checkpoint=value) == f"steps_per_checkpoint must be at least 1, got {value}"
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(TINY))
+    with pytest.raises(ConfigError, match=f"^steps_per_checkpoint must be at least 1, got {value}$"):
+        load_config(str(path), {"steps_per_checkpoint": value})  # main.py's --steps_per_checkpoint
+
+
 def test_model_config_by_name_path_and_overrides(tmp_path):
     assert load_config("default").n_layer == 4
     path = tmp_path / "mine.json"
@@ -128,8 +145,8 @@ def test_shipped_gpt3_family_has_the_published_shapes():
 
 def test_device_errors_are_one_line_and_say_what_to_pass():
     with pytest.raises(devices.DeviceError) as info:
-        devices.configure(["device:GPU:0"])
-    assert "device:GPU:0 not found" in str(info.value) and "GPUs on this machine" in str(info.value)
+        devices.configure(["device:GPU:99"])
+    assert str(info.value).startswith("device:GPU:99 not found: ") and "\n" not in str(info.value)
     with pytest.raises(devices.DeviceError, match="not understood"):
         devices.configure(["gpu0"])
     with pytest.raises(devices.DeviceError) as info:

@@ -1,9 +1,9 @@
-"""tools/console.py: TensorFlow's C++ start-up chatter stays off the console; everything else reaches it."""
+"""console.py: TensorFlow's C++ start-up chatter stays off the console; everything else reaches it."""
 import os
 import subprocess
 import sys
 
-from tools.console import CHATTER
+from console import CHATTER
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +29,7 @@ KEPT_LINES = [
 WRITER = r"""
 import os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from tools.console import quiet_tensorflow
+from console import quiet_tensorflow
 quiet_tensorflow()
 lines = sys.argv[2:]
 for line in lines:                      # as C++ writes: straight to descriptor 2

@@ -62,10 +62,10 @@ def test_same_seed_same_batches_other_seed_other_batches(documents_glob):
     assert any((a[0] != c[0]).any() for a, c in zip(first, other))
 
 
-@pytest.mark.parametrize("mode, stitch, n_ctx", [("documents_random", 2, 8), ("documents_fixed", 2, 8), ("documents_random", 1, 4), ("chunks", 1, 8)])
+@pytest.mark.parametrize("mode, stitch, n_ctx", [("documents_random", 2, 8), ("documents_fixed", 2, 8), ("documents_random", 1, 4), ("chunks", 1, 8), ("sequential", 1, 8)])
 def test_resume_gives_exactly_the_uninterrupted_batches(documents_glob, tmp_path, mode, stitch, n_ctx):
     path, _ = documents_glob
-    if mode == "chunks":
+    if mode in ("chunks", "sequential"):
         path = write_files(str(tmp_path), "chunks", synthetic_documents([9] * 23), 5)
     steps = 40  # 40 * 4 examples * 2 documents crosses epochs, files and shuffle blocks
     sources = [DatasetSource(path, stitch, mode)]
@@ -118,6 +118,58 @@ def test_chunks_are_read_in_order_and_cycle(tmp_path):
     windows = windows_of(take(train_dataset([DatasetSource(path, 1, "chunks")], 8, 3, seed=0), 7))
     expected = [chunks[i % 7][:9] for i in range(21)]
     assert [w.tolist() for w in windows] == expected
+
+
+def epochs_of(windows, records_per_epoch):
+    """The record ids read, one list per epoch."""
+    ids = [int((w[0] - 1) // POSITIONS) for w in windows]
+    return [ids[i:i + records_per_epoch] for i in range(0, len(ids) - records_per_epoch + 1, records_per_epoch)]
+
+
+def test_sequential_reads_each_file_in_order_and_the_files_in_a_seeded_order_per_epoch(tmp_path):
+    """GPT-Neo's sequential_input: pre-chunked records, each file front to back; the files in a seeded order
+    (shuffle_input_filenames), a new one every epoch; every record once per epoch."""
+    chunks = synthetic_documents([9] * 23)
+    files = [list(range(start, min(start + 5, 23))) for start in range(0, 23, 5)]  # 5, 5, 5, 5, 3 records
+    path = write_files(str(tmp_path), "chunks", chunks, 5)
+    read = lambda seed, **kw: windows_of(take(train_dataset([DatasetSource(path, 1, "sequential", **kw)], 8, 23, seed), 6))
+    windows = read(seed=2)
+    for window in windows:
+        np.testing.assert_array_equal(window, chunks[int((window[0] - 1) // POSITIONS)][:9])
+    epochs = epochs_of(windows, 23)
+    assert len(epochs) == 6
+    orders = []
+    for epoch in epochs:
+        assert sorted(epoch) == list(range(23))
+        position, order = 0, []
+        while position < 23:
+            file = next(i for i, f in enumerate(files) if f[0] == epoch[position])
+            assert epoch[position:position + len(files[file])] == files[file]  # a whole file, in order
+            order.append(file)
+            position += len(files[file])
+        orders.append(order)
+    assert len({tuple(o) for o in orders}) > 1 and any(o != sorted(o) for o in orders)
+    assert [w.tolist() for w in read(seed=2)] == [w.tolist() for w in windows]        # the same seed, the same
+    assert [w.tolist() for w in read(seed=3)] != [w.tolist() for w in windows]        # another seed, another
+    unshuffled = read(seed=2, shuffle_files=False)  # shuffle_input_filenames false: file order, like chunks
+    assert epochs_of(unshuffled, 23) == [list(range(23))] * 6
+
+
+def test_resume_with_a_sequential_source_in_the_mix(documents_glob, tmp_path):
+    path, _ = documents_glob
+    chunks = write_files(str(tmp_path), "chunks", synthetic_documents([9] * 23, base=500_000), 4)
+    sources = [DatasetSource(path, 2, "documents_random", 1.0), DatasetSource(chunks, 1, "sequential", 2.0)]
+    uninterrupted = take(train_dataset(sources, 8, 3, seed=5), 60)
+    resumed = take(train_dataset(sources, 8, 3, seed=5, start_step=37), 23)
+    assert len(resumed) == 23 and all((a[0] == b[0]).all() for a, b in zip(uninterrupted[37:], resumed))
+
+
+def test_records_longer_than_the_window_give_their_first_window_with_a_warning(tmp_path, capsys):
+    chunks = synthetic_documents([20] * 6)
+    path = write_files(str(tmp_path), "long", chunks, 3)
+    windows = windows_of(take(train_dataset([DatasetSource(path, 1, "sequential", shuffle_files=False)], 8, 3, 0), 2))
+    assert [w.tolist() for w in windows] == [c[:9] for c in chunks]
+    assert "warning:" in capsys.readouterr().err
 
 
 def test_mixing_respects_weights(tmp_path):

@@ -8,10 +8,18 @@ import tensorflow.compat.v1 as tf
 
 from conftest import CPU_DEVICES
 from config.schema import dimension_is_split
-from models.kernels import attention, decode, elementwise, lookups, matmul
+from models.kernels import attention, common, decode, elementwise, lookups, matmul
 from models.kernels.loss import cross_entropy_and_log_z
 
 LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,embd:y"), ("x:2,y:2", "sequence:x,batch:y")]
+
+
+@pytest.fixture(params=["xla", "plain"])
+def kernel_path(request):
+    """The kernels that XLA-compile (cross-entropy, softmax gradient, GELU, LayerNorm) on both of their paths:
+    XLA (the default) and plain TF ops (where XLA:GPU cannot compile, or GPT_NEO_PLAIN_KERNELS=1)."""
+    with common.kernels(request.param):
+        yield request.param
 
 
 def run(build, mesh_shape, layout):
@@ -105,6 +113,7 @@ def test_gather_matches_one_hot_einsum_with_gradient(mesh_shape, layout):
     np.testing.assert_allclose(got[0], table[ids])
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
 @pytest.mark.parametrize("z_loss", [0.0, 1e-2])
 def test_cross_entropy_and_log_z_match_mtf_with_gradient(mesh_shape, layout, z_loss):
@@ -149,6 +158,7 @@ ATTENTION_LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,hea
                      ("x:2", "memory_length:x")]
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("mesh_shape,layout", ATTENTION_LAYOUTS)
 @pytest.mark.parametrize("kind,length", [("global", 16), ("local_causal", 16), ("local_bidirectional", 16),
                                          ("local_causal", 512), ("local_bidirectional", 512)])
@@ -196,6 +206,7 @@ def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind
     assert np.abs(expected[0]).max() > 0.1
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("length", [6, 2048])  # plain ops for small slices, the XLA-fused kernels for large ones
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,embd:y")])
 def test_gelu_matches_mtf_gelu_with_gradient(mesh_shape, layout, length):
@@ -219,6 +230,7 @@ def test_gelu_matches_mtf_gelu_with_gradient(mesh_shape, layout, length):
         np.testing.assert_allclose(g, e, rtol=tol, atol=tol)
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("length", [6, 2048])  # plain ops for small slices, the XLA-fused kernels for large ones
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,embd:y"),
                                                ("x:2,y:2", "sequence:x,embd:y")])

@@ -5,6 +5,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import CPU_DEVICES
+from models.kernels import common
 from train.optimizer import NO_DECAY, AdamWeightDecay
 
 
@@ -40,10 +41,12 @@ def two_steps(optimizer_class, mesh_shape, layout):
             return {n: session.run(masters[n]) for n in names}
 
 
+@pytest.mark.parametrize("kernel_path", ["xla", "plain"])  # XLA-compiled, or plain ops where XLA:GPU cannot compile
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "cols:x")])
-def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout):
+def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
     expected = two_steps(mtf.optimize.AdamWeightDecayOptimizer, "all:1", "")
-    got = two_steps(AdamWeightDecay, mesh_shape, layout)
+    with common.kernels(kernel_path):
+        got = two_steps(AdamWeightDecay, mesh_shape, layout)
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert np.abs(expected["w/adam_m"]).max() > 0  # the step ran

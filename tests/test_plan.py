@@ -17,7 +17,10 @@ from plan import model_graph
 from plan import dry_run as plan
 from cli.config_loading import load_config
 from config.schema import CONFIG_DIR, ConfigError, num_microbatches
+from runtime import meshes
+from runtime.devices import Placement
 from tiny import random_tokens, tiny_config, train
+from train.step import training_step
 
 
 def checkpoint_parameters(model_path):
@@ -76,6 +79,34 @@ def test_weight_and_optimizer_bytes_match_what_the_placement_mesh_allocates(mesh
     # The layout really splits weights (so matching is not a replicated full copy matching itself).
     whole = plan.memory(plan.collect(cfg), cfg.replace(mesh_shape="all:1", layout=""), recompute=False)
     assert estimate.weights < whole.weights and estimate.optimizer < whole.optimizer
+
+
+def test_on_gpus_master_copies_are_in_host_ram_and_each_gpu_holds_its_slices():
+    """The runner's own training graph on a GPU placement mesh (built, not run: no GPU needed): every master
+    variable, optimizer slots included, is on the host's CPU, as many bytes as the dry run's host RAM line;
+    the slices on each GPU are the dry run's per-device weights and optimizer state."""
+    cfg = tiny_config(n_embd=64, n_vocab=128, mesh_shape="x:2", layout="heads:x,intermediate_expanded:x,vocab:x")
+    gpus = ("/device:GPU:0", "/device:GPU:1")
+    with tf.Graph().as_default() as graph:
+        tokens = tf.zeros([cfg.train_batch_size, cfg.n_ctx], tf.int32)
+        mesh, impl = meshes.placement_mesh(cfg, Placement(devices=gpus))
+        training_step(cfg, mesh, impl, tokens, tokens)
+    variables = [op for op in graph.get_operations() if op.type in ("VarHandleOp", "VariableV2")]
+    masters = [op for op in variables if "_slice_" not in op.name and op.name.startswith("gpt2/")]
+    slices = [op for op in variables if "_slice_" in op.name]
+
+    def size(op):
+        return math.prod(d.size for d in op.get_attr("shape").dim) * tf.as_dtype(op.get_attr("dtype")).size
+
+    assert masters and {op.device for op in masters} == {"/device:CPU:0"}
+    assert {op.device for op in slices} == set(gpus)
+    made = plan.make_plan(cfg)
+    assert sum(size(op) for op in masters) == made.facts.master_bytes == plan.host_memory(made, cpu_devices=False)
+    per_device = made.memory[False].weights + made.memory[False].optimizer
+    for gpu in gpus:
+        assert sum(size(op) for op in slices if op.device == gpu) == pytest.approx(per_device, rel=0.05)
+    # On CPU devices the slices are host RAM too.
+    assert plan.host_memory(made, cpu_devices=True) == made.facts.master_bytes + 2 * made.memory[False].total
 
 
 def test_activation_estimates_follow_recompute_batch_and_layout():
@@ -145,6 +176,8 @@ def test_dry_run_cli(capsys):
     for row in ("weights (float32)", "optimizer state (adam)", "activations kept for backward", "total"):
         assert row in out
     assert "recompute_grad off" in out and "recompute_grad on" in out
+    # Adam: weights and two slots, float32 master copies in host RAM on GPUs (about 15 GiB).
+    assert f"host RAM       {plan.human_bytes(12 * total)} on GPUs and TPUs" in out and "14.70 GiB" in out
     assert "does NOT fit" in out  # a 1.3B model with Adam is more than one 16 GB device holds
     fit = re.search(r"smallest mesh that fits, recompute_grad on: (\d+) devices, --mesh_shape (\S+) --layout (\S+)", out)
     assert fit, out

@@ -13,6 +13,7 @@ from train import loop
 from runtime.summaries import summary_writer
 from train.progress import TrainingLog
 from config.schema import ConfigError, num_microbatches
+from models import flops
 from tiny import (compute_logits, compute_losses, devices_for, fixed_batches, placement_for, random_tokens,
                   run_predict, run_training, tiny_config)
 
@@ -154,3 +155,43 @@ def test_invalid_option_combinations_are_one_line_errors(changes, message):
     with pytest.raises(ConfigError) as info:
         tiny_config(**changes)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+class ScalarWriter:
+    """A stand-in summary writer that keeps the scalars TrainingLog writes."""
+
+    def __init__(self):
+        self.scalars = {}
+
+    def add_summary(self, summary, step):
+        self.scalars.update({value.tag: value.simple_value for value in summary.value})
+
+
+def logged_speed(cfg, peak_flops, seconds_per_step, monkeypatch):
+    """The progress line and scalars of step 2, one step of `seconds_per_step` after an untimed step 1."""
+    clock = iter([100.0, 100.0 + seconds_per_step])
+    monkeypatch.setattr("train.progress.time.time", lambda: next(clock))
+    lines, writer = [], ScalarWriter()
+    log = TrainingLog(cfg, every=1, peak_flops=peak_flops, writer=writer, print_fn=lambda line, **_: lines.append(line))
+    for step in (1, 2):
+        log.step(step, {"loss": 1.0, "learning_rate": 1e-3})
+    return lines[-1], writer.scalars
+
+
+def test_mfu_divides_the_meshs_flops_per_device_by_one_devices_peak(monkeypatch):
+    one = tiny_config(train_steps=10)
+    four = one.replace(mesh_shape="x:4", layout="batch:x")
+    flops_per_step = one.train_batch_size * one.n_ctx * flops.training_flops_per_token(one)
+    peak = 2 * flops_per_step  # one device at this peak does a step in 0.5 s: MFU 50% at 1 s per step
+    line_1, scalars_1 = logged_speed(one, peak, 1.0, monkeypatch)
+    line_4, scalars_4 = logged_speed(four, peak, 1.0, monkeypatch)
+    assert scalars_1["model_flops_per_sec"] == scalars_4["model_flops_per_sec"] == pytest.approx(flops_per_step)
+    assert scalars_1["model_flops_per_sec_per_device"] == pytest.approx(flops_per_step)
+    assert scalars_4["model_flops_per_sec_per_device"] == pytest.approx(flops_per_step / 4)
+    assert scalars_1["mfu"] == pytest.approx(0.5)
+    assert scalars_4["mfu"] == pytest.approx(scalars_1["mfu"] / 4)  # same step time on four devices: a quarter
+    assert "| MFU 50.0% |" in line_1 and "| MFU 12.5% |" in line_4
+    assert f"| {flops_per_step / 1e9:.2f} GFLOP/s/device |" in line_1
+    assert f"| {flops_per_step / 4e9:.2f} GFLOP/s/device |" in line_4
+    no_peak, scalars = logged_speed(four, 0.0, 1.0, monkeypatch)
+    assert "MFU" not in no_peak and "mfu" not in scalars

@@ -34,7 +34,7 @@ from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __name__ == "__main__":  # TF's C++ start-up chatter off the console
-    from tools.console import quiet_tensorflow
+    from console import quiet_tensorflow
     quiet_tensorflow()
 
 import models  # noqa: E402,F401  (mesh-tensorflow compatibility alias)

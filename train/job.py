@@ -3,7 +3,7 @@ train/loop.py to train_steps, with the validation loss and the eval tasks after 
 asks for them (eval_steps, eval_tasks)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from config.schema import ConfigError, GPTConfig
 from data.inputs import DatasetSource, train_dataset
@@ -11,33 +11,57 @@ from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals import tasks, validation
 from runtime import checkpoints
-from runtime.devices import Placement, measure_matmul_peak
-from tools.runs import write_run_info
+from runtime.devices import Placement
+from runtime.mesh_session import session_config
+from runtime.peaks import Peak, device_peak
 from train import loop
 from runtime.summaries import summary_writer
 from train.progress import TrainingLog
 
 
-def run_training(cfg: GPTConfig, placement: Placement, peak_tflops: Optional[float] = None,
-                 log_every: Optional[int] = None, sacred_id: Optional[str] = None) -> int:
-    """Trains model_path to train_steps (resuming at its latest checkpoint), in chunks of steps_per_checkpoint
-    with the validation loss and eval tasks after each when the config asks for them. Returns the step reached."""
+def dataset_sources(cfg: GPTConfig) -> list[DatasetSource]:
+    """The input pipeline's sources for the config's datasets (each a glob, its sampling mode and weight)."""
+    return [DatasetSource(use.dataset.path, use.stitch, use.sampling_mode, use.weight,
+                          shuffle_files=cfg.shuffle_input_filenames) for use in cfg.datasets]
 
+
+def run_training(cfg: GPTConfig, placement: Placement, peak_tflops: Optional[float] = None,
+                 log_every: Optional[int] = None, on_start: Optional[Callable[[int], None]] = None) -> int:
+    """Trains model_path to train_steps (resuming at its latest checkpoint), in chunks of steps_per_checkpoint
+    with the validation loss and eval tasks after each when the config asks for them. `on_start(step)` runs once
+    training is about to start at `step`: after the checkpoint was restored and found to fit the config, before
+    anything is written into model_path (a checkpoint of another model leaves it untouched). Returns the step
+    reached."""
     if not cfg.datasets:
         raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
-    start = checkpoints.latest_step(cfg.model_path)
+    checkpoints.check_writable(cfg.model_path, "make it writable, or set model_path to a folder you can write in")
+    restored = checkpoints.restorable(cfg.model_path, say=None)  # loop.train says which one it skipped
+    start = checkpoints.step_of(restored) if restored else 0
     if start >= cfg.train_steps:
         print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
               f"(raise train_steps or pass --new)")
         return start
-    sources = [DatasetSource(use.dataset.path, use.stitch, use.sampling_mode, use.weight) for use in cfg.datasets]
-    peak = peak_tflops * 1e12 if peak_tflops else (0.0 if placement.use_tpu else measure_matmul_peak())
+    sources = dataset_sources(cfg)
+    # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices
+    peak = (Peak(peak_tflops * 1e12, "--peak_tflops") if peak_tflops else
+            device_peak(placement, cfg.precision, session_config(placement)))
     log_every = log_every or max(1, min(cfg.iterations, 50))
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
           f"({', '.join(placement.devices) or placement.tpu}), steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
-    write_run_info(cfg, start, sacred_id)  # tokens/step and FLOPs/token for tools/plot_runs.py
-    writer = summary_writer(cfg.model_path)
+    if peak.flops:
+        print(f"MFU against {peak.flops / 1e12:.3g} TFLOP/s per device ({peak.source})", flush=True)
+    else:
+        print(f"MFU not shown: one device's peak is {peak.source}", flush=True)
+    writer = None
+
+    def opened(log: TrainingLog) -> None:  # the checkpoint fits the config (loop.train checked): writing starts
+        nonlocal writer
+        if writer is None:
+            if on_start:
+                on_start(start)
+            writer = summary_writer(cfg.model_path)
+        log.writer = writer
 
     def batches(first: int):  # the stream from step `first` on: exactly what an uninterrupted run reads there
         stream = train_dataset(sources, cfg.n_ctx, cfg.train_batch_size, cfg.seed, start_step=first,
@@ -49,8 +73,8 @@ def run_training(cfg: GPTConfig, placement: Placement, peak_tflops: Optional[flo
     while step < cfg.train_steps:
         evaluating = cfg.eval_steps or cfg.eval_tasks
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
-        step = loop.train(cfg, placement, batches, until=target,
-                          log=TrainingLog(cfg, log_every, peak, writer))
+        log = TrainingLog(cfg, log_every, peak.flops, None)
+        step = loop.train(cfg, placement, batches, until=target, log=log, on_open=lambda: opened(log))
         if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
             validation.report(cfg, placement)
         if cfg.eval_tasks:

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
-from runtime import checkpoints, meshes, tpu
+from runtime import checkpoints, gpus, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import MeshSession, open_session
 from train.progress import TrainingLog
@@ -55,13 +55,19 @@ class _PlacementTraining:
             self.lowered = training_step(cfg, mesh, impl, inputs, labels)
             extra = extra_fetches(self.lowered) if extra_fetches else {}
         self.fetches = {"train": self.lowered.train_op, "scalars": self.lowered.outputs, "extra": extra}
+        self._list_placement = gpus.uses_gpus(placement)  # on GPUs: the first step lists ops that ran on the CPU
+        self.placement_report = None  # runtime.gpus.PlacementReport of that step
 
     def start(self, session: MeshSession) -> None:
         session.run(self.iterator.initializer)
 
     def run(self, session: MeshSession, steps: int) -> list:
         assert steps == 1
-        values = session.run(self.fetches)
+        if self._list_placement:
+            self._list_placement = False
+            values, self.placement_report = gpus.run_listing_placement(session, self.fetches)
+        else:
+            values = session.run(self.fetches)
         return [dict(values["scalars"], **values["extra"])]
 
 
@@ -105,15 +111,19 @@ class TpuTraining:
 
 def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Optional[int] = None,
           log: Optional[TrainingLog] = None, extra_fetches: Optional[Callable] = None,
-          on_step: Optional[Callable[[int, dict], None]] = None) -> int:
+          on_step: Optional[Callable[[int, dict], None]] = None, on_open: Optional[Callable[[], None]] = None) -> int:
     """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
     train_steps), saving every steps_per_checkpoint steps and at the end. Returns the step reached.
 
     `extra_fetches(lowered)` may return more TF tensors to fetch with every step; `on_step(step, values)` sees
-    each step's scalars (and those extras)."""
+    each step's scalars (and those extras); `on_open()` runs once the session is open, the checkpoint restored and
+    found to fit the config, before training writes anything into model_path (a job's own writes go there).
+
+    The checkpoint is the newest that can be read (runtime/checkpoints.py's `restorable`: found by its files, one
+    cut short skipped with a warning); the start removes the leftovers of interrupted saves and repairs the state
+    file."""
     until = cfg.train_steps if until is None else until
-    checkpoints.remove_leftovers(cfg.model_path)
-    checkpoint = checkpoints.latest(cfg.model_path)
+    checkpoint = checkpoints.restorable(cfg.model_path)
     step = checkpoints.step_of(checkpoint) if checkpoint else 0
     if step >= until:
         return step
@@ -124,10 +134,17 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
             program = TpuTraining(cfg, placement, batches, step)
         else:
             program = _PlacementTraining(cfg, placement, batches(step), extra_fetches)
-    if log and step == 0:  # once per model_path: the graph for TensorBoard's graph view
-        log.graph(graph)
     with open_session(placement, graph, program.lowered.lowering, checkpoint) as session, \
             _StopOnInterrupt() as stop:
+        # The checkpoint fits the config (open_session compared them): from here on model_path is written.
+        checkpoints.remove_leftovers(cfg.model_path)
+        repaired = checkpoints.repair_state(cfg.model_path, cfg.keep_checkpoint_max, step if checkpoint else None)
+        if repaired:
+            print(repaired, flush=True)
+        if on_open:
+            on_open()
+        if log and step == 0:  # once per model_path: the graph for TensorBoard's graph view
+            log.graph(graph)
         writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
                                               cfg.keep_checkpoint_every_n_hours)
         program.start(session)

@@ -39,17 +39,19 @@ def losses(inputs: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig, dims: gpt.Dim
     return Losses(cross_entropy, objective, out.moe_loss)
 
 
-def losses_and_gradients(inputs: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig,
-                         dims: gpt.Dims) -> tuple[Losses, list, list]:
+def losses_and_gradients(inputs: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig, dims: gpt.Dims,
+                         loss_scale: Optional[mtf.Tensor] = None) -> tuple[Losses, list, list]:
     """Training losses and the gradients of the objective: (losses, gradients, variables), the gradients in
-    the order of the variables (the graph's trainable variables)."""
+    the order of the variables (the graph's trainable variables). With `loss_scale` (float16's, a scalar;
+    train/loss_scale.py) the gradients are those of the objective times it; the losses are not scaled."""
     graph = inputs.graph
     weights = gpt.loss_weights(labels, cfg)
     k = num_microbatches(cfg, dims.batch.size)  # config/schema.py: mesh-tensorflow's rule
     if k == 1:
         result = losses(inputs, labels, cfg, dims, train=True, weights=weights)
         variables = graph.trainable_variables
-        return result, mtf.gradients([result.objective], [v.outputs[0] for v in variables]), variables
+        scaled = result.objective if loss_scale is None else result.objective * loss_scale
+        return result, mtf.gradients([scaled], [v.outputs[0] for v in variables]), variables
 
     features = {"inputs": inputs, "labels": labels}
     if weights is not None:
@@ -59,12 +61,13 @@ def losses_and_gradients(inputs: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig,
         part_dims = dataclasses.replace(dims, batch=part["inputs"].shape.dims[0])
         result = losses(part["inputs"], part["labels"], cfg, part_dims, train=True, weights=part.get("weights"),
                         share=k)
-        out = {"loss": result.objective, "cross_entropy": result.cross_entropy}
+        scaled = result.objective if loss_scale is None else result.objective * loss_scale
+        out = {"loss": scaled, "objective": result.objective, "cross_entropy": result.cross_entropy}
         if result.moe_loss is not None:
             out["moe_loss"] = result.moe_loss
         return out
 
     # Variables are created inside the loop body; mesh-tensorflow moves them out of it.
     grads, summed = mtf.serialize_training_step(features, microbatch, dims.batch, k)
-    result = Losses(summed["cross_entropy"], summed["loss"], summed.get("moe_loss"))
+    result = Losses(summed["cross_entropy"], summed["objective"], summed.get("moe_loss"))
     return result, grads, graph.trainable_variables

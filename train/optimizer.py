@@ -5,6 +5,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
+from models.kernels.common import compiled
 
 # Norm gains/biases and other biases are not decayed (GPT-2/GPT-Neo practice).
 NO_DECAY = [r"norm", r"ln_f", r"/b$", r"bias", r"o_b"]
@@ -69,11 +70,11 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
         hyper = [self.beta_1, self.beta_2, self.epsilon]
         if self._do_use_weight_decay(var.name):
             inputs = [m, v, grad, mtf.to_float(var.value), self.learning_rate]
-            fn = lambda m_, v_, g_, w_, lr_: _adam_step_decayed(m_, v_, g_, w_, lr_, *hyper,  # noqa: E731
-                                                                self.weight_decay_rate)
+            fn = lambda m_, v_, g_, w_, lr_: compiled(  # noqa: E731
+                _adam_step_decayed, m_, v_, g_, w_, lr_, *hyper, self.weight_decay_rate)
         else:
             inputs = [m, v, grad, self.learning_rate]
-            fn = lambda m_, v_, g_, lr_: _adam_step(m_, v_, g_, lr_, *hyper)  # noqa: E731
+            fn = lambda m_, v_, g_, lr_: compiled(_adam_step, m_, v_, g_, lr_, *hyper)  # noqa: E731
         step, next_m, next_v = mtf.slicewise(fn, inputs, output_shape=[var.shape] * 3,
                                              output_dtype=[tf.float32] * 3, splittable_dims=var.shape.dims,
                                              grad_function=0, name="adam")
@@ -90,14 +91,56 @@ def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
                                            epsilon2=cfg.ada_epsilon2)
 
 
-def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor):
+class AssignIf(mtf.Operation):
+    """An mtf.Assign (the optimizer's update of some variables) that changes them only when the boolean scalar
+    `condition` is true: each slice is assigned its new value, or left as it is (an update by 0, or its own
+    value). The update is computed either way; a non-finite value that is not applied does no harm."""
+
+    def __init__(self, assign: mtf.Assign, condition: mtf.Tensor):
+        if assign.assign_fn not in (mtf.assign_slice, mtf.assign_add_slice, mtf.assign_sub_slice):
+            raise ValueError(f"cannot gate the assignment function {assign.assign_fn}")
+        super().__init__(assign.inputs + [condition], assign.variables[0].mesh, name="assign_if")
+        self._variables, self._assign_fn, self._outputs = assign.variables, assign.assign_fn, []
+
+    def _gated(self, variable, slice_variable, value_and_condition):
+        value, condition = value_and_condition
+        if self._assign_fn is mtf.assign_slice:
+            kept = tf.cast(slice_variable, value.dtype)
+        else:
+            kept = tf.zeros_like(value)
+        return self._assign_fn(variable, slice_variable, tf.where(condition, value, kept))
+
+    def lower(self, lowering):
+        condition = lowering.tensors[self.inputs[-1]].to_laid_out_tensor().all_slices
+        ops = []
+        for var, value in zip(self._variables, self.inputs[:-1]):
+            values = lowering.tensors[value].to_laid_out_tensor().all_slices
+            ops.append(lowering.variables[var].assign_to_slices(self._gated, list(zip(values, condition))))
+        lowering.operations[self] = tf.group(ops)
+
+
+def assign_if(updates: list, condition: mtf.Tensor) -> list:
+    """The optimizer's (combined) mtf.Assign updates, each replaced by an AssignIf on `condition`: the
+    Assigns leave the mesh graph, as mtf.Graph.combine_assignments removes those it combines."""
+    gated = [AssignIf(op, condition) for op in updates]
+    operations = condition.graph.operations  # the graph's own list (what combine_assignments edits)
+    replaced = set(updates)
+    operations[:] = [op for op in operations if op not in replaced]
+    return gated
+
+
+def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor,
+                    apply_if: mtf.Tensor | None = None):
     """Clips `grads` (one per variable) by global norm and returns (the optimizer's update ops, gradient norm
-    or None without clipping)."""
+    or None without clipping). `apply_if` (a boolean mtf scalar; float16's loss scaling): the updates change
+    no variable (weights, optimizer slots) when it is false."""
     grads = [None if g is None else mtf.to_float(g) for g in grads]  # bf16 activations give bf16 gradients
     grad_norm = None
     if cfg.gradient_clipping:
         grads, grad_norm = clip_by_global_norm(grads, cfg.gradient_clipping)
     updates = make_optimizer(cfg, lr).apply_grads(grads, variables)
+    if apply_if is not None:
+        updates = assign_if(updates, apply_if)
     return updates, grad_norm
 
 

@@ -9,7 +9,7 @@ import tensorflow.compat.v1 as tf
 from config.schema import GPTConfig
 from models import gpt
 from runtime import meshes
-from train import objective
+from train import loss_scale, objective
 from train.optimizer import apply_gradients, learning_rate, updates_then_step
 
 
@@ -17,15 +17,30 @@ def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
                   labels: tf.Tensor) -> meshes.Lowered:
     """One optimizer step on the batch (micro-batched with tokens_per_mb_per_replica): outputs `loss`
     (cross-entropy, as logged), `objective` (what is minimised), `learning_rate`, `grad_norm` and, with MoE
-    layers, `moe_loss`. The train op applies the updates, then increments the global step."""
+    layers, `moe_loss`; with `log_grads`, also `grad_norm/<variable>` for every variable (GPT-Neo's per-variable
+    gradient norms); with float16, `loss_scale` (train/loss_scale.py: the objective is scaled for the backward
+    pass, and a step with non-finite gradients updates no variable). The train op applies the updates, then
+    increments the global step."""
     dims = gpt.Dims.of(cfg, meshes.batch_size(inputs))
     x, y = meshes.import_tokens(mesh, dims, inputs, labels)
-    losses, grads, variables = objective.losses_and_gradients(x, y, cfg, dims)
+    scaling = loss_scale.for_training(cfg, mesh, mesh_impl)  # float16 only
+    losses, grads, variables = objective.losses_and_gradients(x, y, cfg, dims,
+                                                              None if scaling is None else scaling.factor)
+    finite = None
+    if scaling is not None:
+        grads, finite = scaling.unscale(grads)
     global_step = tf.train.get_or_create_global_step()
     lr = learning_rate(cfg, global_step)
     updates, grad_norm = apply_gradients(grads, variables, cfg, mtf.import_fully_replicated(mesh, lr, mtf.Shape([]),
-                                                                                            "lr"))
+                                                                                            "lr"),
+                                        apply_if=finite)
     scalars = {"loss": losses.cross_entropy, "objective": losses.objective}
+    if cfg.log_grads:  # the norms of the unclipped gradients, whose global norm is grad_norm
+        norms = {v.name: mtf.sqrt(mtf.reduce_sum(mtf.square(mtf.to_float(g)))) for v, g in zip(variables, grads)
+                 if g is not None}
+        scalars.update({f"grad_norm/{name}": norm for name, norm in norms.items()})
+        if grad_norm is None:  # clipping off: computed here
+            grad_norm = mtf.sqrt(mtf.add_n([mtf.square(norm) for norm in norms.values()]))
     if grad_norm is not None:
         scalars["grad_norm"] = grad_norm
     if losses.moe_loss is not None:
@@ -35,6 +50,10 @@ def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
     outputs["learning_rate"] = lr
     if "grad_norm" not in outputs:  # clipping off: the norm is not computed
         outputs["grad_norm"] = tf.constant(0.0)
-    train_op = updates_then_step([lowering.lowered_operation(op) for op in updates], global_step)
+    lowered_updates = [lowering.lowered_operation(op) for op in updates]
+    if scaling is not None:
+        outputs["loss_scale"] = scaling.value
+        lowered_updates.append(scaling.update(lowering.export_to_tf_tensor(finite)))
+    train_op = updates_then_step(lowered_updates, global_step)
     gradients = [(v, g) for v, g in zip(variables, grads) if g is not None]
     return meshes.Lowered(lowering, outputs, train_op, gradients)

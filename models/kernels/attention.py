@@ -10,7 +10,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from config.schema import local_attention_block_length
-from models.kernels.common import f32
+from models.kernels.common import compiled, f32
 
 
 @tf.function(jit_compile=True)
@@ -29,8 +29,8 @@ def softmax(logits: mtf.Tensor, dim: mtf.Dimension, split: bool) -> mtf.Tensor:
 
     def grad_function(op, dy):
         y = op.outputs[0]
-        dx = mtf.slicewise(_softmax_backward, [y, dy], output_shape=y.shape, output_dtype=y.dtype,
-                           splittable_dims=splittable, grad_function=0, name="softmax_grad")
+        dx = mtf.slicewise(lambda y_, dy_: compiled(_softmax_backward, y_, dy_), [y, dy], output_shape=y.shape,
+                           output_dtype=y.dtype, splittable_dims=splittable, grad_function=0, name="softmax_grad")
         return [dx]
 
     return mtf.slicewise(lambda x: tf.nn.softmax(x, axis=-1), [logits], output_shape=logits.shape,
@@ -92,7 +92,7 @@ def local_attention_1d(q, k, v, length_dim, key_dim, value_dim, radius: int, ful
     visible = mtf.equal(as_query(sequence_id), as_memory(sequence_id))
     visible = mtf.logical_and(visible, mtf.greater(relative_position, -radius))
     visible = mtf.logical_and(visible, mtf.less_equal(relative_position, 0 if fully_autoregressive else radius))
-    bias = mtf.cast(mtf.logical_not(visible), q.dtype) * -1e9
+    bias = mtf.cast(mtf.logical_not(visible), tf.float32) * -1e9  # float32 as the logits (-inf * 0 in float16)
     padded = mtf.Dimension("memory_block_length", (1 if fully_autoregressive else 2) * radius + block_length)
     o = attention(q, k, v, padded, key_dim, value_dim, bias, **(attention_kwargs or {}))
     return mtf.replace_dimensions(o, [num_blocks, query_block], length_dim)

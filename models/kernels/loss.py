@@ -8,6 +8,8 @@ from __future__ import annotations
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
+from models.kernels.common import compiled
+
 
 @tf.function(jit_compile=True)
 def _xent_forward(logits: tf.Tensor, labels: tf.Tensor):
@@ -39,11 +41,11 @@ def cross_entropy_and_log_z(logits: mtf.Tensor, labels: mtf.Tensor, vocab: mtf.D
         zeros = mtf.zeros(op.inputs[0].mesh, rest, dtype=op.inputs[0].dtype)
         inputs = [op.inputs[0], op.inputs[1], op.outputs[1], zeros if d_xent is None else d_xent,
                   zeros if d_log_z is None else d_log_z]
-        d_logits = mtf.slicewise(_xent_backward, inputs, output_shape=op.inputs[0].shape,
+        d_logits = mtf.slicewise(lambda *a: compiled(_xent_backward, *a), inputs, output_shape=op.inputs[0].shape,
                                  output_dtype=op.inputs[0].dtype, splittable_dims=splittable, grad_function=0,
                                  name="xent_grad")
         return [d_logits, None]
 
-    return mtf.slicewise(_xent_forward, [logits, labels], output_shape=[rest, rest],
+    return mtf.slicewise(lambda *a: compiled(_xent_forward, *a), [logits, labels], output_shape=[rest, rest],
                          output_dtype=[logits.dtype, logits.dtype], splittable_dims=splittable,
                          grad_function=grad_function, name="xent_log_z")

@@ -37,7 +37,8 @@ CHATTER = (
 # The filter process: reads the pipe in chunks, passes through at once what cannot be chatter (so that
 # progress bars redrawn with \r stay live), holds back only a partial line that may still become chatter.
 _FILTER = r"""
-import os, re, sys
+import os, re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the filter ends at EOF
 chatter = re.compile("|".join(%r))
 maybe = re.compile(r"^([IWEF]\d|\d{4}-|WARNING: All|To enable|oneDNN)")
 out = sys.stdout.buffer

@@ -1,0 +1,472 @@
+"""GPUs for `--gpu_ids device:GPU:i ...`: what TensorFlow found and why it found none, which GPUs it may use and
+how much of their memory, whether XLA:GPU compiles the fused kernels, and where the training step's ops ran.
+
+* `configure_gpus` (through runtime/devices.py's `configure`): checks the machine against the named GPUs
+  (`gpu_problem`, a pure function of `GpuFacts`: one line saying what is missing and how to install it), makes
+  only those GPUs visible to TensorFlow and sets memory growth or a fixed fraction (`--gpu_memory`). Runs before
+  TensorFlow starts.
+* `start_up`: one session on the named GPUs runs a tiny XLA-compiled function on each (`probe`), prints the
+  start-up line (`describe`: each GPU's name, compute capability and the memory TensorFlow may use) and picks
+  the fused kernels' path (`kernel_path`): XLA:GPU, or plain TensorFlow ops with one line saying why and how to
+  fix it (models/kernels/common.py holds the switch; GPT_NEO_PLAIN_KERNELS=1 or --plain_kernels force plain).
+* `session_gpu_options`: the sessions (runtime/mesh_session.py's `session_config`) see only those GPUs, with
+  the same memory setting; a mesh of CPU devices gets no GPU at all.
+* `run_listing_placement` / `cpu_fallbacks`: soft placement stays on (some ops have no GPU kernel), and the first
+  training step lists, once, the ops that were placed on a GPU but ran on the CPU.
+
+Written without a GPU: the decisions are pure functions unit-tested on CPU (tests/test_gpus.py); the paths that
+need one are in tests/test_gpu.py and bench/bench_gpu.py, run where a GPU is visible.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import os
+import re
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from runtime.errors import DeviceError
+
+INSTALL = "pip install -r requirements-gpu.txt"
+CUDA_WHEELS = ("nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12", "nvidia-cudnn-cu12")
+XLA_FIX = (f"{INSTALL} (its nvidia-cuda-nvcc-cu12 brings ptxas and libdevice), or point XLA at a CUDA toolkit: "
+           f"XLA_FLAGS=--xla_gpu_cuda_data_dir=/usr/local/cuda")
+GIB = 1 << 30
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the machine has, and what is missing
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int                                  # TensorFlow's (CUDA-visible) index: device:GPU:index
+    name: str = "GPU"                           # e.g. "NVIDIA H100 80GB HBM3"
+    compute_capability: Optional[tuple] = None  # e.g. (9, 0)
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What decides whether the named GPUs can run: all read before TensorFlow starts (`gather_facts`)."""
+    built_with_cuda: bool
+    gpus: tuple = ()                            # Gpu per physical GPU TensorFlow found
+    driver_gpus: int = 0                        # GPUs the NVIDIA driver shows (/proc/driver/nvidia/gpus, /dev/nvidiaN)
+    missing_wheels: tuple = ()                  # CUDA_WHEELS not installed in this Python
+    cuda_visible_devices: Optional[str] = None  # the environment variable, when set
+    min_compute_capability: Optional[tuple] = None  # the lowest this TensorFlow build has kernels for
+
+
+def gpu_problem(facts: GpuFacts, requested: Iterable[int]) -> Optional[str]:
+    """Why the GPUs `requested` (device:GPU:i indices) cannot run here, as one line naming the fix; None when
+    they can."""
+    requested = list(requested)
+    reason = no_gpu_reason(facts)
+    if reason is None:
+        have = len(facts.gpus)
+        missing = [i for i in requested if i >= have]
+        if not missing:
+            return _capability_problem(facts, requested)
+        requested = missing
+        found = ", ".join(f"device:GPU:{g.index} ({g.name})" for g in facts.gpus)
+        limits = f" (CUDA_VISIBLE_DEVICES={facts.cuda_visible_devices!r} limits them)" \
+            if facts.cuda_visible_devices else ""
+        reason = (f"TensorFlow found {have} GPU{'s' if have > 1 else ''}{limits}: {found}; name device:GPU:0"
+                  f"{f'..{have - 1}' if have > 1 else ''}, and set the mesh to that many devices")
+    return f"{', '.join(f'device:GPU:{i}' for i in requested)} not found: {reason}"
+
+
+def no_gpu_reason(facts: GpuFacts) -> Optional[str]:
+    """Why TensorFlow sees no GPU at all, naming the fix; None when it sees one."""
+    if not facts.built_with_cuda:
+        return (f"this TensorFlow was built without CUDA and cannot use GPUs; on Linux x86-64 install the CUDA build "
+                f"with `{INSTALL}` (or run on the CPU with device:CPU:i names)")
+    if facts.gpus:
+        return None
+    hidden = facts.cuda_visible_devices
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return f"TensorFlow sees no GPU: CUDA_VISIBLE_DEVICES={hidden!r} hides them all; unset it or list the GPUs"
+    if facts.driver_gpus == 0:
+        return ("TensorFlow sees no GPU, and neither does this machine: no NVIDIA driver is loaded (nvidia-smi must "
+                "list the GPUs; in a container, pass them through), or run on the CPU with device:CPU:i names")
+    if facts.missing_wheels:
+        return (f"TensorFlow sees no GPU although the NVIDIA driver shows {facts.driver_gpus}: the CUDA and cuDNN "
+                f"libraries TensorFlow loads are not installed (the plain tensorflow wheel brings none; missing: "
+                f"{', '.join(facts.missing_wheels)}); install them with `{INSTALL}`")
+    return (f"TensorFlow sees no GPU although the NVIDIA driver shows {facts.driver_gpus} and the CUDA wheels are "
+            f"installed: the driver may be too old for CUDA 12 (nvidia-smi's 'CUDA Version' must be 12.x or later: "
+            f"update the driver), or the wheels do not match this TensorFlow (reinstall with `{INSTALL}`); "
+            f"GPT_NEO_TF_LOGS=1 shows TensorFlow's own messages")
+
+
+def _capability_problem(facts: GpuFacts, requested: list) -> Optional[str]:
+    low = facts.min_compute_capability
+    for i in requested:
+        gpu = facts.gpus[i]
+        if low and gpu.compute_capability and tuple(gpu.compute_capability) < tuple(low):
+            return (f"device:GPU:{i} ({gpu.name}) has compute capability {_cc(gpu.compute_capability)}, below the "
+                    f"{_cc(low)} this TensorFlow build supports: TensorFlow would run its ops on the CPU; use a newer "
+                    f"GPU, or device:CPU:i names")
+    return None
+
+
+def _cc(cc) -> str:
+    return ".".join(str(x) for x in cc)
+
+
+def _driver_gpus() -> int:
+    proc = "/proc/driver/nvidia/gpus"
+    if os.path.isdir(proc):
+        return len(os.listdir(proc))
+    return len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
+
+
+def _missing_wheels() -> tuple:
+    missing = []
+    for name in CUDA_WHEELS:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return tuple(missing)
+
+
+def gather_facts() -> GpuFacts:
+    """The machine's GpuFacts. Lists physical devices only: TensorFlow is not started (its devices can still
+    be chosen afterwards)."""
+    import tensorflow as tf
+    gpus = []
+    for i, device in enumerate(tf.config.list_physical_devices("GPU")):
+        try:
+            details = tf.config.experimental.get_device_details(device)
+        except Exception:  # noqa: BLE001 (details are for the start-up line only)
+            details = {}
+        gpus.append(Gpu(i, details.get("device_name", "GPU"), details.get("compute_capability")))
+    capabilities = []
+    try:
+        for arch in tf.sysconfig.get_build_info().get("cuda_compute_capabilities", []):
+            match = re.fullmatch(r"(?:sm|compute)_(\d+)(\d)", arch)
+            if match:
+                capabilities.append((int(match.group(1)), int(match.group(2))))
+    except Exception:  # noqa: BLE001
+        pass
+    return GpuFacts(built_with_cuda=tf.test.is_built_with_cuda(), gpus=tuple(gpus), driver_gpus=_driver_gpus(),
+                    missing_wheels=_missing_wheels(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    min_compute_capability=min(capabilities) if capabilities else None)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Which GPUs TensorFlow may use, and how much of their memory
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """`--gpu_memory`: "growth" (allocate as needed, the default) or a fraction of each GPU's memory reserved
+    up front (0.9: 90%)."""
+    growth: bool = True
+    fraction: Optional[float] = None
+
+    def __str__(self) -> str:
+        return "memory growth" if self.growth else f"{self.fraction:g} of its memory reserved"
+
+
+def parse_gpu_memory(text: Optional[str]) -> GpuMemory:
+    value = (text or "growth").strip().lower()
+    if value == "growth":
+        return GpuMemory()
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = -1.0
+    if not 0.0 < fraction <= 1.0:
+        raise DeviceError(f"--gpu_memory takes 'growth' or a fraction of each GPU's memory in (0, 1], e.g. 0.9; "
+                          f"got {text!r}")
+    return GpuMemory(growth=False, fraction=fraction)
+
+
+@dataclass
+class _Configured:
+    physical: tuple = ()                        # the named GPUs' physical indices, sorted (what is visible)
+    memory: GpuMemory = field(default_factory=GpuMemory)
+    facts: Optional[GpuFacts] = None
+
+
+_configured: Optional[_Configured] = None
+
+
+def logical_names(requested: list[int]) -> list[str]:
+    """The mesh's device names for physical GPUs `requested` (in --gpu_ids order), once only those are visible:
+    TensorFlow numbers the visible GPUs from 0 in physical order (device:GPU:2 alone becomes /device:GPU:0)."""
+    order = sorted(requested)
+    return [f"/device:GPU:{order.index(i)}" for i in requested]
+
+
+def configure_gpus(requested: list[int], memory: GpuMemory | str | None = None,
+                   facts: Optional[GpuFacts] = None) -> list[str]:
+    """Checks the named GPUs (device:GPU:i indices) exist and can run (a DeviceError naming the fix if not) and
+    returns the mesh's device names for them. With `memory` ("growth", a fraction; main.py passes --gpu_memory),
+    also makes only those GPUs visible to TensorFlow, renumbered from 0, with that memory setting, for the eager
+    context and (`session_gpu_options`) every session. Without it, nothing changes (a multi-host worker, whose
+    server sees the host's GPUs as they are). Before TensorFlow starts (its first session or eager op)."""
+    import tensorflow as tf
+    global _configured
+    if memory is not None and not isinstance(memory, GpuMemory):
+        memory = parse_gpu_memory(memory)
+    facts = facts or gather_facts()
+    problem = gpu_problem(facts, requested)
+    if problem:
+        raise DeviceError(problem)
+    if memory is None:
+        return [f"/device:GPU:{i}" for i in requested]
+    physical = tf.config.list_physical_devices("GPU")
+    chosen = [physical[i] for i in sorted(requested)]
+    try:
+        tf.config.set_visible_devices(chosen, "GPU")
+        for device in chosen:
+            tf.config.experimental.set_memory_growth(device, memory.growth)
+    except RuntimeError:
+        raise DeviceError("cannot choose the GPUs (or their memory setting) after TensorFlow has started: choose "
+                          "the devices before running anything")
+    _configured = _Configured(tuple(sorted(requested)), memory, facts)
+    return logical_names(requested)
+
+
+def uses_gpus(placement) -> bool:
+    return not placement.use_tpu and any("GPU" in d.upper() for d in placement.devices)
+
+
+def session_gpu_options(config, placement) -> None:
+    """Sets `config` (a tf.ConfigProto) for an in-process placement: on GPUs, only the configured ones visible,
+    with their memory setting (as the eager context has them: TensorFlow's GPU allocator is per process, and
+    the first session or eager op creates it); on CPU devices, no GPU at all, so a CPU mesh on a GPU machine
+    leaves the GPUs alone."""
+    if placement.use_tpu or placement.master:
+        return
+    if not uses_gpus(placement):
+        config.device_count["GPU"] = 0
+        return
+    if _configured is None:  # GPUs named without configure_gpus (a test building its own Placement)
+        return
+    options = config.gpu_options
+    options.visible_device_list = ",".join(str(i) for i in _configured.physical)
+    options.allow_growth = _configured.memory.growth
+    if _configured.memory.fraction:
+        options.per_process_gpu_memory_fraction = _configured.memory.fraction
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Start-up: the probe session, the start-up line and the fused kernels' path
+
+
+def kernel_path(forced_plain: bool, xla_error: Optional[str]) -> tuple[bool, Optional[str]]:
+    """(whether the fused kernels compile with XLA, the line to print or None): plain where forced (the
+    environment variable or --plain_kernels) or where the probe could not compile with XLA:GPU."""
+    if forced_plain:
+        return False, None
+    if xla_error:
+        return False, (f"warning: XLA:GPU does not work here ({xla_error}); the fused kernels (GELU, LayerNorm, "
+                       f"softmax gradient, cross-entropy, Adam) run as plain TensorFlow ops, slower. To fix: {XLA_FIX}")
+    return True, None
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    memory: dict                    # mesh device name -> bytes TensorFlow may allocate there
+    xla_error: Optional[str]        # why the XLA-compiled function failed; None when it ran and gave the right values
+
+
+def describe(names: list[str], facts: GpuFacts, physical: list[int], probe: ProbeResult, memory: GpuMemory,
+             xla: bool) -> str:
+    """The start-up line: each mesh GPU's name, compute capability and the memory TensorFlow may use there,
+    the memory setting and the fused kernels' path."""
+    parts = []
+    for name, index in zip(names, physical):
+        gpu = facts.gpus[index] if index < len(facts.gpus) else Gpu(index)
+        short = name.replace("/device:", "device:")
+        where = "" if short == f"device:GPU:{index}" else f" (physical GPU {index})"
+        detail = []
+        if gpu.compute_capability:
+            detail.append(f"compute capability {_cc(gpu.compute_capability)}")
+            if tuple(gpu.compute_capability) < (8, 0):
+                detail.append("no bfloat16 tensor cores")
+        if probe.memory.get(name):
+            detail.append(f"{probe.memory[name] / GIB:.1f} GiB for TensorFlow")
+        parts.append(f"{short}{where} = {gpu.name}" + (f" ({', '.join(detail)})" if detail else ""))
+    kernels = "XLA:GPU" if xla else "plain TensorFlow ops"
+    return f"GPUs: {'; '.join(parts)}; {memory}; fused kernels: {kernels}"
+
+
+def _probe_function(x):
+    import tensorflow as tf
+    y = tf.exp(-x * x)  # libdevice's __nv_expf, as GELU's tanh and LayerNorm's rsqrt need libdevice too
+    return tf.tanh(y) + tf.math.rsqrt(1.0 + y) + tf.reduce_logsumexp(x, keepdims=True)
+
+
+def probe(names: list[str], config, xla: bool = True) -> ProbeResult:
+    """Opens a session on the GPUs `names` with `config` (soft placement off: the probe must run there) and runs a
+    tiny XLA-compiled function on each (a plain one when `xla` is false); returns each GPU's memory for
+    TensorFlow and why XLA failed (None when it compiled and gave numpy's values)."""
+    import numpy as np
+    import tensorflow.compat.v1 as tf
+
+    probe_config = tf.ConfigProto()
+    probe_config.CopyFrom(config)
+    probe_config.allow_soft_placement = False
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.placeholder(tf.float32, [256])
+        fn = tf.function(_probe_function, jit_compile=True) if xla else _probe_function
+        outputs = []
+        for name in names:
+            with tf.device(name):
+                outputs.append(fn(tf.identity(x)))
+    value = np.linspace(-3, 3, 256, dtype=np.float32)
+    y = np.exp(-value * value)
+    expected = np.tanh(y) + 1 / np.sqrt(1 + y) + np.log(np.exp(value).sum())
+    try:
+        session = tf.Session(graph=graph, config=probe_config)
+    except tf.errors.OpError as e:
+        raise DeviceError(f"TensorFlow could not open a session on {', '.join(names)}: {first_line(e.message)}")
+    with session:
+        memory = {}
+        for device in session.list_devices():
+            spec = tf.DeviceSpec.from_string(device.name)
+            if spec.device_type == "GPU":
+                memory[f"/device:GPU:{spec.device_index}"] = device.memory_limit_bytes
+        absent = [name for name in names if "GPU" in name.upper() and name not in memory]
+        if absent:
+            raise DeviceError(f"TensorFlow lists {', '.join(absent)} but created no device for it (a GPU it cannot "
+                              f"use, or out of memory at start); GPT_NEO_TF_LOGS=1 shows TensorFlow's reason")
+        try:
+            results = session.run(outputs, {x: value})
+        except tf.errors.OpError as e:
+            if not xla:
+                raise DeviceError(f"TensorFlow could not run on {', '.join(names)}: {first_line(e.message)}")
+            return ProbeResult(memory, first_line(e.message))
+    for name, result in zip(names, results):
+        if not np.allclose(result, expected, rtol=1e-4, atol=1e-5):
+            return ProbeResult(memory, f"its result on {name} differs from numpy's by "
+                                       f"{float(np.abs(result - expected).max()):.3g}")
+    return ProbeResult(memory, None)
+
+
+def first_line(message: str, limit: int = 240) -> str:
+    """The line of a TensorFlow error that says what failed (libdevice, ptxas, ...), else its first line."""
+    generic = re.compile(r"^(Graph execution error|Detected at node|The op is created at|\[\[|dummy_)")
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip() and not generic.match(line.strip())]
+    for line in lines:
+        if re.search(r"libdevice|ptxas|nvlink|cuda_data_dir|CUDA|cuDNN", line):
+            return line[:limit]
+    return (lines[0] if lines else message.strip() or "unknown error")[:limit]
+
+
+def start_up(placement, config, xla_autoclustering: bool = False, out=None) -> Optional[ProbeResult]:
+    """For a placement on GPUs: probes them (memory, XLA:GPU), prints the start-up line and sets the fused
+    kernels' path (XLA:GPU, or plain ops with one warning line). Nothing for CPU devices or a TPU."""
+    from models.kernels import common
+    if not uses_gpus(placement) or placement.master:
+        return None
+    configured = _configured
+    names = list(placement.devices)
+    indices = [int(n.rsplit(":", 1)[1]) for n in names]
+    # The mesh's names number the visible GPUs from 0; configured.physical are their physical indices, sorted.
+    physical = [configured.physical[i] for i in indices] if configured else indices
+    facts = configured.facts if configured and configured.facts else gather_facts()
+    forced = common.plain_kernels_forced()
+    result = probe(sorted(set(names)), config, xla=not forced)
+    xla, warning = kernel_path(forced, result.xla_error)
+    if xla_autoclustering and result.xla_error:
+        raise DeviceError(f"--xla needs XLA:GPU, which does not work here ({result.xla_error}): leave out --xla, "
+                          f"or fix it: {XLA_FIX}")
+    common.use_xla_kernels(xla)
+    print(describe(names, facts, physical, result, configured.memory if configured else GpuMemory(), xla),
+          file=out or sys.stdout, flush=True)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where the training step's ops ran
+
+
+@dataclass(frozen=True)
+class Fallback:
+    name: str
+    op_type: str
+    requested: str
+    placed: str
+
+
+def _kind(device: str) -> str:
+    match = re.search(r"(?:^|/)(?:device:)?([A-Za-z_]+):\d+$", device or "")
+    return match.group(1).upper() if match else ""
+
+
+def cpu_fallbacks(ops: Iterable[tuple]) -> list[Fallback]:
+    """The ops requested on a GPU that ran on a CPU, from (name, op type, requested device, placed device) of
+    each op (requested: the graph's; placed: where the session ran it). Ops requested nowhere are left out (the
+    input pipeline's, the global step's: the placer chooses for those)."""
+    return [Fallback(name, op_type, requested, placed) for name, op_type, requested, placed in ops
+            if _kind(requested) == "GPU" and _kind(placed) == "CPU"]
+
+
+def placed_ops(graph, run_metadata) -> list[tuple]:
+    """(name, op type, requested device, placed device) of every op of `graph` that a run with
+    RunOptions(output_partition_graphs=True) placed (ops the session's optimisers renamed or added are left
+    out: they have no requested device to compare)."""
+    placed = {}
+    for partition in run_metadata.partition_graphs:
+        for node in partition.node:
+            placed.setdefault(node.name, (node.op, node.device))
+    ops = []
+    for op in graph.get_operations():
+        if op.name in placed:
+            op_type, device = placed[op.name]
+            ops.append((op.name, op_type, op.device, device))
+    return ops
+
+
+@dataclass(frozen=True)
+class PlacementReport:
+    ops: list          # (name, op type, requested, placed) of each placed op
+    fallbacks: list    # the Fallbacks among them
+
+    @property
+    def on_gpu(self) -> int:
+        return sum(_kind(placed) == "GPU" for _, _, _, placed in self.ops)
+
+
+def describe_placement(report: PlacementReport, limit: int = 6) -> str:
+    """One line: every op placed on a GPU ran there, or which fell back to the CPU, grouped by op type."""
+    requested_gpu = sum(_kind(requested) == "GPU" for _, _, requested, _ in report.ops)
+    if not report.fallbacks:
+        return f"placement: all {requested_gpu} ops of the training step placed on GPUs ran there"
+    groups: "OrderedDict[str, list]" = OrderedDict()
+    for f in report.fallbacks:
+        groups.setdefault(f.op_type, []).append(f.name)
+    shown = []
+    for op_type, names in list(groups.items())[:limit]:
+        examples = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
+        shown.append(f"{op_type} x{len(names)} ({examples})")
+    more = f", and {len(groups) - limit} more op types" if len(groups) > limit else ""
+    return (f"placement: {len(report.fallbacks)} of {requested_gpu} ops of the training step placed on a GPU ran on "
+            f"the CPU (no GPU kernel for their type and dtype; soft placement moved them, and each step copies their "
+            f"inputs and outputs between the GPU and the host): {'; '.join(shown)}{more}")
+
+
+def run_listing_placement(session, fetches, feed_dict=None, out=None):
+    """session.run(fetches) (a MeshSession or tf.Session) with the partition graphs returned; prints
+    `describe_placement` once and returns (the values, the PlacementReport)."""
+    import tensorflow.compat.v1 as tf
+    session = getattr(session, "session", session)  # a MeshSession's tf.Session
+    run_metadata = tf.RunMetadata()
+    options = tf.RunOptions(output_partition_graphs=True)
+    values = session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=run_metadata)
+    graph = session.graph
+    ops = placed_ops(graph, run_metadata)
+    report = PlacementReport(ops, cpu_fallbacks(ops))
+    print(describe_placement(report), file=out or sys.stdout, flush=True)
+    return values, report

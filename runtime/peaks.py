@@ -1,0 +1,137 @@
+"""One device's peak FLOP/s: the denominator of MFU (train/progress.py divides the mesh's model FLOP/s by the
+number of mesh devices and then by this).
+
+* NVIDIA GPUs that TensorFlow names (`tf.config.experimental.get_device_details(gpu)["device_name"]`) and this
+  table knows: the dense (no sparsity) tensor-core peak of NVIDIA's datasheet for the training dtype. float32
+  counts as TF32 where TensorFlow runs float32 matmuls in TF32 (its default on Ampere and newer:
+  `tf.config.experimental.enable_tensor_float_32_execution`).
+* Any other device and dtype: measured. A chain of matmuls in the training dtype, placed on the device itself,
+  runs as one graph-session call (the path the model's einsums take) and is reduced to one scalar, so the
+  session call returns only when every matmul is done and the copy back is a few bytes; the first call
+  (kernel selection, autotuning) is not timed, the best of the timed calls counts.
+* A CPU split into logical devices (`device:CPU:i`): they share the cores, so one device's peak is the
+  host CPU's measured rate divided by how many of them the mesh puts on this host.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+
+DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.float16}
+
+# TFLOP/s, dense, per GPU, from NVIDIA's datasheets ("tf32": float32 matmuls run as TF32 on tensor cores).
+# Patterns are tried in order against the name TensorFlow reports; a dtype a GPU has no entry for is measured
+# (V100 and T4 have no bfloat16 tensor cores).
+KNOWN_PEAKS = (
+    (r"H100 PCIe", {"float32": 51.0, "tf32": 378.0, "bfloat16": 756.0, "float16": 756.0}),
+    (r"H100.*(SXM|HBM3)", {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),
+    (r"H200(?!.*NVL)", {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),
+    (r"A100", {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0}),
+    (r"\bA10\b", {"float32": 31.2, "tf32": 62.5, "bfloat16": 125.0, "float16": 125.0}),
+    (r"\bL4\b", {"float32": 30.3, "tf32": 60.0, "bfloat16": 121.0, "float16": 121.0}),
+    (r"V100S", {"float32": 16.4, "float16": 130.0}),
+    (r"V100-PCIE", {"float32": 14.0, "float16": 112.0}),
+    (r"V100", {"float32": 15.7, "float16": 125.0}),
+    (r"\bT4\b", {"float32": 8.1, "float16": 65.0}),
+)
+
+
+class Peak(NamedTuple):
+    flops: float   # one device's peak FLOP/s (0: unknown, MFU not shown)
+    source: str    # where it comes from, for the start-up line
+
+
+def known_gpu_peak(name: str, dtype: str, tf32: bool = True) -> Optional[float]:
+    """The datasheet peak FLOP/s of the GPU TensorFlow calls `name` in `dtype`, or None if not in the table."""
+    for pattern, peaks in KNOWN_PEAKS:
+        if re.search(pattern, name, re.IGNORECASE):
+            key = "tf32" if dtype == "float32" and tf32 and "tf32" in peaks else dtype
+            return peaks[key] * 1e12 if key in peaks else None
+    return None
+
+
+def matmul_chain(device: str, dtype: str, size: int, chain: int):
+    """A graph whose one fetch runs `chain` size x size matmuls in `dtype` on `device`, one after the other,
+    and returns their result summed to a float32 scalar. Returns (graph, fetch, init_op)."""
+    graph = tf.Graph()
+    rng = np.random.RandomState(0)
+    with graph.as_default(), tf.device(device):
+        # Entries of b ~ N(0, 1/size) keep the chain's values around 1 in every dtype (no float16 overflow).
+        a = tf.compat.v1.Variable(rng.standard_normal((size, size)).astype(np.float32), name="a")
+        b = tf.compat.v1.Variable((rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32), name="b")
+        x, w = tf.cast(a, DTYPES[dtype]), tf.cast(b, DTYPES[dtype])
+        for _ in range(chain):
+            x = tf.matmul(x, w)
+        fetch = tf.reduce_sum(tf.cast(x, tf.float32))
+        init = tf.compat.v1.global_variables_initializer()
+    return graph, fetch, init
+
+
+def measure_matmul_peak(dtype: str = "float32", device: str = "/device:CPU:0", size: Optional[int] = None,
+                        chain: Optional[int] = None, seconds: float = 1.0, config=None) -> float:
+    """Matmul FLOP/s that `device` reaches in `dtype`: a chain of matmuls in one session call (see the module
+    docstring), the best of the calls made in `seconds` after an untimed first one. Size 4096 on a GPU (chain
+    32), 1024 on a CPU (chain 4) unless given. `config`: the session's ConfigProto (soft placement is turned
+    off, so the matmuls run on `device` or the call fails)."""
+    gpu = "GPU" in device.upper()
+    size = size or (4096 if gpu else 1024)
+    chain = chain or (32 if gpu else 4)
+    graph, fetch, init = matmul_chain(device, dtype, size, chain)
+    session_config = tf.compat.v1.ConfigProto()
+    if config is not None:
+        session_config.CopyFrom(config)
+    session_config.allow_soft_placement = False
+    with tf.compat.v1.Session(graph=graph, config=session_config) as session:
+        session.run(init)
+        session.run(fetch)  # kernel selection, autotuning, first allocation
+        best, end = float("inf"), time.perf_counter() + seconds
+        runs = 0
+        while runs < 3 or time.perf_counter() < end:
+            start = time.perf_counter()
+            session.run(fetch)
+            best = min(best, time.perf_counter() - start)
+            runs += 1
+    return chain * 2 * size ** 3 / best
+
+
+def _local_name(device: str) -> tuple[str, int]:
+    spec = tf.DeviceSpec.from_string(device)
+    return (spec.device_type or "CPU").upper(), spec.device_index or 0
+
+
+def gpu_name(index: int) -> Optional[str]:
+    """The name TensorFlow reports for visible GPU `index` (e.g. "NVIDIA A100-SXM4-80GB"), or None."""
+    gpus = tf.config.get_visible_devices("GPU")
+    if index >= len(gpus):
+        return None
+    return tf.config.experimental.get_device_details(gpus[index]).get("device_name")
+
+
+def device_peak(placement, dtype: str, config=None, seconds: float = 1.0) -> Peak:
+    """One mesh device's peak FLOP/s in `dtype` for a placement mesh (its first device stands for all: a mesh
+    runs on devices of one kind). TPUs: Peak(0, ...) (pass --peak_tflops)."""
+    if placement.use_tpu or not placement.devices:
+        return Peak(0.0, "unknown for TPUs: pass --peak_tflops (one core's peak) for MFU")
+    kind, index = _local_name(placement.devices[0])
+    local = f"/device:{kind}:{index}"
+    if kind == "GPU":
+        name = gpu_name(index) or local
+        known = known_gpu_peak(name, dtype, tf.config.experimental.tensor_float_32_execution_enabled())
+        if known:
+            tf32 = " as TF32" if dtype == "float32" and known_gpu_peak(name, dtype, False) != known else ""
+            return Peak(known, f"{name}, {dtype}{tf32}, NVIDIA datasheet (dense)")
+        shared, what = 1, f"{name}, measured"
+    else:
+        hosts = max(1, len(placement.hosts))
+        shared = max(1, placement.cpu_devices // hosts)  # logical CPU devices on this host share its cores
+        what = "this host's CPU, measured" + (f", shared by {shared} mesh devices" if shared > 1 else "")
+    try:
+        rate = measure_matmul_peak(dtype, local, config=config, seconds=seconds)
+    except tf.errors.OpError as e:
+        reason = (e.message or type(e).__name__).splitlines()[0]
+        return Peak(0.0, f"not measured ({dtype} matmul on {local} failed: {reason}); pass --peak_tflops for MFU")
+    return Peak(rate / shared, f"{what}: {dtype} matmuls on {local}")

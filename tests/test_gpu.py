@@ -1,0 +1,122 @@
+"""On a GPU (skipped where TensorFlow sees none, with runtime/gpus.py's reason): the start-up probe compiles with
+XLA:GPU, a tiny model trains on device:GPU:0 with the CPU's losses (fused kernels on XLA:GPU and as plain ops,
+float32 and bfloat16), every op of its training step placed on the GPU runs there, and main.py trains and
+samples with --gpu_ids device:GPU:0, printing the start-up and placement lines.
+
+Written without a GPU (none was lent to the session that wrote it): run it first on one with
+`python -m pytest -q tests/test_gpu.py`."""
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from runtime import gpus
+
+# Lists devices only: TensorFlow does not start, so conftest.py's four CPU devices stay as they are.
+GPUS = tf.config.list_physical_devices("GPU")
+REASON = None if GPUS else f"no GPU for these tests: {gpus.no_gpu_reason(gpus.gather_facts())}"
+
+pytestmark = pytest.mark.skipif(not GPUS, reason=REASON or "")
+
+
+@pytest.fixture(scope="module")
+def gpu_placement():
+    """device:GPU:0 as main.py sets it up (only it visible, memory growth), where TensorFlow has not started yet
+    in this process; else as it is (an earlier test started it: every GPU visible, the default allocator)."""
+    from runtime.devices import DeviceError, Placement
+    try:
+        names = gpus.configure_gpus([0], "growth")
+    except DeviceError:
+        names = ["/device:GPU:0"]
+    return Placement(devices=tuple(names))
+
+
+@pytest.fixture
+def exact_float32():
+    """float32 matmuls in full float32 (TensorFlow runs them as TF32 on Ampere and newer by default), so the GPU's
+    losses compare with the CPU's at a tolerance that catches a wrong kernel."""
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+def test_start_up_probe_compiles_with_xla_gpu_and_reads_the_memory(gpu_placement, capsys):
+    from models.kernels import common
+    from runtime.mesh_session import session_config
+    result = gpus.start_up(gpu_placement, session_config(gpu_placement))
+    line = capsys.readouterr().out
+    assert result.xla_error is None, f"XLA:GPU does not compile here: {result.xla_error} (fix: {gpus.XLA_FIX})"
+    assert result.memory.get(gpu_placement.devices[0], 0) > 1 << 30
+    assert line.startswith("GPUs: device:GPU:0") and "compute capability" in line and "GiB for TensorFlow" in line
+    assert "fused kernels: XLA:GPU" in line and common.xla_kernels()
+    common.use_xla_kernels(None)
+
+
+@pytest.mark.usefixtures("exact_float32")
+@pytest.mark.parametrize("precision,rtol", [("float32", 2e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("kernel_path", ["xla", "plain"])
+def test_tiny_model_trains_on_the_gpu_with_the_cpus_losses(tmp_path, gpu_placement, precision, rtol, kernel_path):
+    """Both devices start from the same checkpoint (written on the CPU after one step) and train the same batches
+    for three steps: the losses agree within rounding (GPU and CPU reduce in different orders)."""
+    from models.kernels import common
+    from runtime.devices import Placement
+    from tiny import fixed_batches, random_tokens, tiny_config
+    from train import loop
+    from conftest import CPU_DEVICES
+
+    data = random_tokens([16, 17], seed=3)
+
+    def train(cfg, placement, until):
+        losses = []
+        loop.train(cfg, placement, fixed_batches(data, cfg.train_batch_size), until=until,
+                   on_step=lambda step, values: losses.append(float(values["loss"])))
+        return losses
+
+    cpu_cfg = tiny_config(model_path=str(tmp_path / "cpu"), precision=precision, train_steps=4, steps_per_checkpoint=1)
+    gpu_cfg = tiny_config(model_path=str(tmp_path / "gpu"), precision=precision, train_steps=4, steps_per_checkpoint=1)
+    with common.kernels(kernel_path):
+        train(cpu_cfg, Placement(devices=(CPU_DEVICES[0],)), 1)
+        shutil.copytree(tmp_path / "cpu", tmp_path / "gpu")
+        cpu = train(cpu_cfg, Placement(devices=(CPU_DEVICES[0],)), 4)
+        gpu = train(gpu_cfg, gpu_placement, 4)
+    assert len(gpu) == len(cpu) == 3 and np.all(np.isfinite(gpu))
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=rtol / 10)  # the same weights and batch: the forward pass
+    np.testing.assert_allclose(gpu, cpu, rtol=rtol)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_every_op_of_the_training_step_placed_on_the_gpu_runs_there(tmp_path, gpu_placement, precision, capsys):
+    from runtime.mesh_session import open_session
+    from tiny import fixed_batches, random_tokens, tiny_config
+    from train import loop
+
+    cfg = tiny_config(model_path=str(tmp_path / "run"), precision=precision)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.set_random_seed(cfg.seed)
+        program = loop._PlacementTraining(cfg, gpu_placement, fixed_batches(random_tokens([8, 17]), 4)(0))
+    with open_session(gpu_placement, graph, program.lowered.lowering, None) as session:
+        program.start(session)
+        program.run(session, 1)
+        program.run(session, 1)  # the listing is printed once, for the first step
+    report = program.placement_report
+    line = capsys.readouterr().out
+    assert line.count("placement: ") == 1
+    assert report is not None and report.on_gpu > 100
+    assert not report.fallbacks, gpus.describe_placement(report)
+
+
+def test_main_trains_and_samples_on_the_gpu_with_its_start_up_lines(tmp_path):
+    from workspace import make_workspace, run_main
+    config = make_workspace(tmp_path)
+    trained = run_main("--model", config, "--gpu_ids", "device:GPU:0", "--log_every", "1")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "GPUs: device:GPU:0 = " in trained.stdout and "fused kernels: XLA:GPU" in trained.stdout
+    assert "placement: all " in trained.stdout, trained.stdout
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("def main(")
+    sampled = run_main("--model", config, "--gpu_ids", "device:GPU:0", "--predict", "--prompt", str(prompt))
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert "GPUs: device:GPU:0 = " in sampled.stdout

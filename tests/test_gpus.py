@@ -1,0 +1,230 @@
+"""runtime/gpus.py on CPU: the start-up decisions over fake facts (what is missing, how to fix it), the start-up
+line, memory settings, the fused kernels' path, and the placement listing (a real session: ops requested on a GPU
+that ran on the CPU). tests/test_gpu.py runs the GPU paths where a GPU is visible."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from conftest import CPU_DEVICES
+from models.kernels import common
+from runtime import gpus
+from runtime.devices import DeviceError, Placement
+from runtime.mesh_session import session_config
+
+H100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0))
+T4 = gpus.Gpu(1, "Tesla T4", (7, 5))
+
+
+def facts(**changes):
+    values = dict(built_with_cuda=True, gpus=(H100, T4), driver_gpus=2, missing_wheels=(),
+                  cuda_visible_devices=None, min_compute_capability=(6, 0))
+    values.update(changes)
+    return gpus.GpuFacts(**values)
+
+
+def test_named_gpus_that_exist_and_run_pass():
+    assert gpus.gpu_problem(facts(), [0]) is None
+    assert gpus.gpu_problem(facts(), [1, 0]) is None
+
+
+@pytest.mark.parametrize("changes,requested,expected", [
+    (dict(built_with_cuda=False, gpus=()), [0], ["built without CUDA", "pip install -r requirements-gpu.txt"]),
+    (dict(gpus=(), driver_gpus=0), [0], ["TensorFlow sees no GPU", "no NVIDIA driver", "nvidia-smi", "device:CPU:i"]),
+    (dict(gpus=(), missing_wheels=("nvidia-cudnn-cu12",)), [0],
+     ["driver shows 2", "CUDA and cuDNN libraries", "nvidia-cudnn-cu12", "pip install -r requirements-gpu.txt"]),
+    (dict(gpus=()), [0], ["wheels are installed", "driver may be too old", "GPT_NEO_TF_LOGS=1"]),
+    (dict(gpus=(), cuda_visible_devices=""), [0], ["CUDA_VISIBLE_DEVICES=''", "hides them all"]),
+    (dict(gpus=(H100,)), [0, 3], ["device:GPU:3 not found", "found 1 GPU", "NVIDIA H100", "name device:GPU:0"]),
+    (dict(gpus=(H100, T4)), [4, 2], ["device:GPU:4, device:GPU:2 not found", "found 2 GPUs", "device:GPU:0..1"]),
+    (dict(gpus=(H100,), cuda_visible_devices="2"), [1], ["CUDA_VISIBLE_DEVICES='2' limits them"]),
+    (dict(gpus=(H100, gpus.Gpu(1, "Tesla K80", (3, 7)))), [1], ["Tesla K80", "compute capability 3.7", "6.0"]),
+])
+def test_each_missing_piece_is_one_line_naming_the_fix(changes, requested, expected):
+    problem = gpus.gpu_problem(facts(**changes), requested)
+    assert problem and "\n" not in problem
+    if "compute capability" not in problem:
+        assert problem.startswith(", ".join(f"device:GPU:{i}" for i in requested if i >= len(facts(**changes).gpus))
+                                  + " not found: ")
+    for text in expected:
+        assert text in problem
+
+
+def test_configure_stops_before_touching_tensorflow_on_a_problem():
+    with pytest.raises(DeviceError, match="built without CUDA"):
+        gpus.configure_gpus([0], "growth", facts(built_with_cuda=False, gpus=()))
+    with pytest.raises(DeviceError, match="--gpu_memory takes"):
+        gpus.configure_gpus([0], "all", facts())
+    # without a memory setting (a multi-host worker): checked, named as they are, visibility left alone
+    assert gpus.configure_gpus([1, 0], None, facts()) == ["/device:GPU:1", "/device:GPU:0"]
+    assert gpus._configured is None
+
+
+def test_only_the_named_gpus_are_visible_and_renumbered_from_zero():
+    assert gpus.logical_names([0]) == ["/device:GPU:0"]
+    assert gpus.logical_names([2, 3]) == ["/device:GPU:0", "/device:GPU:1"]
+    assert gpus.logical_names([3, 1]) == ["/device:GPU:1", "/device:GPU:0"]  # the mesh keeps --gpu_ids' order
+
+
+@pytest.mark.parametrize("text,growth,fraction", [(None, True, None), ("growth", True, None), ("0.9", False, 0.9),
+                                                  ("1", False, 1.0)])
+def test_gpu_memory_flag(text, growth, fraction):
+    memory = gpus.parse_gpu_memory(text)
+    assert (memory.growth, memory.fraction) == (growth, fraction)
+
+
+@pytest.mark.parametrize("text", ["0", "1.2", "-0.5", "most", ""])
+def test_gpu_memory_flag_rejects_what_is_not_growth_or_a_fraction(text):
+    if text == "":
+        assert gpus.parse_gpu_memory(text).growth  # empty: the default
+        return
+    with pytest.raises(DeviceError, match="--gpu_memory takes 'growth' or a fraction"):
+        gpus.parse_gpu_memory(text)
+
+
+def test_sessions_see_only_the_configured_gpus_with_their_memory_setting(monkeypatch):
+    cpu = session_config(Placement(devices=tuple(CPU_DEVICES[:2])))
+    assert cpu.device_count["GPU"] == 0 and cpu.device_count["CPU"] == 2  # a CPU mesh leaves the GPUs alone
+    placement = Placement(devices=("/device:GPU:0", "/device:GPU:1"))
+    monkeypatch.setattr(gpus, "_configured", gpus._Configured((2, 3), gpus.parse_gpu_memory("growth")))
+    config = session_config(placement)
+    assert config.gpu_options.visible_device_list == "2,3" and config.gpu_options.allow_growth
+    assert config.allow_soft_placement and "GPU" not in config.device_count
+    monkeypatch.setattr(gpus, "_configured", gpus._Configured((1,), gpus.parse_gpu_memory("0.9")))
+    config = session_config(Placement(devices=("/device:GPU:0",)))
+    assert config.gpu_options.visible_device_list == "1" and not config.gpu_options.allow_growth
+    assert config.gpu_options.per_process_gpu_memory_fraction == pytest.approx(0.9)
+    remote = session_config(Placement(devices=("/job:worker/task:1/device:GPU:0",), master="grpc://h:1"))
+    assert not remote.gpu_options.visible_device_list and "GPU" not in remote.device_count
+
+
+def test_start_up_line_names_each_gpu_its_capability_and_memory():
+    probe = gpus.ProbeResult({"/device:GPU:0": 80 * gpus.GIB, "/device:GPU:1": 14.5 * gpus.GIB}, None)
+    line = gpus.describe(["/device:GPU:0", "/device:GPU:1"], facts(), [0, 1], probe, gpus.GpuMemory(), True)
+    assert line == ("GPUs: device:GPU:0 = NVIDIA H100 80GB HBM3 (compute capability 9.0, 80.0 GiB for TensorFlow); "
+                    "device:GPU:1 = Tesla T4 (compute capability 7.5, no bfloat16 tensor cores, 14.5 GiB for "
+                    "TensorFlow); memory growth; fused kernels: XLA:GPU")
+    renumbered = gpus.describe(["/device:GPU:0"], facts(), [1], gpus.ProbeResult({}, "x"), gpus.GpuMemory(False, 0.9),
+                               False)
+    assert renumbered.startswith("GPUs: device:GPU:0 (physical GPU 1) = Tesla T4")
+    assert renumbered.endswith("0.9 of its memory reserved; fused kernels: plain TensorFlow ops")
+
+
+def test_kernel_path_falls_back_to_plain_ops_with_one_line_on_how_to_fix_it():
+    assert gpus.kernel_path(False, None) == (True, None)
+    assert gpus.kernel_path(True, None) == (False, None)  # forced: no warning
+    assert gpus.kernel_path(True, "libdevice not found") == (False, None)
+    xla, line = gpus.kernel_path(False, "libdevice not found at ./libdevice.10.bc")
+    assert not xla and "\n" not in line and line.startswith("warning: XLA:GPU does not work here")
+    for text in ("libdevice not found", "plain TensorFlow ops", "pip install -r requirements-gpu.txt",
+                 "XLA_FLAGS=--xla_gpu_cuda_data_dir="):
+        assert text in line
+
+
+def test_the_line_of_an_xla_error_that_names_the_missing_piece():
+    message = ("INTERNAL: Generating device code failed.\n\n\tlibdevice not found at ./libdevice.10.bc\n"
+               "\t [[{{node PartitionedCall}}]]")
+    assert gpus.first_line(message) == "libdevice not found at ./libdevice.10.bc"
+    assert gpus.first_line("Something else\nmore") == "Something else"
+    assert gpus.first_line("Graph execution error:\n\nDetected unsupported operations ... AsString\n\t [[Call]]") \
+        == "Detected unsupported operations ... AsString"
+
+
+def test_the_probe_compiles_and_checks_its_values_on_a_cpu_device():
+    result = gpus.probe([CPU_DEVICES[0], CPU_DEVICES[1]], tf.ConfigProto(device_count={"CPU": 4}))
+    assert result.xla_error is None and result.memory == {}
+
+
+def test_the_probe_reports_what_xla_cannot_compile(monkeypatch):
+    """An XLA failure (here an op XLA has no kernel for, standing in for a missing libdevice) is the probe's
+    answer, not an exception: start-up falls back to plain ops. The plain probe runs the same function."""
+    monkeypatch.setattr(gpus, "_probe_function", lambda x: tf.cast(tf.strings.length(tf.strings.as_string(x)), tf.float32))
+    result = gpus.probe([CPU_DEVICES[0]], tf.ConfigProto(device_count={"CPU": 4}))
+    assert "unsupported operations" in result.xla_error and "\n" not in result.xla_error
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="needs a machine without a GPU")
+def test_the_probe_stops_where_tensorflow_has_no_such_gpu():
+    with pytest.raises(DeviceError, match="created no device"):
+        gpus.probe(["/device:GPU:0"], tf.ConfigProto(device_count={"CPU": 4}))
+
+
+def test_start_up_does_nothing_on_cpu_devices():
+    assert gpus.start_up(Placement(devices=tuple(CPU_DEVICES[:1])), tf.ConfigProto()) is None
+
+
+def test_the_kernel_switch_builds_xla_calls_or_plain_ops(monkeypatch):
+    from models.kernels.elementwise import _gelu_forward
+
+    def ops_built():
+        graph = tf.Graph()
+        with graph.as_default():
+            common.fused(_gelu_forward, tf.zeros([64, 1024]))
+        return {op.type for op in graph.get_operations()}
+
+    with common.kernels("xla"):
+        assert common.xla_kernels() and ops_built() & {"PartitionedCall", "StatefulPartitionedCall"}
+    with common.kernels("plain"):
+        assert not common.xla_kernels() and "Tanh" in ops_built()
+        assert not ops_built() & {"PartitionedCall", "StatefulPartitionedCall"}
+    assert common.xla_kernels()  # back to the default
+    monkeypatch.setenv(common.PLAIN_KERNELS_ENV, "1")
+    assert not common.xla_kernels()
+    with common.kernels("xla"):
+        assert not common.xla_kernels()  # the environment forces plain over everything
+
+
+def test_cpu_fallbacks_are_the_ops_requested_on_a_gpu_that_ran_on_a_cpu():
+    local = "/job:localhost/replica:0/task:0/device:"
+    ops = [("a", "MatMul", "/device:GPU:0", local + "GPU:0"),
+           ("b", "StringJoin", "/device:GPU:0", local + "CPU:0"),
+           ("c", "Unique", "/device:GPU:1", local + "CPU:0"),
+           ("d", "IteratorGetNext", "", local + "CPU:0"),          # requested nowhere: the placer's choice
+           ("e", "AssignVariableOp", "/device:CPU:0", local + "CPU:0"),  # master copies live on the host
+           ("f", "Mul", "/job:worker/task:1/device:GPU:0", "/job:worker/replica:0/task:1/device:CPU:0")]
+    fallbacks = gpus.cpu_fallbacks(ops)
+    assert [f.name for f in fallbacks] == ["b", "c", "f"]
+    line = gpus.describe_placement(gpus.PlacementReport(ops, fallbacks))
+    assert line.startswith("placement: 3 of 4 ops of the training step placed on a GPU ran on the CPU")
+    assert "StringJoin x1 (b); Unique x1 (c); Mul x1 (f)" in line and "\n" not in line
+    clean = [op for op in ops if op[0] not in ("b", "c", "f")]
+    assert gpus.describe_placement(gpus.PlacementReport(clean, [])) == \
+        "placement: all 1 ops of the training step placed on GPUs ran there"
+
+
+def test_placement_listing_reads_where_a_session_ran_each_op(capsys):
+    """A real session with soft placement: a string op (no GPU kernel anywhere) requested on a GPU runs on the
+    CPU and is listed; ops requested on the CPU are not."""
+    graph = tf.Graph()
+    with graph.as_default():
+        text = tf.placeholder(tf.string, [2])
+        number = tf.placeholder(tf.float32, [2])
+        with tf.device("/device:GPU:0"):
+            joined = tf.strings.join([text, text], name="joined")
+        with tf.device(CPU_DEVICES[0]):
+            doubled = tf.multiply(number, 2.0, name="doubled")
+    with tf.Session(graph=graph, config=tf.ConfigProto(allow_soft_placement=True,
+                                                       device_count={"CPU": 4})) as session:
+        values, report = gpus.run_listing_placement(session, [joined, doubled],
+                                                    {text: ["a", "b"], number: [1.0, 2.0]})
+    assert list(values[0]) == [b"aa", b"bb"] and np.allclose(values[1], [2.0, 4.0])
+    names = {f.name: f for f in report.fallbacks}
+    assert "joined" in names and names["joined"].op_type == "StringJoin"
+    assert "doubled" not in names and ("doubled", "Mul", CPU_DEVICES[0]) in [op[:3] for op in report.ops]
+    assert "placement: " in capsys.readouterr().out and "StringJoin x1 (joined" in \
+        gpus.describe_placement(report)
+
+
+def test_main_says_what_is_missing_in_one_line_where_no_gpu_is_visible(tmp_path):
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU")
+    from workspace import run_main
+    config = tmp_path / "m.json"
+    config.write_text(json.dumps(dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, train_steps=1,
+                                      mesh_shape="all:1", layout="", model_path=str(tmp_path / "run"))))
+    result = run_main("--model", str(config), "--gpu_ids", "device:GPU:0")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
+    assert errors[0].startswith("error: device:GPU:0 not found: ")
+    assert "requirements-gpu.txt" in errors[0] or "device:CPU:i" in errors[0]
