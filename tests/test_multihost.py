@@ -119,7 +119,9 @@ def test_two_processes_train_like_one_process_on_two_devices(tmp_path, capsys):
     multi, single = weights(tmp_path / "multi"), weights(tmp_path / "single")
     assert multi.keys() == single.keys() and len(multi) > 10
     for name in multi:
-        np.testing.assert_allclose(multi[name], single[name], atol=1e-6, err_msg=name)
+        # Equal up to summation order: two processes reduce in another order than one, and Adam's m / sqrt(v)
+        # magnifies the last bit of a near-zero gradient (seen: one wte element of 131,072 off by 6.5e-5 relative).
+        np.testing.assert_allclose(multi[name], single[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_cluster_from_files_and_flags(tmp_path):
