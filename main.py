@@ -225,6 +225,7 @@ def export(cfg, args) -> int:
 def check_dataset(cfg) -> int:
     from data.errors import DataError
     from data.inputs import token_stats
+    from data.tokenizer import load_for_dataset
 
     failures = []
     for use in cfg.datasets:
@@ -245,16 +246,11 @@ def check_dataset(cfg) -> int:
                                 f"fix n_vocab in its dataset config to the tokenizer's size")
         if ds.tokenizer_path:
             sample = first_tokens(ds.path or ds.eval_path, 64)
-            print(f"{ds.id} decoded sample: {tokenizer_for_dataset(ds).decode(sample)!r}")
+            print(f"{ds.id} decoded sample: {load_for_dataset(ds).decode(sample)!r}")
     if failures:
         raise DataError("; ".join(failures))
     print("dataset check passed")
     return 0
-
-
-def tokenizer_for_dataset(ds):
-    from data.tokenizer import load_tokenizer
-    return load_tokenizer(ds.tokenizer_path, pretrained=ds.tokenizer_is_pretrained)
 
 
 def first_tokens(path: str, count: int) -> list[int]:

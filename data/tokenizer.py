@@ -122,9 +122,14 @@ def _first_line(exc: BaseException | None) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def load_for_dataset(dataset) -> LoadedTokenizer:
+    """The tokenizer a registered dataset (config/schema.py's DatasetConfig) was encoded with."""
+    return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)
+
+
 def load_for_config(cfg) -> LoadedTokenizer:
     """The tokenizer of the config's last dataset (it encodes prompts and decodes samples, as in GPT-Neo)."""
     dataset = cfg.tokenizer_dataset
     if dataset is None or not dataset.tokenizer_path:
         raise DataError("no tokenizer: the config's last dataset must name tokenizer_path in its dataset config")
-    return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)
+    return load_for_dataset(dataset)
