@@ -1,4 +1,7 @@
-"""train/optimizer.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer."""
+"""train/optimizer.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer; which weights
+weight decay shrinks on the real model."""
+import shutil
+
 import mesh_tensorflow as mtf
 import numpy as np
 import pytest
@@ -6,6 +9,8 @@ import tensorflow.compat.v1 as tf
 
 from conftest import CPU_DEVICES
 from models.kernels import common
+from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config
+from train import loop
 from train.optimizer import NO_DECAY, AdamWeightDecay
 
 
@@ -50,3 +55,36 @@ def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert np.abs(expected["w/adam_m"]).max() > 0  # the step ran
+
+
+def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_path):
+    """On the real tiny model, independent of train/optimizer.NO_DECAY (the test above hands NO_DECAY to both
+    optimizers, so it never tests the list): two runs resume from one checkpoint with nonzero biases and norm
+    gains away from 1 and take one step on the same batch, one with weight decay and one without. Adam's update
+    is the same in both; the decayed run's weights are lower by exactly lr * weight_decay * w where w is decayed.
+    Which are, the test derives from the shapes: every weight of rank 2 or more (the attention and MLP matrices,
+    wte and wpe), no vector (norm gains and biases, MLP and attention output biases).
+    Bugs caught: "bias" dropped from NO_DECAY (MLP biases decayed), or "norm" (norm gains decayed); a pattern
+    that also matches a matrix (it would not be decayed)."""
+    data = random_tokens([16, 17], seed=3)
+    cfg = tiny_config(model_path=str(tmp_path / "start"), train_steps=3, steps_per_checkpoint=2, lr=1e-2)
+    loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=2)
+    start = model_weights(cfg.model_path)
+    assert all(np.abs(value).max() > 1e-3 for value in start.values())  # no zero bias: a decay would show
+
+    after, learning_rates = {}, {}
+    for decay in (0.0, 0.5):
+        run = cfg.replace(model_path=str(tmp_path / f"decay_{decay}"), weight_decay=decay)
+        shutil.copytree(cfg.model_path, run.model_path)
+        loop.train(run, placement_for(run), fixed_batches(data, run.train_batch_size),
+                   on_step=lambda step, values: learning_rates.update({decay: float(values["learning_rate"])}))
+        after[decay] = model_weights(run.model_path)
+    assert learning_rates[0.0] == learning_rates[0.5] > 0
+    shrink = learning_rates[0.5] * 0.5
+
+    decayed = {name for name, value in start.items() if value.ndim >= 2}
+    assert decayed and {"gpt2/wte", "gpt2/wpe", "gpt2/h0/attn/q", "gpt2/h1/mlp/conv1d_main/c_fc/kernel"} <= decayed
+    assert any(name.endswith("/bias") for name in start) and any("/norm_" in name for name in start)
+    for name, value in start.items():
+        expected = shrink * value if name in decayed else np.zeros_like(value)
+        np.testing.assert_allclose(after[0.0][name] - after[0.5][name], expected, rtol=1e-3, atol=1e-7, err_msg=name)
