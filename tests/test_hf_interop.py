@@ -7,7 +7,7 @@ import tensorflow.compat.v1 as tf
 
 from data.tokenizer import load_tokenizer
 from cli.config_loading import load_config
-from tiny import compute_logits, devices_for, random_tokens, train
+from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
 from tools import hf
 from workspace import TOKENIZER, make_workspace, run_main
 
@@ -24,6 +24,55 @@ def hf_logits(model, tokens):
 
 def parameters(model):
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def checkpoint_of_order_one_weights(cfg, prefix, seed=0) -> str:
+    """A checkpoint of cfg's model (GPT-Neo's variable names) whose activations are of order 1 everywhere: at
+    the initial weights (std 0.02) GELU's inputs are ~0.1, where its cubic term is ~1e-4 of the output and an
+    activation constant off by a third changes the logits less than float32 rounding does."""
+    rng = np.random.RandomState(seed)
+    d, vocab = cfg.n_embd, cfg.n_vocab
+    shapes = {"gpt2/wte": ([vocab, d], 1.0), "gpt2/wpe": ([cfg.n_ctx, d], 1.0), "gpt2/ln_f/g": ([d], None),
+              "gpt2/ln_f/b": ([d], 0.3)}
+    for i in range(cfg.n_layer):
+        layer = f"gpt2/h{i}/"
+        shapes.update({layer + "norm_1/g": ([d], None), layer + "norm_1/b": ([d], 0.3),
+                       layer + "norm_2/g": ([d], None), layer + "norm_2/b": ([d], 0.3),
+                       layer + "attn/compute_output_bias/o_b": ([d], 0.3),
+                       layer + "mlp/conv1d_main/c_fc/kernel": ([d, 4 * d], 1.5 / np.sqrt(d)),  # GELU inputs ~1.5
+                       layer + "mlp/conv1d_main/c_fc/bias": ([4 * d], 0.3),
+                       layer + "mlp/conv1d_main/c_proj/kernel": ([4 * d, d], 1.0 / np.sqrt(4 * d)),
+                       layer + "mlp/conv1d_main/c_proj/bias": ([d], 0.3)})
+        shapes.update({layer + f"attn/{w}": ([d, d], 0.7 / np.sqrt(d)) for w in "qkvo"})
+    graph = tf.Graph()
+    with graph.as_default():
+        for name, (shape, std) in shapes.items():
+            value = 1.0 + 0.3 * rng.randn(*shape) if std is None else std * rng.randn(*shape)  # gains around 1
+            tf.Variable(value.astype(np.float32), name=name)
+        tf.Variable(np.int64(1), name="global_step")
+        with tf.Session(graph=graph) as session:
+            session.run(tf.global_variables_initializer())
+            return tf.train.Saver().save(session, prefix)
+
+
+def test_logits_equal_transformers_at_weights_of_order_one(tmp_path):
+    """The model's forward pass against HF's GPTNeoForCausalLM (transformers' own reader of mesh-tensorflow
+    checkpoints), relative tolerance, at weights that make every nonlinearity matter.
+    Bugs caught: a wrong GELU constant (0.03 for 0.044715 moves the logits by ~2e-3 relative), a LayerNorm
+    epsilon, a norm or bias left out, an attention scale GPT-Neo does not have."""
+    cfg = tiny_config()
+    checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path / "model.ckpt-1"))
+    model = GPTNeoForCausalLM(GPTNeoConfig(
+        vocab_size=cfg.n_vocab, max_position_embeddings=cfg.n_ctx, hidden_size=cfg.n_embd, num_layers=cfg.n_layer,
+        attention_types=[[["global", "local"], 1]], num_heads=cfg.n_head, window_size=cfg.local_attention_radius,
+        activation_function="gelu_new", layer_norm_epsilon=1e-5, embed_dropout=0.0, attention_dropout=0.0,
+        resid_dropout=0.0))
+    load_tf_weights_in_gpt_neo(model, model.config, checkpoint)
+    tokens = random_tokens([3, cfg.n_ctx], vocab=cfg.n_vocab, seed=7)
+    ours, theirs = compute_logits(cfg, tokens, devices_for(cfg), checkpoint), hf_logits(model, tokens)
+    assert np.abs(theirs).std() > 1  # logits of order 1 and more: the weights were read
+    error = np.abs(ours - theirs).max() / np.abs(theirs).max()
+    assert error < 1e-5, f"largest difference, relative to the largest logit: {error:.2e}"  # ~2e-7 here
 
 
 def test_our_checkpoint_becomes_a_folder_transformers_loads_with_equal_logits(tmp_path):
