@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 
 import pytest
 import tensorflow.compat.v1 as tf
@@ -237,14 +238,16 @@ def test_a_failed_predict_write_keeps_the_samples(trained, tmp_path, capsys, mon
         return open(path, *args, **kwargs)
 
     monkeypatch.setattr(infer.predict, "open", no_space, raising=False)
+    kept = tmp_path / "tmp"  # where the samples go: the temporary folder, here inside this test's own
+    kept.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(kept))
     code, out, err = run(capsys, config, "--predict", "--prompt", str(trained / "prompt.txt"))
     line = one_error(code, err)
     assert "No space left on device" in line and "samples" in line, line
     assert out.count("======== sample") == 2  # printed, all of them
     words = [word.rstrip(";:,.)") for word in line.split()]
     saved = [word for word in words if os.path.isabs(word) and word.endswith(".jsonl") and not word.startswith(model_path)]
-    assert saved, line
+    assert saved and os.path.dirname(saved[0]) == str(kept), line
     records = [json.loads(l) for l in open(saved[0], encoding="utf-8")]
-    os.remove(saved[0])
     assert len(records) == 2 and all(r["step"] == 2 for r in records)
     assert not [n for n in os.listdir(model_path) if n.startswith("predictions_")]
