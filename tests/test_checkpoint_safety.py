@@ -18,7 +18,7 @@ from runtime import checkpoints
 from tiny import random_tokens, train
 from workspace import make_workspace
 
-# One layer, 32 wide: the smallest model main.py trains on the workspace's tokenized stdlib text.
+# One layer, 32 wide: the smallest model main.py trains on the workspace's tokenized text.
 MODEL = dict(n_layer=1, attention_types=[[["global"], 1]], train_steps=2, steps_per_checkpoint=1, keep_checkpoint_max=5,
              predict_batch_size=2, max_new_tokens=3, sampling_seed=1)
 

@@ -1,13 +1,12 @@
 """main.py end to end, as a user runs it: train, resume, eval, predict, check a dataset, and each error."""
-import glob
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
+import corpus
 from data.create_tfrecords import create_tfrecords
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,14 +21,12 @@ def run_main(*args, stdin=None):
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """A folder with configs/tiny.json, its dataset config and tokenized stdlib text (train and eval)."""
+    """A folder with configs/tiny.json, its dataset config and tokenized text (tests/corpus.py's train split,
+    and its larger eval split)."""
     root = tmp_path_factory.mktemp("cli")
-    stdlib = sysconfig.get_path("stdlib")
-    for split, pattern in (("train", "json/*.py"), ("eval", "email/_*.py")):
+    for split, text in (("train", "train"), ("eval", "eval_large")):
         text_dir = root / f"{split}_text"
-        text_dir.mkdir()
-        for path in sorted(glob.glob(os.path.join(stdlib, pattern))):
-            (text_dir / (os.path.basename(path) + ".txt")).write_text(open(path, encoding="utf-8").read())
+        corpus.write_documents(text_dir, text)
         create_tfrecords(input_dir=str(text_dir), output_dir=str(root / split), name=split, mode="documents",
                          encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None,
                          separator=None, minimum_size=40, show_progress=False)

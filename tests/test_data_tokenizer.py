@@ -1,12 +1,11 @@
 """Tokenizer loading, the committed stdlib tokenizer, and BPE training."""
 
-import glob
 import os
-import sysconfig
 
 import lm_dataformat
 import pytest
 
+import corpus
 from data.errors import DataError
 from data.tokenizer import load_tokenizer
 from data.train_tokenizer import DEFAULT_SPECIAL_TOKENS, main as train_main, train_tokenizer
@@ -22,8 +21,7 @@ def test_committed_stdlib_tokenizer_has_fixed_special_ids_and_round_trips():
     ids = [tokenizer.backend.token_to_id(token) for token in DEFAULT_SPECIAL_TOKENS]
     assert ids == [0, 1, 2, 3]
     assert (tokenizer.eos_id, tokenizer.padding_id) == (0, 1)
-    sources = sorted(glob.glob(os.path.join(sysconfig.get_path("stdlib"), "json", "*.py")))
-    texts = [open(path, encoding="utf-8").read() for path in sources] + [TRICKY_SOURCE, ""]
+    texts = corpus.documents("train") + [TRICKY_SOURCE, ""]
     for text, ids in zip(texts, tokenizer.encode_batch(texts)):
         assert ids == tokenizer.encode(text)
         assert tokenizer.decode(ids) == text

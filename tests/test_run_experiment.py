@@ -1,14 +1,13 @@
 """run_experiment.py (Sacred around main.py) and tools/plot_runs.py, end to end on a 2-step tiny run."""
-import glob
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 
 import numpy as np
 import pytest
 
+import corpus
 from data.create_tfrecords import create_tfrecords
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,12 +22,11 @@ def run_experiment(*args, cwd):
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory):
-    """A tiny config on tokenized stdlib text, trained for 2 steps through run_experiment.py."""
+    """A tiny config on tokenized text (tests/corpus.py's train split), trained for 2 steps through
+    run_experiment.py."""
     root = tmp_path_factory.mktemp("sacred")
     text_dir = root / "text"
-    text_dir.mkdir()
-    for path in sorted(glob.glob(os.path.join(sysconfig.get_path("stdlib"), "json", "*.py"))):
-        (text_dir / (os.path.basename(path) + ".txt")).write_text(open(path, encoding="utf-8").read())
+    corpus.write_documents(text_dir, "train")
     create_tfrecords(input_dir=str(text_dir), output_dir=str(root / "train"), name="train", mode="documents",
                      encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None, separator=None,
                      minimum_size=40, show_progress=False)

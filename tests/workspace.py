@@ -1,13 +1,14 @@
-"""A small on-disk workspace for tests that run main.py or read a config from disk: tokenized stdlib text
-(train and eval tfrecords), a dataset registry entry using the stdlib tokenizer, and configs/tiny.json."""
+"""A small on-disk workspace for tests that run main.py or read a config from disk: tokenized text
+(tests/corpus.py's generated train and eval splits, the same on every Python version), a dataset registry
+entry using the committed stdlib tokenizer, and configs/tiny.json."""
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
 import sys
-import sysconfig
+
+import corpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
@@ -18,13 +19,9 @@ def make_workspace(root, **model_changes) -> str:
     from data.create_tfrecords import create_tfrecords
 
     root = str(root)
-    stdlib = sysconfig.get_path("stdlib")
-    for split, pattern in (("train", "json/*.py"), ("eval", "email/_[ep]*.py")):
+    for split in ("train", "eval"):
         text_dir = os.path.join(root, f"{split}_text")
-        os.makedirs(text_dir, exist_ok=True)
-        for path in sorted(glob.glob(os.path.join(stdlib, pattern))):
-            with open(path, encoding="utf-8") as src, open(os.path.join(text_dir, os.path.basename(path) + ".txt"), "w") as dst:
-                dst.write(src.read())
+        corpus.write_documents(text_dir, split)
         create_tfrecords(input_dir=text_dir, output_dir=os.path.join(root, split), name=split, mode="documents",
                          encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None,
                          separator=None, minimum_size=40, show_progress=False)
