@@ -2,7 +2,8 @@
 runs it. The other resume tests feed tests/tiny.fixed_batches and so never see what job.py hands the pipeline.
 
 Bugs these catch: train/job.py's `batches` giving the pipeline `start_step=0` (or mask_dataset `first_step=0`),
-so a resumed run silently re-reads the first batches; a mixed-datasets stream that restarts its source choices."""
+or train/loop.py asking for `batches(0)`, so a resumed run silently re-reads the first batches; a
+mixed-datasets stream that restarts its source choices."""
 import json
 
 import numpy as np
