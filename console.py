@@ -13,9 +13,12 @@ stderr, so it stays in order with stdout. A separate process, not a thread, so t
 still arrive after this process is gone.
 
 Set GPT_NEO_TF_LOGS=1 to see TensorFlow's lines unfiltered.
+
+The command lines' parser (`ArgumentParser`) is here too: its errors are console lines in the project's form.
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import subprocess
@@ -110,3 +113,27 @@ def restore() -> None:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:  # a child still holds the pipe; the filter ends with it
         pass
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with its own errors (a mistyped flag, a value of the wrong type, a missing required
+    flag) in the project's form: one `error:` line that names the fix, exit status 2. argparse's default
+    prints the whole usage block and `PROG: error: ...` instead."""
+
+    def error(self, message: str):
+        command = self.prog if self.prog.startswith("python") else f"python {self.prog}"
+        self.exit(2, f"error: {message}: fix the command line (`{command} --help` lists the flags)\n")
+
+
+def whole_number(minimum: int):
+    """An argparse type: a whole number >= minimum, with a message that says so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse

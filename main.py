@@ -14,11 +14,13 @@ import shutil
 import sys
 import warnings
 
+from console import ArgumentParser, whole_number
+
 warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="config name in configs/ or a path to a .json (default: default)")
     p.add_argument("--tpu", help="TPU name (or 'colab') to run on; omit for GPUs/CPU")
     p.add_argument("--gpu_ids", nargs="+", default=None,
@@ -36,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
     gpu_flags.add_arguments(p)  # --gpu_memory, --plain_kernels
     p.add_argument("--check_dataset", action="store_true", help="print token id range and a decoded sample")
-    p.add_argument("--log_every", type=int, default=None, help="print training progress every N steps")
+    p.add_argument("--log_every", type=whole_number(1), default=None, help="print training progress every N steps")
     p.add_argument("--peak_tflops", type=float, default=None,
                    help="one device's peak TFLOP/s for MFU (one GPU or TPU core; default: the datasheet peak of a known "
                    "GPU, else measured on the first mesh device in the training dtype; runtime/peaks.py)")

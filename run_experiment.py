@@ -37,11 +37,12 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 MAIN = os.path.join(REPO, "main.py")
 sys.path.insert(0, REPO)
 
+from console import ArgumentParser  # noqa: E402
 from tools.runs import read_scalars  # noqa: E402  (no TensorFlow in this process)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="All other flags are main.py's (python main.py --help).")
     p.add_argument("--experiment_name", help="Sacred experiment name (default: the model config's name)")
     p.add_argument("--sacred_dir", default=os.path.join("runs", "sacred"),
@@ -57,7 +58,7 @@ def parse_args(argv=None):
     if any(a == "--sacred_id" or a.startswith("--sacred_id=") for a in rest):
         p.error("--sacred_id is set by run_experiment.py to the Sacred run's id; do not pass it")
     # The few main.py flags this wrapper reads; main.py itself checks all of them (and fails the run if wrong).
-    peek = argparse.ArgumentParser(add_help=False)
+    peek = ArgumentParser(add_help=False)
     peek.add_argument("--model", default="default")
     peek.add_argument("--new", action="store_true")
     peek.add_argument("--eval", action="store_true")

@@ -40,7 +40,8 @@ if __name__ == "__main__":  # TF's C++ start-up chatter off the console
 import models  # noqa: E402,F401  (mesh-tensorflow compatibility alias)
 import numpy as np  # noqa: E402
 
-from runtime import checkpoints  # noqa: E402  # noqa: E402
+from console import ArgumentParser  # noqa: E402
+from runtime import checkpoints  # noqa: E402
 from cli.config_loading import load_config  # noqa: E402
 from config.schema import DATASET_CONFIG_DIR, ConfigError, GPTConfig  # noqa: E402
 
@@ -328,7 +329,7 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     out = sub.add_parser("to_hf", help="our checkpoint -> a GPTNeoForCausalLM folder")
     out.add_argument("--model", required=True, help="config name in configs/ or a path to a .json")

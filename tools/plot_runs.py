@@ -23,6 +23,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from console import ArgumentParser  # noqa: E402
 from tools.runs import read_run_info, read_scalars  # noqa: E402
 
 PFLOP_DAY = 1e15 * 86400
@@ -122,7 +123,7 @@ def plot(model_paths: list[str], out_dir: str | None = None, labels: list[str] |
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_paths", nargs="+", help="model_path folders of training runs")
     p.add_argument("--labels", nargs="+", help="one legend label per run (default: folder names)")
     p.add_argument("--out", help="folder for the PNGs (default: <first model_path>/plots)")
