@@ -209,7 +209,12 @@ def load_config(name_or_path: str, overrides: Optional[dict] = None,
         if name in given:
             raw.pop(key, None)
     raw.update(given)
-    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "dataset_configs")
-    if os.path.isdir(beside):  # a config folder kept outside the repo brings its own dataset registry
-        dataset_config_dir = beside
-    return config_from_dict(raw, source=os.path.basename(path), dataset_config_dir=dataset_config_dir)
+    return config_from_dict(raw, source=os.path.basename(path),
+                            dataset_config_dir=dataset_registry_for(path, dataset_config_dir))
+
+
+def dataset_registry_for(config_path: str, default: str = DATASET_CONFIG_DIR) -> str:
+    """The dataset registry of a model config at config_path: a config folder kept outside the repo brings its
+    own (a dataset_configs folder beside the config), else `default`."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(config_path)), "dataset_configs")
+    return beside if os.path.isdir(beside) else default

@@ -58,7 +58,11 @@ class DatasetUse:
 
 
 def option(default: Any = ()) -> Any:
-    """A field that is a model option (it changes the model away from GPT-Neo's plain GPT)."""
+    """A field that is a model option: it changes the model (its weights or what it computes) away from GPT-Neo's
+    plain GPT. GPTConfig.model_options() lists those set, which is how the HF converter (tools/hf.py) and the
+    kv-cache check (models/sampling.py) tell a model they can handle from one they cannot. A training setting
+    (precision, recompute_grad, tokens_per_mb_per_replica, the optimizer's) is a plain field: it changes how a
+    model is trained, not the model, so both ignore it."""
     return field(default=default, metadata={"model_option": True})
 
 
@@ -104,7 +108,6 @@ class GPTConfig:
     mlm_same_token_prob: float = option(0.10)
     mlm_random_token_prob: float = option(0.10)
     mlm_mask_ignore_ids: tuple = option()
-    tokens_per_mb_per_replica: Optional[int] = option(None)   # micro-batches of this many tokens per replica
 
     # Optimisation.
     opt_name: str = "adam"
@@ -124,6 +127,7 @@ class GPTConfig:
     entmax_loss: bool = False            # train on the entmax loss of the logits instead of cross-entropy
     entmax_alpha: float = 1.3            # alpha of entmax (loss and sampling): GPT-Neo's 1.3; 1.5 is entmax15
     log_grads: bool = False              # also log every variable's gradient norm (grad_norm/<variable>)
+    tokens_per_mb_per_replica: Optional[int] = None  # micro-batches of this many tokens per replica
 
     # Run.
     train_batch_size: int = 8

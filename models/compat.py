@@ -22,6 +22,11 @@ Loading triton first, where it is installed, avoids that (0.2 s).
 import importlib.util
 import sys
 import types
+import warnings
+
+# mesh_tensorflow.transformer.utils imports pkg_resources, whose deprecation UserWarning (setuptools 80) would
+# reach every command's console; it tells users nothing they can act on (requirements.txt pins setuptools 80).
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
     import triton  # noqa: F401,E402  (before TensorFlow; see above)

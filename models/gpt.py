@@ -149,6 +149,17 @@ def logits(tokens: mtf.Tensor, cfg: GPTConfig, dims: Dims, train: bool, cache: D
     return forward(tokens, cfg, dims, train, cache).logits
 
 
+def variable_shapes(cfg: GPTConfig) -> dict[str, list]:
+    """{name: shape} of the model's variables (no optimizer slots), from building its graph once; nothing is
+    allocated. What a checkpoint of this config must hold (tools/hf.py, train/job.py)."""
+    with tf.Graph().as_default():
+        mesh = mtf.Mesh(mtf.Graph(), "gpt_mesh")
+        dims = Dims.of(cfg, 1)
+        tokens = mtf.zeros(mesh, mtf.Shape([dims.batch, dims.sequence]), tf.int32)
+        logits(tokens, cfg, dims, train=False)
+        return {v.name: v.shape.to_integer_list for v in mesh.graph.all_variables}
+
+
 def loss_weights(labels: mtf.Tensor, cfg: GPTConfig) -> Optional[mtf.Tensor]:
     """Per-position weights of the loss for MLM: 1/count at masked positions (label != padding_id), 0 at the
     rest (unmasked and padding). None for language modelling, whose loss is the mean over all positions.

@@ -1,9 +1,31 @@
-"""Bad inputs found by a sweep of the command lines, each one `error:` line (argparse's own errors too) and a
-non-zero exit: flags of the wrong type, --log_every 0."""
+"""Bad inputs found by a sweep of the command lines, each one `error:` line (argparse's own errors too), a
+non-zero exit and nothing written: flags of the wrong type, --log_every 0, to_hf's --out on a file and a
+missing checkpoint."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from data import create_tfrecords as ct
-from workspace import run_main
+from tools import hf
+from workspace import REPO, TOKENIZER, run_main
+
+TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
+            local_attention_radius=4, train_batch_size=4, train_steps=1, steps_per_checkpoint=1, mesh_shape="all:1",
+            layout="", datasets=[["tok"]])
+
+
+def write_config(tmp_path, name="model", **changes) -> str:
+    """A tiny config in tmp_path/configs (its dataset registry holds `tok`, data never read)."""
+    registry = tmp_path / "configs" / "dataset_configs"
+    registry.mkdir(parents=True, exist_ok=True)
+    (registry / "tok.json").write_text(json.dumps({"n_vocab": 4096, "path": str(tmp_path / "unused_*.tfrecords"),
+                                                   "tokenizer_path": TOKENIZER, "eos_id": 0, "padding_id": 1}))
+    path = tmp_path / "configs" / f"{name}.json"
+    path.write_text(json.dumps({**TINY, "model_path": str(tmp_path / "run"), **changes}))
+    return str(path)
 
 
 def error_line(stderr: str) -> str:
@@ -27,3 +49,25 @@ def test_create_tfrecords_flag_errors_are_one_line(capsys):
         ct.main(["--input_dir", "x", "--name", "x", "--output_dir", "y", "--processes", "two"])
     assert exited.value.code == 2
     assert "--processes: invalid int value: 'two'" in error_line(capsys.readouterr().err)
+
+
+def test_to_hf_refuses_an_out_that_is_a_file_in_one_line_without_warnings(tmp_path):
+    target = tmp_path / "hf"
+    target.write_text("a file")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-m", "tools.hf", "to_hf", "--model", write_config(tmp_path),
+                             "--out", str(target)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    line = error_line(result.stderr)  # also: no pkg_resources UserWarning on the console
+    assert f"--out {target} is a file" in line and "choose another --out" in line
+    assert "wrote" not in result.stdout and target.read_text() == "a file"
+
+
+def test_to_hf_without_a_checkpoint_is_one_line(tmp_path, capsys):
+    config = write_config(tmp_path)
+    assert hf.main(["to_hf", "--model", config, "--out", str(tmp_path / "hf")]) == 1
+    assert f"no checkpoint at {tmp_path / 'run'}" in error_line(capsys.readouterr().err)
+    (tmp_path / "run").mkdir()
+    assert hf.main(["to_hf", "--model", config, "--out", str(tmp_path / "hf")]) == 1
+    assert f"no checkpoint in {tmp_path / 'run'}: train the model first" in error_line(capsys.readouterr().err)
+    assert not (tmp_path / "hf").exists()

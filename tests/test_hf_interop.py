@@ -1,5 +1,7 @@
 """tools/hf.py: our checkpoints <-> HF transformers' GPTNeoForCausalLM folders, both ways, on small random models."""
+import glob
 import json
+import os
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from data.tokenizer import load_tokenizer
 from cli.config_loading import load_config
 from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
 from tools import hf
-from workspace import TOKENIZER, make_workspace
+from workspace import REPO, TOKENIZER, make_workspace, run_python
 
 torch = pytest.importorskip("torch")
 from transformers import AutoTokenizer, GPTNeoConfig, GPTNeoForCausalLM  # noqa: E402
@@ -172,3 +174,58 @@ def test_hf_folder_becomes_a_checkpoint_that_main_trains_and_predicts_from(tmp_p
     assert main.main(["--model", str(tmp_path / "configs" / "neo.json"), "--predict", "--max_new_tokens", "3"]) == 0
     records = [json.loads(line) for line in open(tmp_path / "neo_run" / "predictions_2.jsonl")]
     assert len(records) == cfg.predict_batch_size and all(r["step"] == 2 for r in records)
+
+
+# Runs tools.hf with `import torch` failing, as on an install from requirements.txt (which has no PyTorch).
+WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # import torch raises ImportError; transformers finds no PyTorch
+from tools import hf
+for command in sys.argv[1:]:
+    code = hf.main(command.split("\\t"))
+    if code:
+        sys.exit(code)
+assert "torch" not in [name.split(".")[0] for name, module in sys.modules.items() if module is not None]
+"""
+
+
+def test_models_trained_from_each_gpt3_config_convert_both_ways_without_pytorch(tmp_path):
+    """Each shipped gpt3 config, shrunk (its other keys kept: bfloat16, recompute_grad,
+    tokens_per_mb_per_replica, its optimizer settings), trains a step and converts to a folder that
+    transformers loads with exactly the weights its own TF-checkpoint reader finds; one converts back."""
+    registry = tmp_path / "configs" / "dataset_configs"
+    registry.mkdir(parents=True)
+    (registry / "tok.json").write_text(json.dumps({"n_vocab": 4096, "path": "unused_*.tfrecords",
+                                                   "tokenizer_path": TOKENIZER, "eos_id": 0, "padding_id": 1}))
+    names = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(REPO, "configs", "gpt3_*.json")))
+    assert len(names) >= 6
+    commands = []
+    for name in names:
+        raw = json.loads(open(os.path.join(REPO, "configs", name + ".json")).read())
+        assert raw["tokens_per_mb_per_replica"] and raw["precision"] == "bfloat16"
+        raw.update(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
+                   train_batch_size=2, train_steps=1, mesh_shape="all:1", layout="", datasets=[["tok"]],
+                   model_path=str(tmp_path / "runs" / name))
+        (tmp_path / "configs" / f"{name}.json").write_text(json.dumps(raw))
+        cfg = load_config(str(tmp_path / "configs" / f"{name}.json"))
+        assert cfg.model_options() == []  # its training settings change how it trains, not the model
+        train(cfg, random_tokens([2, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=len(commands)))
+        commands.append(f"to_hf\t--model\t{tmp_path / 'configs' / name}.json\t--out\t{tmp_path / 'hf' / name}")
+    commands.append(f"from_hf\t{tmp_path / 'hf' / names[0]}\t--config\t{tmp_path / 'configs' / 'back.json'}\t"
+                    f"--model_path\t{tmp_path / 'back'}\t--base_config\t{tmp_path / 'configs' / names[0]}.json")
+    converted = run_python(WITHOUT_TORCH, *commands)
+    assert converted.returncode == 0, converted.stderr
+
+    for name in names:
+        model = GPTNeoForCausalLM.from_pretrained(str(tmp_path / "hf" / name))
+        oracle = GPTNeoForCausalLM(model.config)
+        load_tf_weights_in_gpt_neo(oracle, model.config, tf.train.latest_checkpoint(str(tmp_path / "runs" / name)))
+        ours, theirs = parameters(model), parameters(oracle)
+        assert ours.keys() == theirs.keys()
+        for key, value in ours.items():
+            assert torch.equal(value, theirs[key]), (name, key)
+    first = tf.train.latest_checkpoint(str(tmp_path / "runs" / names[0]))
+    back = tf.train.latest_checkpoint(str(tmp_path / "back"))
+    assert back.endswith("model.ckpt-0")
+    for variable in ("gpt2/wte", "gpt2/h0/attn/q", "gpt2/h1/mlp/conv1d_main/c_fc/kernel", "gpt2/ln_f/b"):
+        np.testing.assert_array_equal(tf.train.load_variable(back, variable), tf.train.load_variable(first, variable))

@@ -17,7 +17,13 @@ Both directions map GPT-Neo's variable names (the ones HF's own `load_tf_weights
     gpt2/ln_f/g|b                                        transformer.ln_f.weight|bias
 
 Only models GPTNeo can express convert: global/local attention, learned positions, LayerNorm, a plain MLP with
-an activation HF knows. Any other option (MoE, rotary, GLU, ...) is refused with the option's name.
+an activation HF knows. Any other model option (MoE, rotary, GLU, ...; config/schema.py's option() fields) is
+refused with the option's name; training settings (precision, recompute_grad, tokens_per_mb_per_replica, the
+optimizer's) do not change the model and are no obstacle.
+
+Neither direction needs PyTorch: the weights are read and written with safetensors' NumPy API, the config with
+transformers' GPTNeoConfig. to_hf writes its folder whole or not at all (into a new folder beside --out, then
+moved in).
 
 from_hf writes the model config from `--base_config` (training settings, datasets, mesh) with the architecture
 taken from the HF config, then builds the training graph of that config once, so the checkpoint holds every
@@ -29,7 +35,9 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,13 +45,16 @@ if __name__ == "__main__":  # TF's C++ start-up chatter off the console
     from console import quiet_tensorflow
     quiet_tensorflow()
 
-import models  # noqa: E402,F401  (mesh-tensorflow compatibility alias)
 import numpy as np  # noqa: E402
 
+from models import gpt  # noqa: E402  (first: the models package makes mesh-tensorflow importable)
 from console import ArgumentParser  # noqa: E402
 from runtime import checkpoints  # noqa: E402
-from cli.config_loading import load_config  # noqa: E402
-from config.schema import DATASET_CONFIG_DIR, ConfigError, GPTConfig  # noqa: E402
+from cli.config_loading import config_from_dict, dataset_registry_for, load_config  # noqa: E402
+from config.schema import ConfigError, GPTConfig  # noqa: E402
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded weights file's map of keys to shards
 
 # Our activation_function -> HF's ACT2FN name (same function), and back.
 TO_HF_ACTIVATION = {"gelu": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu", "sigmoid": "sigmoid",
@@ -80,20 +91,6 @@ def hf_name(name: str) -> Optional[tuple[str, bool]]:
         key, transpose = _IN_LAYER[match.group(2)]
         return f"transformer.h.{match.group(1)}.{key}", transpose
     return None
-
-
-def model_variable_shapes(cfg: GPTConfig) -> dict[str, list]:
-    """{name: shape} of the model's variables, from building its graph (nothing is allocated)."""
-    import mesh_tensorflow as mtf
-    import tensorflow.compat.v1 as tf
-    from models import gpt
-
-    with tf.Graph().as_default():
-        mesh = mtf.Mesh(mtf.Graph(), "gpt_mesh")
-        dims = gpt.Dims.of(cfg, 1)
-        tokens = mtf.zeros(mesh, mtf.Shape([dims.batch, dims.sequence]), tf.int32)
-        gpt.logits(tokens, cfg, dims, train=False)
-        return {v.name: v.shape.to_integer_list for v in mesh.graph.all_variables}
 
 
 def compact_attention_types(types) -> list:
@@ -142,7 +139,7 @@ def hf_state_dict(cfg: GPTConfig, checkpoint: str) -> dict:
     reader = tf.train.load_checkpoint(checkpoint)
     stored = reader.get_variable_to_shape_map()
     state = {}
-    for name, shape in sorted(model_variable_shapes(cfg).items()):
+    for name, shape in sorted(gpt.variable_shapes(cfg).items()):
         mapped = hf_name(name)
         if mapped is None:
             raise ConversionError(f"variable {name} has no GPTNeo equivalent")
@@ -153,53 +150,98 @@ def hf_state_dict(cfg: GPTConfig, checkpoint: str) -> dict:
         value = reader.get_tensor(name).astype(np.float32)
         key, transpose = mapped
         state[key] = np.ascontiguousarray(value.T if transpose else value)
+    expected = hf_keys(cfg.n_layer)
+    if set(state) != expected:
+        raise ConversionError(f"HF GPTNeo expects other weights: missing {sorted(expected - set(state))[:3]}, "
+                              f"unexpected {sorted(set(state) - expected)[:3]}")
     return state
 
 
-def save_tokenizer(cfg: GPTConfig, out_dir: str) -> Optional[str]:
-    """Writes the config's tokenizer as HF tokenizer files; returns what was written, None if it has none."""
+def hf_keys(n_layer: int) -> set:
+    """The keys of GPTNeoForCausalLM's weights file (lm_head is tied to wte and not stored)."""
+    return {key for key, _ in _TOP.values()} | {f"transformer.h.{i}.{key}" for i in range(n_layer)
+                                                  for key, _ in _IN_LAYER.values()}
+
+
+def hf_tokenizer(cfg: GPTConfig):
+    """The config's tokenizer as an HF fast tokenizer (None if it has none), loaded before anything is
+    written."""
     dataset = cfg.tokenizer_dataset
     if dataset is None or not dataset.tokenizer_path:
         return None
     from data.tokenizer import EOS_TOKEN, PADDING_TOKEN
     if dataset.tokenizer_is_pretrained:
         from transformers import GPT2TokenizerFast
-        tokenizer = GPT2TokenizerFast.from_pretrained(dataset.tokenizer_path, local_files_only=True)
-    else:
-        from tokenizers import Tokenizer
-        from transformers import PreTrainedTokenizerFast
-        backend = Tokenizer.from_file(dataset.tokenizer_path)
-        special = {}
-        if backend.token_to_id(EOS_TOKEN) is not None:
-            special.update(eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, unk_token=EOS_TOKEN)
-        if backend.token_to_id(PADDING_TOKEN) is not None:
-            special["pad_token"] = PADDING_TOKEN
-        tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **special)
-    tokenizer.save_pretrained(out_dir)
-    return dataset.tokenizer_path
+        try:
+            return GPT2TokenizerFast.from_pretrained(dataset.tokenizer_path, local_files_only=True)
+        except OSError as e:
+            raise ConversionError(f"the tokenizer {dataset.tokenizer_path!r} of dataset {dataset.id!r} is not a local "
+                                  f"folder of GPT-2 tokenizer files ({str(e).splitlines()[0]}): set its "
+                                  f"tokenizer_path to such a folder") from None
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    backend = Tokenizer.from_file(dataset.tokenizer_path)
+    special = {}
+    if backend.token_to_id(EOS_TOKEN) is not None:
+        special.update(eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, unk_token=EOS_TOKEN)
+    if backend.token_to_id(PADDING_TOKEN) is not None:
+        special["pad_token"] = PADDING_TOKEN
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **special)
+
+
+def resolve_checkpoint(path: str) -> str:
+    """A checkpoint prefix, or a folder's newest readable checkpoint; a ConversionError when there is none."""
+    if os.path.isdir(path):
+        found = checkpoints.restorable(path)
+        if not found:
+            raise ConversionError(f"no checkpoint in {path}: train the model first (python main.py --model ...), or "
+                                  f"pass --checkpoint PREFIX_OR_DIR")
+        return found
+    if os.path.isfile(path + ".index"):
+        why = checkpoints.problem(path)
+        if why:
+            raise ConversionError(f"checkpoint {path} cannot be read: {why}")
+        return path
+    raise ConversionError(f"no checkpoint at {path} (neither a folder of checkpoints nor a prefix with a .index "
+                          f"file): train the model first (python main.py --model ...), or pass --checkpoint")
+
+
+def check_out_dir(out_dir: str) -> None:
+    """--out is a folder to write, or one to make: not a file (or a file in place of a parent)."""
+    blocker = os.path.abspath(out_dir)
+    while not os.path.exists(blocker):
+        blocker = os.path.dirname(blocker)
+    if not os.path.isdir(blocker):
+        where = "is a file" if blocker == os.path.abspath(out_dir) else f"cannot be made: {blocker} is a file"
+        raise ConversionError(f"--out {out_dir} {where}, not a folder: choose another --out (or move the file away)")
+    if not os.access(blocker, os.W_OK):
+        raise ConversionError(f"--out {out_dir} cannot be written ({blocker} is not writable): choose another --out")
 
 
 def to_hf(cfg: GPTConfig, checkpoint: str, out_dir: str) -> str:
-    """Writes config.json, model.safetensors and the tokenizer files of our checkpoint to out_dir."""
-    import tensorflow.compat.v1 as tf
-    import torch
-    from transformers import GPTNeoForCausalLM
+    """Writes config.json, model.safetensors and the tokenizer files of our checkpoint (a prefix, or a folder:
+    its newest) to out_dir, whole or not at all: into a new folder beside it, then moved in. Needs no PyTorch:
+    the weights go through safetensors' NumPy API, the config through transformers' GPTNeoConfig."""
+    from safetensors.numpy import save_file
 
-    if tf.io.gfile.isdir(checkpoint):
-        found = checkpoints.latest(checkpoint)
-        if not found:
-            raise ConversionError(f"no checkpoint in {checkpoint}")
-        checkpoint = found
+    check_out_dir(out_dir)
+    checkpoint = resolve_checkpoint(checkpoint)
     hf_config = hf_config_for(cfg)
     state = hf_state_dict(cfg, checkpoint)
-    model = GPTNeoForCausalLM(hf_config)
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith((".attn.bias", ".masked_bias"))]
-    if missing or unexpected:
-        raise ConversionError(f"HF GPTNeo expects other weights: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    model.tie_weights()
-    model.save_pretrained(out_dir, safe_serialization=True)
-    save_tokenizer(cfg, out_dir)
+    tokenizer = hf_tokenizer(cfg)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+    try:
+        hf_config.save_pretrained(staging)
+        save_file(state, os.path.join(staging, SAFETENSORS), metadata={"format": "pt"})  # "pt": HF's loaders ask
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        os.makedirs(out_dir, exist_ok=True)
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 
@@ -267,7 +309,7 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     from runtime.mesh_session import MeshSession
     from train.step import training_step
 
-    shapes = model_variable_shapes(cfg)
+    shapes = gpt.variable_shapes(cfg)
     missing = sorted(set(shapes) - set(state))
     if missing:
         raise ConversionError(f"no weights for {missing[:3]}{' ...' if len(missing) > 3 else ''}")
@@ -293,10 +335,32 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
         return session.save(writer, 0)
 
 
+def read_hf_weights(hf_dir: str) -> dict:
+    """The HF folder's weights as float32 NumPy arrays by HF key, read with safetensors' NumPy API (no PyTorch):
+    model.safetensors, or the shards a model.safetensors.index.json lists."""
+    from safetensors.numpy import load_file
+
+    index = os.path.join(hf_dir, SAFETENSORS_INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
+        files = [SAFETENSORS]
+    else:
+        raise ConversionError(f"{hf_dir} has no {SAFETENSORS}: the converter reads safetensors weights (an older "
+                              f"folder with only pytorch_model.bin: load it with transformers and save_pretrained it "
+                              f"again, which writes {SAFETENSORS})")
+    state = {}
+    for name in files:
+        for key, value in load_file(os.path.join(hf_dir, name)).items():
+            state[key] = value.astype(np.float32)
+    return state
+
+
 def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "default",
             datasets: Optional[list] = None) -> tuple[GPTConfig, str]:
-    """HF folder -> our config JSON at config_out and a step-0 checkpoint in model_path."""
-    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+    """HF folder -> our config JSON at config_out and a step-0 checkpoint in model_path. Needs no PyTorch."""
+    from transformers import GPTNeoConfig
     from cli.config_loading import read_json, resolve_config_path
 
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
@@ -304,23 +368,27 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
     if checkpoints.latest(model_path):
         raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
     hf_config = GPTNeoConfig.from_pretrained(hf_dir, local_files_only=True)
+    if not hf_config.tie_word_embeddings:
+        raise ConversionError("the HF model's lm_head is not tied to wte; this model always ties them")
+    hf_state = read_hf_weights(hf_dir)
+    if "lm_head.weight" in hf_state and not np.array_equal(hf_state["lm_head.weight"],
+                                                            hf_state.get("transformer.wte.weight")):
+        raise ConversionError("the HF model's lm_head is not tied to wte; this model always ties them")
     base = read_json(resolve_config_path(base_config), "base config")
     raw = config_from_hf(hf_config, base, model_path, datasets)
-    os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
-    with open(config_out, "w") as f:
-        json.dump(raw, f, indent=2)
-    cfg = load_config(config_out)
-    model = GPTNeoForCausalLM.from_pretrained(hf_dir, local_files_only=True)
-    hf_state = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
-    if not np.array_equal(hf_state["lm_head.weight"], hf_state["transformer.wte.weight"]):
-        raise ConversionError("the HF model's lm_head is not tied to wte; this model always ties them")
+    cfg = config_from_dict(raw, source=os.path.basename(config_out),  # checked before anything is written
+                           dataset_config_dir=dataset_registry_for(config_out))
     state = {}
-    for name in model_variable_shapes(cfg):
+    for name in gpt.variable_shapes(cfg):
         mapped = hf_name(name)
         if mapped is None or mapped[0] not in hf_state:
             raise ConversionError(f"variable {name} has no weight in the HF model")
         key, transpose = mapped
         state[name] = np.ascontiguousarray(hf_state[key].T if transpose else hf_state[key])
+    os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
+    with open(config_out, "w") as f:
+        json.dump(raw, f, indent=2)
+    cfg = load_config(config_out)
     return cfg, write_checkpoint(cfg, state)
 
 
@@ -362,8 +430,7 @@ def main(argv=None) -> int:
         if args.tokenizer_dataset:
             if not args.data_path:
                 raise ConversionError("--tokenizer_dataset needs --data_path (the tfrecords it registers)")
-            beside = os.path.join(os.path.dirname(os.path.abspath(args.config)), "dataset_configs")
-            registry = beside if os.path.isdir(beside) else DATASET_CONFIG_DIR
+            registry = dataset_registry_for(args.config)
             written = register_tokenizer_dataset(args.hf_dir, args.tokenizer_dataset, args.data_path,
                                                  args.eval_path, registry)
             print(f"registered dataset {args.tokenizer_dataset} at {written}")
