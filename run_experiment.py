@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import socket
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 MAIN = os.path.join(REPO, "main.py")
@@ -206,16 +208,33 @@ def run_main_once(command: list[str], copier: MetricCopier, own) -> tuple[int, b
     return proc.returncode, stalled
 
 
+def sacred_logger() -> logging.Logger:
+    """Sacred's logger, showing its warnings and errors only: its INFO lines ("Running command ...",
+    "Started run with ID ...", "Completed after ...") would sit between main.py's lines, and this run prints
+    its id itself."""
+    logger = logging.getLogger("run_experiment")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s - %(name)s - %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.WARNING)
+    return logger
+
+
 def main(argv=None) -> int:
     own, rest, main_args = parse_args(argv)
     path, raw = read_config(main_args)
     model_path = raw.get("model_path") if isinstance(raw.get("model_path"), str) else None
     name = own.experiment_name or os.path.splitext(os.path.basename(path))[0]
 
-    from sacred import SETTINGS, Experiment
-    from sacred.observers import FileStorageObserver
+    with warnings.catch_warnings():  # sacred imports pkg_resources, deprecated in setuptools 80: nothing to act on
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        from sacred import SETTINGS, Experiment
+        from sacred.observers import FileStorageObserver
     SETTINGS.CAPTURE_MODE = "sys"  # main.py's output is echoed by this process, so sys-level capture sees it
     ex = Experiment(name, base_dir=REPO)
+    ex.logger = sacred_logger()
     import glob
     from importlib import metadata
     for source in [MAIN] + sorted(glob.glob(os.path.join(REPO, "*", "*.py"))):

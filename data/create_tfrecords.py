@@ -130,7 +130,19 @@ def create_tfrecords(
     tokenizer = _load_chosen_tokenizer(encoder_path, use_gpt2_tokenizer, gpt2_tokenizer_path)
     settings = EncodingSettings(mode, _check_separator(separator, tokenizer), minimum_size, n_ctx if mode == "chunks" else 0, files_per, name)
     files = list_input_files(input_dir, glob)
+    made = _first_missing_folder(output_dir)
     _make_output_dir(output_dir)
+    try:
+        return _encode(files, output_dir, settings, tokenizer, processes, input_dir, show_progress)
+    except BaseException:  # a refusal or an interruption: the folders this run made go again if they stayed empty
+        if made is not None:
+            _remove_empty_folders(output_dir, made)
+        raise
+
+
+def _encode(files: list, output_dir: str, settings: EncodingSettings, tokenizer: LoadedTokenizer, processes: int,
+            input_dir: str, show_progress: bool) -> Summary:
+    name = settings.name
     finished = _finished_files(output_dir, name)
     manifest_created = _check_or_write_manifest(output_dir, settings, tokenizer, files, finished)
     _remove_leftover_temporaries(output_dir, name)
@@ -216,6 +228,32 @@ def _finished_files(output_dir: str, name: str) -> dict:
             raise DataError(f"{output_dir} holds two files for group {index} of {name!r}: {os.path.basename(finished[index])} and {entry}")
         finished[index] = os.path.join(output_dir, entry)
     return finished
+
+
+def _first_missing_folder(path: str) -> Optional[str]:
+    """The outermost folder of `path` that does not exist yet (the first makedirs would create), or None."""
+    path = os.path.abspath(path)
+    missing = None
+    while not os.path.exists(path):
+        missing = path
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _remove_empty_folders(output_dir: str, outermost: str) -> None:
+    """Removes output_dir and its parents up to `outermost` while they are empty."""
+    folder = os.path.abspath(output_dir)
+    while True:
+        try:
+            os.rmdir(folder)  # only an empty folder
+        except OSError:
+            return
+        if folder == outermost:
+            return
+        folder = os.path.dirname(folder)
 
 
 def _make_output_dir(output_dir: str) -> None:

@@ -165,11 +165,24 @@ def _walk_record_headers(path: str, size: int) -> int:
                 raise DataError(f"corrupt tfrecords file {path}: truncated record header at byte {position}")
             (length,) = struct.unpack("<Q", header[:8])
             position += 12 + length + 4
+            if position > size and records == 0 and not _length_checksum_holds(path):
+                raise DataError(f"{path} is not a TFRecord file (its first bytes are no record header): pass the "
+                                f"tfrecords files data/create_tfrecords.py writes, or move this file out of the glob")
             if position > size:
                 raise DataError(f"corrupt tfrecords file {path}: record {records} at byte {position - length - 16} needs {length} bytes but the file ends at {size} (truncated?)")
             handle.seek(position)
             records += 1
     return records
+
+
+def _length_checksum_holds(path: str) -> bool:
+    """Whether the first record header's length has its checksum (TF's reader checks it before reading the
+    record): a text file named .tfrecords fails it, a TFRecord file cut short passes."""
+    try:
+        next(iter(_iterate_records(path, 1)), None)
+    except DataError as error:
+        return "corrupted record at 0" not in str(error)
+    return True
 
 
 def _count_by_reading(path: str) -> int:

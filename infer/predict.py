@@ -10,7 +10,8 @@ stop_token, max_new_tokens, remove_partial_sequences, kv_cache) that the flags o
 
 Writes `<model_path>/predictions_<step>.txt` (the samples, as before) and `.jsonl` (one object per sample:
 prompt, completion, token ids, whether it stopped at the stop token, its seed and the step), or to
-`--predict_output PREFIX.txt/.jsonl`.
+`--predict_output PREFIX.txt/.jsonl`. A later run at the same step writes `predictions_<step>_2.*`, `_3`, ...:
+every run's samples are kept.
 """
 from __future__ import annotations
 
@@ -45,9 +46,10 @@ def read_prompts(paths, per_line: bool) -> list[str]:
         if text is None or "\x00" in text:  # NUL: binary that happens to decode, or UTF-16 without a BOM
             raise DataError(f"prompt file {path} is not UTF-8 text (a binary file, or text in another encoding): "
                             f"pass a plain UTF-8 text file to --prompt")
+        if not text.strip():  # a file saved empty by mistake would otherwise sample from nothing, unasked
+            raise DataError(f"prompt file {path} is empty (or holds only blank lines): write the prompt into it, or "
+                            f"leave out --prompt to sample from the start of text")
         prompts.extend([line for line in text.splitlines() if line.strip()] if per_line else [text])
-    if not prompts:
-        raise DataError(f"no prompts in {', '.join(paths)}: the files hold only blank lines")
     return prompts
 
 
@@ -103,6 +105,17 @@ def run_rows(cfg, placement, rows: Batch, checkpoint: str) -> dict:
     return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, progress=True)
 
 
+def unused_prefix(model_path: str, step: int) -> str:
+    """model_path/predictions_STEP, or predictions_STEP_2, _3, ... when earlier runs at this step wrote those:
+    each run's samples are kept, none overwritten."""
+    base = os.path.join(model_path, f"predictions_{step}")
+    prefix, run_number = base, 1
+    while any(os.path.exists(prefix + suffix) for suffix in (".txt", ".jsonl")):
+        run_number += 1
+        prefix = f"{base}_{run_number}"
+    return prefix
+
+
 def write_samples(prefix: str, records: list, step: int) -> None:
     """PREFIX.txt and PREFIX.jsonl, each written whole under a temporary name, then renamed. When that fails
     (disk full, read-only), the samples (already printed) go to a file in the temporary folder that the
@@ -143,7 +156,7 @@ def predict(cfg, placement, args, step: int, tokenizer) -> int:
         raise DataError(f"--num_samples must be at least 1, got {num_samples}")
     seed = cfg.sampling_seed if cfg.sampling_seed is not None else secrets.randbelow(2 ** 31)
     rows = build_rows(cfg, tokenizer, prompts, num_samples, seed)
-    prefix = getattr(args, "predict_output", None) or os.path.join(cfg.model_path, f"predictions_{step}")
+    prefix = getattr(args, "predict_output", None) or unused_prefix(cfg.model_path, step)
     checkpoints.check_writable(os.path.dirname(os.path.abspath(prefix)),  # before sampling, not after
                                "make it writable, or pass --predict_output PREFIX to write the samples elsewhere")
     outputs = run_rows(cfg, placement, rows, checkpoints.prefix_of(cfg.model_path, step))

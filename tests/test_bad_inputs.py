@@ -1,15 +1,24 @@
 """Bad inputs found by a sweep of the command lines, each one `error:` line (argparse's own errors too), a
 non-zero exit and nothing written: flags of the wrong type, --log_every 0, to_hf's --out on a file and a
-missing checkpoint."""
+missing checkpoint, an empty prompt file, a checkpoint of another shape with no steps left, create_tfrecords'
+refusals, a text file named .tfrecords; and --predict keeping each run's samples."""
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import tensorflow.compat.v1 as tf
 
+from cli.config_loading import load_config
 from data import create_tfrecords as ct
+from data.errors import DataError
+from data.inputs import token_stats
+from infer.predict import read_prompts, unused_prefix
+from runtime.checkpoints import CheckpointError
+from tiny import placement_for, random_tokens, train
 from tools import hf
+from train.job import run_training
 from workspace import REPO, TOKENIZER, run_main
 
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
@@ -71,3 +80,62 @@ def test_to_hf_without_a_checkpoint_is_one_line(tmp_path, capsys):
     assert hf.main(["to_hf", "--model", config, "--out", str(tmp_path / "hf")]) == 1
     assert f"no checkpoint in {tmp_path / 'run'}: train the model first" in error_line(capsys.readouterr().err)
     assert not (tmp_path / "hf").exists()
+
+
+def test_an_empty_prompt_file_is_an_error(tmp_path):
+    good, empty = tmp_path / "good.txt", tmp_path / "empty.txt"
+    good.write_text("import json\n")
+    for content in ("", "\n \n"):
+        empty.write_text(content)
+        for per_line in (False, True):
+            with pytest.raises(DataError, match=f"prompt file {empty} is empty"):
+                read_prompts([str(good), str(empty)], per_line)
+    assert read_prompts([str(good)], False) == ["import json\n"]
+
+
+def test_a_checkpoint_of_another_shape_is_refused_when_nothing_is_left_to_train(tmp_path):
+    trained = load_config(write_config(tmp_path))
+    train(trained, random_tokens([4, trained.n_ctx + 1], vocab=trained.n_vocab))
+    assert tf.train.latest_checkpoint(trained.model_path).endswith("model.ckpt-1")
+    wider = load_config(write_config(tmp_path, "wider", n_embd=64))
+    with pytest.raises(CheckpointError, match="is another model than the config's"):
+        run_training(wider, placement_for(wider))
+    assert run_training(trained, placement_for(trained)) == 1  # the same config: nothing to train, no error
+
+
+def test_create_tfrecords_refusals_leave_no_empty_output_dir(tmp_path):
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "short.txt").write_text("too short")
+    output = tmp_path / "new" / "out"
+    with pytest.raises(DataError, match="shorter than"):
+        ct.create_tfrecords(input_dir=str(tmp_path / "text"), output_dir=str(output), name="x",
+                            encoder_path=TOKENIZER, minimum_size=1000, show_progress=False)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there before stays, empty or not
+    with pytest.raises(DataError):
+        ct.create_tfrecords(input_dir=str(tmp_path / "text"), output_dir=str(tmp_path / "kept"), name="x",
+                            encoder_path=TOKENIZER, minimum_size=1000, show_progress=False)
+    assert (tmp_path / "kept").is_dir()
+
+
+def test_a_text_file_named_tfrecords_is_not_a_tfrecord_file_and_a_cut_one_is_truncated(tmp_path):
+    text = tmp_path / "text.tfrecords"
+    text.write_text("hello world, this is text\n" * 3)
+    with pytest.raises(DataError, match=f"{text} is not a TFRecord file"):
+        token_stats(str(text))
+    real = tmp_path / "real.tfrecords"
+    with tf.io.TFRecordWriter(str(real)) as writer:
+        writer.write(b"x" * 100)
+    cut = tmp_path / "cut.tfrecords"
+    cut.write_bytes(real.read_bytes()[:50])
+    with pytest.raises(DataError, match="truncated"):
+        token_stats(str(cut))
+
+
+def test_predictions_of_each_run_are_kept(tmp_path):
+    assert unused_prefix(str(tmp_path), 6) == str(tmp_path / "predictions_6")
+    (tmp_path / "predictions_6.jsonl").write_text("{}\n")
+    assert unused_prefix(str(tmp_path), 6) == str(tmp_path / "predictions_6_2")
+    (tmp_path / "predictions_6_2.txt").write_text("")
+    assert unused_prefix(str(tmp_path), 6) == str(tmp_path / "predictions_6_3")
+    assert unused_prefix(str(tmp_path), 7) == str(tmp_path / "predictions_7")

@@ -47,6 +47,8 @@ def tracked(tmp_path_factory):
 def test_run_experiment_records_config_metrics_and_output(tracked):
     root, model, result = tracked
     assert result.returncode == 0, result.stdout + result.stderr
+    console = result.stdout + result.stderr  # Sacred's INFO lines and setuptools' pkg_resources warning stay off
+    assert "INFO - " not in console and "pkg_resources" not in console and "Warning" not in console, console
     run_dir = root / "sacred" / "1"
     assert {"config.json", "metrics.json", "cout.txt", "run.json"} <= set(os.listdir(run_dir))
 

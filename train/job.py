@@ -10,6 +10,7 @@ from data.inputs import DatasetSource, train_dataset
 from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals import tasks, validation
+from models import gpt
 from runtime import checkpoints
 from runtime.devices import Placement
 from runtime.mesh_session import session_config
@@ -38,6 +39,8 @@ def run_training(cfg: GPTConfig, placement: Placement, peak_tflops: Optional[flo
     restored = checkpoints.restorable(cfg.model_path, say=None)  # loop.train says which one it skipped
     start = checkpoints.step_of(restored) if restored else 0
     if start >= cfg.train_steps:
+        # A checkpoint of another model is refused here as it is when there are steps left (loop.train)
+        checkpoints.check_fits(restored, gpt.variable_shapes(cfg))
         print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
               f"(raise train_steps or pass --new)")
         return start
