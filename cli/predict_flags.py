@@ -1,4 +1,5 @@
-"""The --predict and --export flags of main.py, and the config keys they override for one run."""
+"""The --predict and --export flags of main.py: the config keys they override for one run, and the options of
+infer/job.py's jobs."""
 from __future__ import annotations
 
 # Flags that override the config key of the same name for this run.
@@ -39,3 +40,19 @@ def config_overrides(args) -> dict:
     if getattr(args, "no_kv_cache", False):
         overrides["kv_cache"] = False
     return {k: v for k, v in overrides.items() if v is not None}
+
+
+# The jobs' option types are imported in the functions that build them, not at the top: main.py's parser reads
+# this module, and `--help` or a mistyped flag should not wait for TensorFlow to load.
+
+def predict_options(args):
+    """infer/predict.py's PredictOptions of this run."""
+    from infer.predict import PredictOptions
+    return PredictOptions(prompt_files=tuple(args.prompt or ()), prompt_per_line=args.prompt_per_line,
+                          num_samples=args.num_samples, output_prefix=args.predict_output)
+
+
+def export_options(args):
+    """infer/job.py's ExportOptions of this run."""
+    from infer.job import ExportOptions
+    return ExportOptions(export_dir=args.export_dir)

@@ -1,6 +1,6 @@
-"""What main.py's planning and scale flags do: --dry_run, --auto_layout, --auto_layout_and_mesh_shape,
-and multi-host (--cluster / --workers / --task_index). main.py declares the flags and hands over to
-`dispatch` (and, on a multi-host chief, `chief_placement`).
+"""main.py's planning and scale flags and what they do: --dry_run, --auto_layout, --auto_layout_and_mesh_shape,
+and multi-host (--cluster / --workers / --task_index). `add_arguments` declares them on main.py's parser, which
+hands over to `dispatch` (and, on a multi-host chief, `chief_placement`).
 """
 from __future__ import annotations
 
@@ -10,6 +10,28 @@ import time
 from typing import Optional
 
 from console import restore
+
+
+def add_arguments(p) -> None:
+    """The planning and scale flags, added to main.py's parser. No training starts with the first three."""
+    p.add_argument("--dry_run", action="store_true", help="print parameters, FLOPs/token, tokens/step, micro-batches "
+                   "and per-device memory (with and without recompute_grad) for the mesh and layout, then exit")
+    p.add_argument("--device_memory", help="with --dry_run: one device's memory (80GB, 16GiB); also finds the "
+                   "smallest mesh that fits")
+    p.add_argument("--auto_layout", action="store_true", help="print a memory-efficient layout for the mesh_shape "
+                   "(mesh-tensorflow's auto_mtf), then exit")
+    p.add_argument("--auto_layout_and_mesh_shape", action="store_true", help="print a mesh shape and layout for "
+                   "--num_devices devices, then exit")
+    p.add_argument("--num_devices", type=int, help="devices for --auto_layout_and_mesh_shape (default: as many as "
+                   "--gpu_ids names, else the config's mesh size)")
+    p.add_argument("--write_config", metavar="PATH", help="with --auto_layout*: write a copy of the config using "
+                   "the found mesh_shape and layout")
+    p.add_argument("--cluster", metavar="FILE", help='multi-host: cluster file {"worker": ["host:port", ...]}, '
+                   "chief (task 0) first")
+    p.add_argument("--workers", metavar="LIST", help="multi-host: the cluster as host0:port,host1:port,...")
+    p.add_argument("--task_index", type=int, help="multi-host: this host's index in the cluster (0 trains)")
+    p.add_argument("--worker_timeout", type=float, help="multi-host: a non-chief exits after this many seconds "
+                   "without being released by the chief (default: wait)")
 
 
 def config_overrides(args) -> dict:

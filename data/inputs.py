@@ -213,6 +213,15 @@ def _record_tokens(record: bytes, path: str) -> list:
 
 # ----------------------------------------------------------------------------- statistics
 
+def first_document_tokens(path: str, count: int) -> list:
+    """The first `count` token ids of the first document of the tfrecords matching `path` (files in sorted
+    order), read as token_stats reads them."""
+    for file_path in _list_files(path).paths:
+        for record in _iterate_records(file_path, 1):
+            return _record_tokens(record, file_path)[:count]
+    return []
+
+
 def token_stats(path: str, max_records: int | None = None) -> dict:
     """Token id range, document and token counts of the tfrecords matching ``path``.
 

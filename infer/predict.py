@@ -20,6 +20,7 @@ import os
 import secrets
 import tempfile
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -27,6 +28,16 @@ from data.errors import DataError
 from infer import run
 from models.sampling import SamplingOptions, incremental_unsupported
 from runtime import checkpoints
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """What to sample (cli/predict_flags.py fills it from --prompt, --prompt_per_line, --num_samples and
+    --predict_output; the sampling settings themselves are config keys)."""
+    prompt_files: tuple = ()              # each file is one prompt; none: sample from the start of text
+    prompt_per_line: bool = False         # each non-empty line of the files is one prompt
+    num_samples: Optional[int] = None     # per prompt; default: one batch for a single prompt, else 1
+    output_prefix: Optional[str] = None   # PREFIX.txt and PREFIX.jsonl; default: unused_prefix(model_path, step)
+
 
 def read_prompts(paths, per_line: bool) -> list[str]:
     if not paths:
@@ -147,16 +158,17 @@ def write_samples(prefix: str, records: list, step: int) -> None:
             f"{where}; free space, or pass --predict_output PREFIX to write them elsewhere") from e
 
 
-def predict(cfg, placement, args, step: int, tokenizer) -> int:
-    prompts = read_prompts(getattr(args, "prompt", None), getattr(args, "prompt_per_line", False))
-    num_samples = getattr(args, "num_samples", None)
+def predict(cfg, placement, options: PredictOptions, step: int, tokenizer) -> int:
+    """Samples every prompt from the checkpoint at `step`, prints the samples and writes them."""
+    prompts = read_prompts(options.prompt_files, options.prompt_per_line)
+    num_samples = options.num_samples
     if num_samples is None:
         num_samples = cfg.predict_batch_size if len(prompts) == 1 else 1
     if num_samples < 1:
         raise DataError(f"--num_samples must be at least 1, got {num_samples}")
     seed = cfg.sampling_seed if cfg.sampling_seed is not None else secrets.randbelow(2 ** 31)
     rows = build_rows(cfg, tokenizer, prompts, num_samples, seed)
-    prefix = getattr(args, "predict_output", None) or unused_prefix(cfg.model_path, step)
+    prefix = options.output_prefix or unused_prefix(cfg.model_path, step)
     checkpoints.check_writable(os.path.dirname(os.path.abspath(prefix)),  # before sampling, not after
                                "make it writable, or pass --predict_output PREFIX to write the samples elsewhere")
     outputs = run_rows(cfg, placement, rows, checkpoints.prefix_of(cfg.model_path, step))

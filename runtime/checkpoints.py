@@ -185,6 +185,15 @@ def check_fits(checkpoint: str, variables: dict, optional=()) -> None:
                               f"one and starts over)")
 
 
+def check_model_path(model_path: str) -> None:
+    """A ConfigError unless model_path is set and is (or can become) a folder; run before any job uses it."""
+    if not model_path:
+        raise ConfigError("the config has no model_path: set it to the folder for checkpoints and logs")
+    if os.path.exists(model_path) and not os.path.isdir(model_path):
+        raise ConfigError(f"model_path {model_path} is a file, not a folder: set model_path to a folder for "
+                          f"checkpoints and logs (or move the file away)")
+
+
 def check_writable(folder: str, fix: str) -> None:
     """A CheckpointError unless this process can write in `folder` (or make it: then in its nearest existing
     parent), found with a write test that leaves nothing behind; `fix` says what to do instead. Local paths only

@@ -3,6 +3,7 @@ train/loop.py to train_steps, with the validation loss and the eval tasks after 
 asks for them (eval_steps, eval_tasks)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from config.schema import ConfigError, GPTConfig
@@ -20,35 +21,47 @@ from runtime.summaries import summary_writer
 from train.progress import TrainingLog
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    """This run's own settings (cli/train_flags.py fills them from --peak_tflops and --log_every); the rest is
+    the config's."""
+    peak_tflops: Optional[float] = None  # one device's peak for MFU; default: datasheet or measured (runtime/peaks)
+    log_every: Optional[int] = None      # progress line every N steps; default: min(iterations, 50)
+
+
 def dataset_sources(cfg: GPTConfig) -> list[DatasetSource]:
     """The input pipeline's sources for the config's datasets (each a glob, its sampling mode and weight)."""
     return [DatasetSource(use.dataset.path, use.stitch, use.sampling_mode, use.weight,
                           shuffle_files=cfg.shuffle_input_filenames) for use in cfg.datasets]
 
 
-def run_training(cfg: GPTConfig, placement: Placement, peak_tflops: Optional[float] = None,
-                 log_every: Optional[int] = None, on_start: Optional[Callable[[int], None]] = None) -> int:
+def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
+                 on_start: Optional[Callable[[int], None]] = None) -> int:
     """Trains model_path to train_steps (resuming at its latest checkpoint), in chunks of steps_per_checkpoint
     with the validation loss and eval tasks after each when the config asks for them. `on_start(step)` runs once
     training is about to start at `step`: after the checkpoint was restored and found to fit the config, before
     anything is written into model_path (a checkpoint of another model leaves it untouched). Returns the step
-    reached."""
+    reached.
+
+    Which checkpoint training starts from is decided here, once (the newest that can be read); each chunk
+    then resumes from the checkpoint the previous one saved."""
     if not cfg.datasets:
         raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
     checkpoints.check_writable(cfg.model_path, "make it writable, or set model_path to a folder you can write in")
-    restored = checkpoints.restorable(cfg.model_path, say=None)  # loop.train says which one it skipped
+    restored = checkpoints.restorable(cfg.model_path)
     start = checkpoints.step_of(restored) if restored else 0
     if start >= cfg.train_steps:
         # A checkpoint of another model is refused here as it is when there are steps left (loop.train)
-        checkpoints.check_fits(restored, gpt.variable_shapes(cfg))
+        if restored:
+            checkpoints.check_fits(restored, gpt.variable_shapes(cfg))
         print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
               f"(raise train_steps or pass --new)")
         return start
     sources = dataset_sources(cfg)
     # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices
-    peak = (Peak(peak_tflops * 1e12, "--peak_tflops") if peak_tflops else
+    peak = (Peak(options.peak_tflops * 1e12, "--peak_tflops") if options.peak_tflops else
             device_peak(placement, cfg.precision, session_config(placement)))
-    log_every = log_every or max(1, min(cfg.iterations, 50))
+    log_every = options.log_every or max(1, min(cfg.iterations, 50))
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
           f"({', '.join(placement.devices) or placement.tpu}), steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
@@ -72,12 +85,14 @@ def run_training(cfg: GPTConfig, placement: Placement, peak_tflops: Optional[flo
         return mask_dataset(stream, cfg, first_step=first)  # MLM masking; unchanged for language modelling
 
     # Train in chunks of steps_per_checkpoint when evaluating, so that eval runs after each checkpoint.
-    step = start
+    step, checkpoint = start, restored
     while step < cfg.train_steps:
         evaluating = cfg.eval_steps or cfg.eval_tasks
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
         log = TrainingLog(cfg, log_every, peak.flops, None)
-        step = loop.train(cfg, placement, batches, until=target, log=log, on_open=lambda: opened(log))
+        step = loop.train(cfg, placement, batches, until=target, log=log, on_open=lambda: opened(log),
+                          checkpoint=checkpoint)
+        checkpoint = checkpoints.prefix_of(cfg.model_path, step)  # loop.train saved the step it reached
         if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
             validation.report(cfg, placement)
         if cfg.eval_tasks:

@@ -109,9 +109,14 @@ class TpuTraining:
         return self.loop.run(session, steps)
 
 
+# train()'s default checkpoint: model_path's newest that can be read (runtime/checkpoints.py's `restorable`).
+NEWEST = "newest"
+
+
 def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Optional[int] = None,
           log: Optional[TrainingLog] = None, extra_fetches: Optional[Callable] = None,
-          on_step: Optional[Callable[[int, dict], None]] = None, on_open: Optional[Callable[[], None]] = None) -> int:
+          on_step: Optional[Callable[[int, dict], None]] = None, on_open: Optional[Callable[[], None]] = None,
+          checkpoint: Optional[str] = NEWEST) -> int:
     """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
     train_steps), saving every steps_per_checkpoint steps and at the end. Returns the step reached.
 
@@ -119,11 +124,13 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
     each step's scalars (and those extras); `on_open()` runs once the session is open, the checkpoint restored and
     found to fit the config, before training writes anything into model_path (a job's own writes go there).
 
-    The checkpoint is the newest that can be read (runtime/checkpoints.py's `restorable`: found by its files, one
-    cut short skipped with a warning); the start removes the leftovers of interrupted saves and repairs the state
-    file."""
+    `checkpoint` is the prefix to start from, as the caller decided it (train/job.py), None for the seeded
+    initial weights, or NEWEST: model_path's newest that can be read (runtime/checkpoints.py's `restorable`: found
+    by its files, one cut short skipped with a warning). The start removes the leftovers of interrupted saves and
+    repairs the state file."""
     until = cfg.train_steps if until is None else until
-    checkpoint = checkpoints.restorable(cfg.model_path)
+    if checkpoint == NEWEST:
+        checkpoint = checkpoints.restorable(cfg.model_path)
     step = checkpoints.step_of(checkpoint) if checkpoint else 0
     if step >= until:
         return step

@@ -1,0 +1,45 @@
+"""main.py's training flags (--new, --yes, --log_every, --peak_tflops, --sacred_id) and what they do: the
+options of train/job.py, and --new's question before model_path is deleted."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from console import whole_number
+
+
+def add_arguments(p) -> None:
+    """The training flags, added to main.py's parser."""
+    p.add_argument("--new", action="store_true", help="delete model_path and start from scratch (asks first)")
+    p.add_argument("--yes", action="store_true", help="answer yes to --new's question (for scripts)")
+    p.add_argument("--log_every", type=whole_number(1), default=None, help="print training progress every N steps")
+    p.add_argument("--peak_tflops", type=float, default=None,
+                   help="one device's peak TFLOP/s for MFU (one GPU or TPU core; default: the datasheet peak of a known "
+                   "GPU, else measured on the first mesh device in the training dtype; runtime/peaks.py)")
+    p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
+                   "model_path/run_info.json")
+
+
+def options(args):
+    """train/job.py's TrainOptions of this run. (The job is imported here, not at the top: main.py's parser
+    reads this module, and `--help` or a mistyped flag should not wait for TensorFlow to load.)"""
+    from train.job import TrainOptions
+    return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every)
+
+
+def start_fresh(model_path: str, yes: bool) -> bool:
+    """--new: deletes model_path after asking (or with --yes); False when the user keeps it."""
+    if not os.path.exists(model_path):
+        return True
+    if not yes:
+        if not sys.stdin.isatty():
+            print(f"error: --new would delete {model_path}; pass --yes to confirm without a prompt", file=sys.stderr)
+            return False
+        answer = input(f"--new deletes {model_path} and everything in it. Continue? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("kept it; nothing was deleted")
+            return False
+    shutil.rmtree(model_path)
+    print(f"deleted {model_path}")
+    return True
