@@ -3,7 +3,7 @@
 `load_config("name")` finds `configs/name.json` (or takes a path), checks every key, fills the reference
 defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json`, checks the names the
 config uses against the registries that define them (attention types, activations, mesh-tensorflow's MoE
-hyperparameters, eval tasks, each registry entry's own checks) and returns a frozen `GPTConfig`. Every
+hyperparameters, optimizers and learning-rate decays, sampling modes and input functions, eval tasks, each registry entry's own checks) and returns a frozen `GPTConfig`. Every
 problem is a `ConfigError` with a one-line message that says what to change.
 """
 from __future__ import annotations
@@ -13,13 +13,15 @@ import json
 import os
 from typing import Any, Optional
 
-from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES, INPUT_FNS, SAMPLING_MODES,
+from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES,
                            ConfigError, DatasetConfig, DatasetUse, GPTConfig, check_positive, check_type, closest,
                            expand_attention_types, parse_model_options, validate)
+from data.inputs import INPUT_FNS, SAMPLING_MODES
 from evals.tasks import TASKS
 from models.activations import ACTIVATIONS
 from models.attention import ATTENTION
 from models.moe import default_moe_params
+from train.optimizer import LR_DECAYS, OPTIMIZERS
 
 
 def resolve_config_path(name_or_path: str) -> str:
@@ -79,7 +81,7 @@ def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -
 
 def _parse_datasets(value: Any, config_dir: str, input_fn: Optional[str] = None) -> tuple:
     """The `datasets` entries: [id, stitch, sampling_mode, weight] lists (shorter lists take the defaults) and
-    GPT-Neo's bare ids. An entry that names no sampling mode gets input_fn's (config/schema.py, INPUT_FNS);
+    GPT-Neo's bare ids. An entry that names no sampling mode gets input_fn's (data/inputs.py, INPUT_FNS);
     without input_fn a bare id is read sequentially, as GPT-Neo's default input function did, and a list
     samples documents at random, as here before."""
     if not isinstance(value, list):
@@ -192,11 +194,33 @@ def check_registries(cfg: GPTConfig) -> GPTConfig:
             if key not in known:
                 raise ConfigError(f"moe_params key {key!r} is not a mesh-tensorflow MoE hyperparameter"
                                   f"{closest(key, known)}")
+    for key, registry in (("opt_name", OPTIMIZERS), ("lr_decay", LR_DECAYS)):
+        name = getattr(cfg, key)
+        if name not in registry:
+            raise ConfigError(f"{key} {name!r} is not known: choose from {', '.join(registry)}{closest(name, registry)}")
+    _check_input_fn(cfg)
     for task in cfg.eval_tasks:
         if task not in TASKS:
             raise ConfigError(f"eval task {task!r} is not known: choose from {', '.join(TASKS)}{closest(task, TASKS)}")
         TASKS[task].check(cfg)
     return cfg
+
+
+def _check_input_fn(cfg: GPTConfig) -> None:
+    """input_fn names one of data/inputs.py's INPUT_FNS, and reads the sampling mode of every dataset."""
+    if cfg.input_fn is None:
+        return
+    if cfg.input_fn not in INPUT_FNS:
+        raise ConfigError(f"input_fn {cfg.input_fn!r} is not known: choose from {', '.join(INPUT_FNS)}"
+                          f"{closest(cfg.input_fn, INPUT_FNS)}")
+    for use in cfg.datasets:
+        if use.sampling_mode not in INPUT_FNS[cfg.input_fn]:
+            hint = ("remove input_fn (or set it to generic_text) to sample documents, or read pre-chunked data "
+                    "with a bare id" if cfg.input_fn == "sequential_input" else
+                    "remove input_fn (or set it to sequential_input) to read it sequentially")
+            reads = ", ".join(INPUT_FNS[cfg.input_fn])
+            raise ConfigError(f"dataset {use.dataset.id!r} asks for sampling mode {use.sampling_mode!r}, which "
+                              f"input_fn {cfg.input_fn!r} does not read (it reads {reads}): {hint}")
 
 
 def load_config(name_or_path: str, overrides: Optional[dict] = None,

@@ -3,8 +3,8 @@ and the quantities derived from them that several parts of the code need (mesh a
 attention blocks, micro-batch counts, the sizes of the dimensions a layout may split).
 
 This module is the bottom of the project: it imports nothing of it. Reading JSON, resolving dataset ids and
-the checks against the registries of attention types, activations, MoE hyperparameters and eval tasks are
-cli/config_loading.py's, above the models. Every problem is a `ConfigError` with a one-line message that
+the checks against the registries of attention types, activations, MoE hyperparameters, sampling modes and
+input functions (data/inputs.py) and eval tasks are cli/config_loading.py's, above the models and data. Every problem is a `ConfigError` with a one-line message that
 says what to change.
 """
 from __future__ import annotations
@@ -19,12 +19,6 @@ from typing import Any, Optional
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
 DATASET_CONFIG_DIR = os.path.join(CONFIG_DIR, "dataset_configs")
-
-SAMPLING_MODES = ("documents_random", "documents_fixed", "chunks", "sequential")
-# GPT-Neo's input functions (the config's `input_fn`), each with the sampling modes it reads; the first is the
-# mode of a dataset entry that names none. Without input_fn, a bare dataset id is read by sequential_input
-# (GPT-Neo's default) and an [id, stitch, mode, weight] list by generic_text (as in this project's configs).
-INPUT_FNS = {"sequential_input": ("sequential",), "generic_text": ("documents_random", "documents_fixed", "chunks")}
 
 # mesh-tensorflow MoE1D's default expert count (tests/test_config.py checks it against mesh-tensorflow).
 MOE_DEFAULT_EXPERTS = 16
@@ -142,7 +136,7 @@ class GPTConfig:
     keep_checkpoint_every_n_hours: float = 2.0  # and, of older ones, one per this many hours of training
     model_path: str = ""
     datasets: tuple = ()
-    input_fn: Optional[str] = None       # GPT-Neo's input function: "sequential_input" or "generic_text" (INPUT_FNS)
+    input_fn: Optional[str] = None       # GPT-Neo's input function: "sequential_input" or "generic_text" (data/inputs.py)
     shuffle_input_filenames: bool = True  # "sequential" datasets: the files in a seeded order each epoch
     mesh_shape: str = "all:1"
     layout: str = ""
@@ -435,10 +429,6 @@ def validate(cfg: GPTConfig) -> GPTConfig:
     if cfg.initial_loss_scale < 1 or cfg.loss_scale_window < 1:
         raise ConfigError(f"initial_loss_scale and loss_scale_window must be at least 1, got "
                           f"{cfg.initial_loss_scale} and {cfg.loss_scale_window}")
-    if cfg.opt_name not in ("adam", "adafactor"):
-        raise ConfigError(f"opt_name must be 'adam' or 'adafactor', got {cfg.opt_name!r}")
-    if cfg.lr_decay not in ("cosine", "linear"):
-        raise ConfigError(f"lr_decay must be 'cosine' or 'linear', got {cfg.lr_decay!r}")
     for name in ("embed_dropout", "attn_dropout", "res_dropout"):
         if not 0.0 <= getattr(cfg, name) < 1.0:
             raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
@@ -448,7 +438,6 @@ def validate(cfg: GPTConfig) -> GPTConfig:
     _validate_sampling(cfg)
     if not 1.0 < cfg.entmax_alpha < 2.0:
         raise ConfigError(f"entmax_alpha must be in (1, 2) (1 would be softmax, 2 sparsemax), got {cfg.entmax_alpha}")
-    _validate_input_fn(cfg)
     for use in cfg.datasets:
         ds = use.dataset
         if ds.n_vocab > cfg.n_vocab:
@@ -456,22 +445,6 @@ def validate(cfg: GPTConfig) -> GPTConfig:
                               f"n_vocab {cfg.n_vocab}: set n_vocab >= {ds.n_vocab}")
     _validate_mesh(cfg)
     return cfg
-
-
-def _validate_input_fn(cfg: GPTConfig) -> None:
-    if cfg.input_fn is None:
-        return
-    if cfg.input_fn not in INPUT_FNS:
-        raise ConfigError(f"input_fn {cfg.input_fn!r} is not known: choose from {', '.join(INPUT_FNS)}"
-                          f"{closest(cfg.input_fn, INPUT_FNS)}")
-    for use in cfg.datasets:
-        if use.sampling_mode not in INPUT_FNS[cfg.input_fn]:
-            hint = ("remove input_fn (or set it to generic_text) to sample documents, or read pre-chunked data "
-                    "with a bare id" if cfg.input_fn == "sequential_input" else
-                    "remove input_fn (or set it to sequential_input) to read it sequentially")
-            reads = ", ".join(INPUT_FNS[cfg.input_fn])
-            raise ConfigError(f"dataset {use.dataset.id!r} asks for sampling mode {use.sampling_mode!r}, which "
-                              f"input_fn {cfg.input_fn!r} does not read (it reads {reads}): {hint}")
 
 
 def _validate_sampling(cfg: GPTConfig) -> None:

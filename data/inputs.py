@@ -28,7 +28,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-from config.schema import SAMPLING_MODES
 from data.errors import DataError
 
 SHUFFLE_BLOCK_DOCUMENTS = 256  # documents shuffled together; also the most a resume reads and discards
@@ -46,15 +45,32 @@ class DatasetSource:
 
     path: str  # tfrecords glob
     stitch: int
-    sampling_mode: str  # "documents_random" | "documents_fixed" | "chunks" | "sequential"
+    sampling_mode: str  # a name in SAMPLING_MODES
     weight: float = 1.0
-    shuffle_files: bool = True  # "sequential" only (shuffle_input_filenames): a seeded file order per epoch
+    shuffle_files: bool = True  # modes with a seeded file order (shuffle_input_filenames): off keeps the files' own
 
 
-# Modes that read pre-chunked records (data/create_tfrecords.py --mode chunks) one window per record, each
-# file front to back: "chunks" in the files' own order, "sequential" (GPT-Neo's sequential_input) in a seeded
-# order of the files per epoch, or their own order without shuffle_files.
-PRECHUNKED_MODES = ("chunks", "sequential")
+@dataclass(frozen=True)
+class SamplingMode:
+    """How a dataset's records become n_ctx+1 windows. A new mode is one entry of SAMPLING_MODES: the config
+    accepts every name there (cli/config_loading.py), the pipeline reads by these facts."""
+    prechunked: bool             # one window per record (create_tfrecords --mode chunks), each file front to back;
+                                 # else whole documents, `stitch` of them joined, windows cut from the join
+    random_offset: bool = False  # documents: the window starts at a seeded random offset (else at the start)
+    seeded_file_order: bool = False  # prechunked: the files in a seeded order per epoch (shuffle_input_filenames)
+
+
+SAMPLING_MODES = {
+    "documents_random": SamplingMode(prechunked=False, random_offset=True),
+    "documents_fixed": SamplingMode(prechunked=False),
+    "chunks": SamplingMode(prechunked=True),
+    "sequential": SamplingMode(prechunked=True, seeded_file_order=True),  # GPT-Neo's sequential_input
+}
+
+# GPT-Neo's input functions (the config's `input_fn`), each with the sampling modes it reads; the first is the
+# mode of a dataset entry that names none. Without input_fn, a bare dataset id is read by sequential_input
+# (GPT-Neo's default) and an [id, stitch, mode, weight] list by generic_text (as in this project's configs).
+INPUT_FNS = {"sequential_input": ("sequential",), "generic_text": ("documents_random", "documents_fixed", "chunks")}
 
 
 # ----------------------------------------------------------------------------- stateless hash
@@ -297,7 +313,7 @@ def _check_train_arguments(sources, n_ctx, batch_size, seed, start_step) -> None
     for source in sources:
         if source.sampling_mode not in SAMPLING_MODES:
             raise DataError(f"unknown sampling mode {source.sampling_mode!r} for {source.path}; use one of {', '.join(SAMPLING_MODES)}")
-        if source.sampling_mode not in PRECHUNKED_MODES and (not isinstance(source.stitch, int) or source.stitch < 1):
+        if not SAMPLING_MODES[source.sampling_mode].prechunked and (not isinstance(source.stitch, int) or source.stitch < 1):
             raise DataError(f"stitch must be an integer >= 1 for {source.path}, got {source.stitch!r}")
         if not source.weight > 0:
             raise DataError(f"dataset weight must be > 0 for {source.path}, got {source.weight!r}")
@@ -318,7 +334,7 @@ def _check_first_documents(source: DatasetSource, table: _FileTable, window: int
             raise DataError(f"{first_file} holds token id {bad}, outside the model's vocabulary (0 <= id < n_vocab = {n_vocab}): "
                             f"it was encoded with another tokenizer; raise n_vocab or re-encode the data")
     shortest = min(len(tokens) for tokens in documents)
-    if source.sampling_mode in PRECHUNKED_MODES:
+    if SAMPLING_MODES[source.sampling_mode].prechunked:
         if shortest < window:
             documents_instead = (' (or, for tfrecords of whole documents, write the dataset as [ID, stitch, "documents_random", '
                                  '1.0] in the model config)' if source.sampling_mode == "sequential" else "")
@@ -368,8 +384,9 @@ def _examples_taken_per_source(sources: list[DatasetSource], seed: int, examples
 
 def _source_windows(source: DatasetSource, table: _FileTable, window: int, seed: int, tag: int, skip_examples: int) -> tf.data.Dataset:
     """Infinite stream of int64 [window] examples of one source, starting at example ``skip_examples``."""
-    if source.sampling_mode in PRECHUNKED_MODES:
-        shuffle = source.sampling_mode == "sequential" and source.shuffle_files
+    mode = SAMPLING_MODES[source.sampling_mode]
+    if mode.prechunked:
+        shuffle = mode.seeded_file_order and source.shuffle_files
         records = _records_from(table, skip_examples, seed, tag, shuffle_files=shuffle)
         return records.map(lambda record: _first_tokens(_parse_tokens(record), window, source), num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -382,7 +399,7 @@ def _source_windows(source: DatasetSource, table: _FileTable, window: int, seed:
     documents = documents.map(_parse_tokens, num_parallel_calls=tf.data.AUTOTUNE)
     groups = documents.ragged_batch(source.stitch).map(lambda group: group.flat_values)
     numbered = tf.data.Dataset.zip((groups, tf.data.Dataset.range(skip_examples, _FOREVER)))
-    random_offset = source.sampling_mode == "documents_random"
+    random_offset = mode.random_offset
     return numbered.map(
         lambda tokens, index: _window_of_group(tokens, index, window, seed, tag, random_offset, source),
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -464,7 +481,7 @@ def pipeline_error(error: tf.errors.OpError) -> Optional[DataError]:
 
 
 def _assert_long_enough(tokens: tf.Tensor, window: int, source: DatasetSource) -> tf.Tensor:
-    what = "a chunk" if source.sampling_mode in PRECHUNKED_MODES else f"a stitched group of {source.stitch} documents"
+    what = "a chunk" if SAMPLING_MODES[source.sampling_mode].prechunked else f"a stitched group of {source.stitch} documents"
     return tf.debugging.assert_greater_equal(
         tf.size(tokens, out_type=tf.int64), tf.constant(window, tf.int64),
         message=f"{PIPELINE_ERROR_TAG}{what} from {source.path} has fewer than n_ctx+1 = {window} tokens; raise stitch or recreate the tfrecords with a larger --minimum_size",

@@ -1,4 +1,7 @@
-"""Learning-rate schedule, gradient clipping and the optimizer, as mesh-tensorflow operations."""
+"""Learning-rate schedule, gradient clipping and the optimizer, as mesh-tensorflow operations.
+
+The config's `opt_name` and `lr_decay` name entries of OPTIMIZERS and LR_DECAYS: a new optimizer or decay is
+one entry there, and the config accepts every registered name (cli/config_loading.py checks them)."""
 from __future__ import annotations
 
 import mesh_tensorflow as mtf
@@ -11,15 +14,19 @@ from models.kernels.common import compiled
 NO_DECAY = [r"norm", r"ln_f", r"/b$", r"bias", r"o_b"]
 
 
+# lr_decay name -> the fraction of lr at progress p (0 at the start, 1 at lr_decay_end): 1 down to 0.1.
+LR_DECAYS = {
+    "cosine": lambda p: 0.1 + 0.9 * 0.5 * (1.0 + tf.cos(3.141592653589793 * p)),
+    "linear": lambda p: 1.0 - 0.9 * p,
+}
+
+
 def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
-    """Linear warmup from 0 to lr, then cosine or linear decay to 10% of lr at lr_decay_end."""
+    """Linear warmup from 0 to lr, then the lr_decay schedule down to 10% of lr at lr_decay_end."""
     step = tf.cast(global_step, tf.float32)
     decay_end = float(cfg.lr_decay_end or cfg.train_steps)
     progress = tf.minimum(step / max(decay_end, 1.0), 1.0)
-    if cfg.lr_decay == "cosine":
-        decayed = cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + tf.cos(3.141592653589793 * progress)))
-    else:
-        decayed = cfg.lr * (1.0 - 0.9 * progress)
+    decayed = cfg.lr * LR_DECAYS[cfg.lr_decay](progress)
     if cfg.warmup_steps > 0:
         warmup = cfg.lr * step / float(cfg.warmup_steps)
         return tf.where(step < cfg.warmup_steps, warmup, decayed)
@@ -81,14 +88,25 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
         return [mtf.assign_sub(var, step), mtf.assign(m, next_m), mtf.assign(v, next_v)]
 
 
-def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
-    if cfg.opt_name == "adam":
-        # Slots are named `<var>/adam_m|adam_v`, which HF's GPT-Neo loader knows to skip.
-        return AdamWeightDecay(learning_rate=lr, weight_decay_rate=cfg.weight_decay, beta_1=cfg.beta1,
-                                    beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY)
-    # Adafactor (mesh-tensorflow's): the update is relative to each weight's scale; weight_decay is Adam's only.
+def _adam(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
+    # Slots are named `<var>/adam_m|adam_v`, which HF's GPT-Neo loader knows to skip.
+    return AdamWeightDecay(learning_rate=lr, weight_decay_rate=cfg.weight_decay, beta_1=cfg.beta1,
+                           beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY)
+
+
+def _adafactor(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
+    # mesh-tensorflow's: the update is relative to each weight's scale; weight_decay is Adam's only. Its slots
+    # are `<var>_slot_v|vr|vc|m` (runtime/checkpoints.check_fits knows them as slots).
     return mtf.optimize.AdafactorOptimizer(learning_rate=lr, beta1=cfg.beta1, epsilon1=cfg.ada_epsilon1,
                                            epsilon2=cfg.ada_epsilon2)
+
+
+# opt_name -> (cfg, learning rate) -> the mesh-tensorflow optimizer.
+OPTIMIZERS = {"adam": _adam, "adafactor": _adafactor}
+
+
+def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
+    return OPTIMIZERS[cfg.opt_name](cfg, lr)
 
 
 class AssignIf(mtf.Operation):
