@@ -7,7 +7,7 @@ and optimizer updates), so planning needs none of the config's hardware.
 
 Three changes to the stock optimizer, none of which changes its answer on a graph it handles:
 
-* Only dimensions a config may name in `layout` (models/config.py `tensor_dim_sizes`) are offered to the
+* Only dimensions a config may name in `layout` (config/schema.py `tensor_dim_sizes`) are offered to the
   solver, so every layout it returns loads and validates. (Left alone it also splits internal dimensions of
   local attention, which a config cannot express.)
 * The memory constraints are aggregated. Stock auto_mtf adds one constraint per scheduled operation, each a

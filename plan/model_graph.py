@@ -1,6 +1,6 @@
 """The model's mesh-tensorflow training graph, built without devices and without lowering, for planning.
 
-`build(cfg)` makes exactly the graph that training builds (runtime/lowering.py's training_step: inputs, the
+`build(cfg)` makes exactly the graph that training builds (train/step.py's training_step: inputs, the
 losses of train/objective.py, gradients and the optimizer's updates) on an `mtf.Graph` and `mtf.Mesh` inside a
 throwaway `tf.Graph`. Nothing is allocated: master variables are declared, never initialized. Planning
 reads it for exact parameter and optimizer-state counts (whatever options the model code grows), per-tensor
