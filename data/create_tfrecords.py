@@ -651,7 +651,7 @@ def _portable_path(path: str, base: str = REPO_ROOT) -> str:
 # ----------------------------------------------------------------------------- command line
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = ArgumentParser(description="Tokenize .txt files or lm_dataformat archives into tfrecords.")
+    parser = ArgumentParser(prog="python data/create_tfrecords.py", description="Tokenize .txt files or lm_dataformat archives into tfrecords.")
     parser.add_argument("--mode", choices=MODES, default="documents", help="documents: one example per document (documents_* sampling); chunks: fixed n_ctx+1 windows (chunks sampling)")
     parser.add_argument("--input_dir", required=True, help="folder of .txt files (one document each) and/or lm_dataformat archives, or one archive")
     parser.add_argument("--glob", default=None, help="files to read inside --input_dir, e.g. '*.py' or '**/*.jsonl.zst'; files lm_dataformat does not know are read as plain text (default: .txt and lm_dataformat archives, recursively)")

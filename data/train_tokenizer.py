@@ -100,7 +100,7 @@ def _save_atomically(tokenizer: Tokenizer, output_path: str) -> None:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = ArgumentParser(description="Train a byte-level BPE tokenizer (tokenizers library) and save it as JSON.")
+    parser = ArgumentParser(prog="python data/train_tokenizer.py", description="Train a byte-level BPE tokenizer (tokenizers library) and save it as JSON.")
     parser.add_argument("--input_dir", required=True, help="folder of text files, or an lm_dataformat archive (jsonl, jsonl.zst, ...)")
     parser.add_argument("--glob", default=None, help="files to read inside --input_dir, e.g. '*.py' or '**/*.txt' (default: .txt and lm_dataformat archives, recursively)")
     parser.add_argument("--vocab_size", type=int, default=32768, help="vocabulary size including special tokens")

@@ -397,7 +397,7 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
 
 
 def main(argv=None) -> int:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m tools.hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     out = sub.add_parser("to_hf", help="our checkpoint -> a GPTNeoForCausalLM folder")
     out.add_argument("--model", required=True, help="config name in configs/ or a path to a .json")

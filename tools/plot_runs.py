@@ -123,7 +123,7 @@ def plot(model_paths: list[str], out_dir: str | None = None, labels: list[str] |
 
 
 def main(argv=None) -> int:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python tools/plot_runs.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_paths", nargs="+", help="model_path folders of training runs")
     p.add_argument("--labels", nargs="+", help="one legend label per run (default: folder names)")
     p.add_argument("--out", help="folder for the PNGs (default: <first model_path>/plots)")
