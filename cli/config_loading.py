@@ -3,8 +3,9 @@
 `load_config("name")` finds `configs/name.json` (or takes a path), checks every key, fills the reference
 defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json`, checks the names the
 config uses against the registries that define them (attention types, activations, mesh-tensorflow's MoE
-hyperparameters, optimizers and learning-rate decays, sampling modes and input functions, eval tasks, each registry entry's own checks) and returns a frozen `GPTConfig`. Every
-problem is a `ConfigError` with a one-line message that says what to change.
+hyperparameters, optimizers and learning-rate decays, sampling modes and input functions, eval tasks, each
+registry entry's own checks), checks the layout against the model's tensor dimensions (models/layout.py) and
+returns a frozen `GPTConfig`. Every problem is a `ConfigError` with a one-line message that says what to change.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES,
 from data.inputs import INPUT_FNS, SAMPLING_MODES
 from evals.tasks import TASKS
 from models.activations import ACTIVATIONS
-from models.attention import ATTENTION
-from models.moe import default_moe_params
+from models.attention import check_attention_types
+from models.layout import check_layout
+from models.moe import check_moe_params
 from train.optimizer import LR_DECAYS, OPTIMIZERS
 
 
@@ -176,24 +178,16 @@ def _parse_eval_tasks(value: Any) -> tuple:
 
 
 def check_registries(cfg: GPTConfig) -> GPTConfig:
-    """The names the config uses, checked against the registries that define them, and each used entry's
-    own checks (an attention type's, an eval task's)."""
-    for kind in dict.fromkeys(cfg.attention_types):
-        if kind not in ATTENTION:
-            raise ConfigError(f"attention type {kind!r} is not known: choose from {', '.join(ATTENTION)}"
-                              f"{closest(kind, ATTENTION)}")
-        ATTENTION[kind].check(cfg)
+    """The names the config uses, checked against the registries that define them, each used entry's own
+    checks (an attention type's, an eval task's), and the layout against the model's tensor dimensions."""
+    check_attention_types(cfg)
     for key in ("activation_function", "moe_activation"):
         name = getattr(cfg, key)
         if name is not None and name not in ACTIVATIONS:
             raise ConfigError(f"{key} {name!r} is not known: choose from {', '.join(ACTIVATIONS)}"
                               f"{closest(name, ACTIVATIONS)}")
-    if cfg.moe_params:
-        known = default_moe_params(cfg)  # mesh-tensorflow's MoE defines which keys exist
-        for key, _ in cfg.moe_params:
-            if key not in known:
-                raise ConfigError(f"moe_params key {key!r} is not a mesh-tensorflow MoE hyperparameter"
-                                  f"{closest(key, known)}")
+    check_moe_params(cfg)
+    check_layout(cfg)
     for key, registry in (("opt_name", OPTIMIZERS), ("lr_decay", LR_DECAYS)):
         name = getattr(cfg, key)
         if name not in registry:

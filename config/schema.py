@@ -1,11 +1,13 @@
 """The config schema: model and dataset configs as typed, frozen objects, the checks between their fields,
-and the quantities derived from them that several parts of the code need (mesh and layout parsing, local-
-attention blocks, micro-batch counts, the sizes of the dimensions a layout may split).
+and the quantities derived from them that several parts of the code need (mesh and layout parsing, micro-batch
+counts).
 
-This module is the bottom of the project: it imports nothing of it. Reading JSON, resolving dataset ids and
-the checks against the registries of attention types, activations, MoE hyperparameters, sampling modes and
-input functions (data/inputs.py) and eval tasks are cli/config_loading.py's, above the models and data. Every problem is a `ConfigError` with a one-line message that
-says what to change.
+This module is the bottom of the project: it imports nothing of it, and knows no model internals. Reading
+JSON, resolving dataset ids and the checks against the registries of attention types, activations, MoE
+hyperparameters, optimizers, sampling modes and input functions (data/inputs.py) and eval tasks are
+cli/config_loading.py's, above the models and data; so are the checks of a layout against the model's tensor
+dimensions (models/layout.py). Every problem is a `ConfigError` with a one-line message that says what to
+change.
 """
 from __future__ import annotations
 
@@ -19,9 +21,6 @@ from typing import Any, Optional
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
 DATASET_CONFIG_DIR = os.path.join(CONFIG_DIR, "dataset_configs")
-
-# mesh-tensorflow MoE1D's default expert count (tests/test_config.py checks it against mesh-tensorflow).
-MOE_DEFAULT_EXPERTS = 16
 
 
 class ConfigError(ValueError):
@@ -189,21 +188,6 @@ class GPTConfig:
             n *= size
         return n
 
-    @property
-    def moe_num_experts(self) -> int:
-        return dict(self.moe_params).get("moe_num_experts", MOE_DEFAULT_EXPERTS)
-
-    @property
-    def moe_hidden_size(self) -> int:
-        """The experts' hidden width: 4 * n_embd like a dense MLP (mesh-tensorflow's 4096 is a large model's)."""
-        return dict(self.moe_params).get("moe_hidden_size", 4 * self.n_embd)
-
-    @property
-    def moe_group_size(self) -> int:
-        """Routing groups are whole sequences (or equal parts of one, at most 1024 tokens), so they, the expert
-        capacity and the result do not depend on how a layout or micro-batching splits the batch."""
-        return dict(self.moe_params).get("moe_group_size", min(self.n_ctx, 1024))
-
     def model_options(self) -> list[str]:
         """'name=value' for every model option not at its default (empty for GPT-Neo's plain GPT)."""
         return [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
@@ -215,7 +199,9 @@ class GPTConfig:
         return self.datasets[-1].dataset if self.datasets else None
 
     def replace(self, **changes) -> "GPTConfig":
-        """A copy with some fields changed, validated again. List/object options may be given as in JSON."""
+        """A copy with some fields changed, validated again by the checks here. List/object options may be given
+        as in JSON. (A copy on another mesh or layout: models/layout.py's `with_layout`, which also checks the
+        layout against the model's tensor dimensions.)"""
         changes.update(parse_model_options(changes))
         return validate(dataclasses.replace(self, **changes))
 
@@ -332,17 +318,10 @@ def parse_model_options(values: dict) -> dict:
 
 
 def _validate_model_options(cfg: GPTConfig) -> None:
-    kinds = set(cfg.attention_types)
-    if kinds == {"none"}:
-        raise ConfigError("attention_types are all 'none', so no position sees another: make at least one layer "
-                          "global, local or linear")
     if cfg.scalenorm and cfg.rezero:
         raise ConfigError("rezero removes the pre-norms that scalenorm would replace: set only one of them")
     if cfg.num_mem_kv < 0:
         raise ConfigError(f"num_mem_kv must be >= 0, got {cfg.num_mem_kv}")
-    if cfg.num_mem_kv and "global" not in kinds:
-        raise ConfigError("num_mem_kv adds memory key/values to global attention layers, and this model has "
-                          "none: add a global layer or set num_mem_kv to 0")
     for layer in cfg.moe_layers:
         if not 0 <= layer < cfg.n_layer:
             raise ConfigError(f"moe_layers names layer {layer}, but layers count from 0 to n_layer - 1 = "
@@ -353,10 +332,6 @@ def _validate_model_options(cfg: GPTConfig) -> None:
         if getattr(cfg, key) and not cfg.moe_layers:
             raise ConfigError(f"{key} is set but moe_layers is empty: list the mixture-of-experts layers in "
                               f"moe_layers (e.g. [1, 3])")
-    params = dict(cfg.moe_params)
-    for key in ("moe_num_experts", "moe_hidden_size", "moe_group_size"):
-        if key in params and (isinstance(params[key], bool) or not isinstance(params[key], int) or params[key] < 1):
-            raise ConfigError(f"moe_params {key} must be a positive whole number, got {params[key]!r}")
     if cfg.rotary_emb and cfg.axial_pos_emb:
         raise ConfigError("rotary_emb and axial_pos_emb are two ways to give positions: set only one of them")
     if cfg.rotary_emb and cfg.head_size % 2:
@@ -415,8 +390,8 @@ def check_positive(values: dict) -> None:
 
 
 def validate(cfg: GPTConfig) -> GPTConfig:
-    """Checks that hold between fields (those against the registries are cli/config_loading.py's). Raises
-    ConfigError naming the fix."""
+    """Checks that hold between fields (those against the registries and the model's tensor dimensions are
+    cli/config_loading.py's). Raises ConfigError naming the fix."""
     check_positive({name: getattr(cfg, name) for name in POSITIVE_FIELDS})
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
@@ -463,68 +438,18 @@ def _validate_sampling(cfg: GPTConfig) -> None:
                           f"eos_id; got {cfg.stop_token}")
 
 
-def tensor_dim_sizes(cfg: GPTConfig) -> dict[str, int]:
-    """Sizes of the named dimensions a layout may split, for the checks below."""
-    sizes = {
-        "batch": cfg.train_batch_size, "sequence": cfg.n_ctx, "memory_length": cfg.n_ctx + cfg.num_mem_kv,
-        "embed_sequence": cfg.n_ctx, "embd": cfg.n_embd, "heads": cfg.n_head,
-        "features_per_head": cfg.head_size, "vocab": cfg.n_vocab, "intermediate_expanded": 4 * cfg.n_embd,
-    }
-    if cfg.moe_layers:
-        sizes.update(experts=cfg.moe_num_experts, expert_hidden=cfg.moe_hidden_size)
-    return sizes
-
-
-# Dimensions that appear together in one tensor of the model; two of them may not share a mesh dimension.
-CO_OCCURRING_DIMS = (
-    ("embd", "heads"), ("embd", "intermediate_expanded"), ("vocab", "embd"), ("embed_sequence", "embd"),
-    ("batch", "sequence", "embd"), ("batch", "sequence", "heads", "features_per_head"),
-    ("batch", "heads", "sequence", "memory_length"), ("batch", "sequence", "vocab"),
-    ("batch", "sequence", "intermediate_expanded"), ("experts", "embd", "expert_hidden"),
-)
-
-
 def _validate_mesh(cfg: GPTConfig) -> None:
+    """The layout's rules name mesh dimensions of mesh_shape, each tensor dimension once. (Whether the tensor
+    dimensions exist, divide evenly and may share a mesh dimension is models/layout.py's check.)"""
     mesh = dict(cfg.mesh_dims)
-    rules = cfg.layout_rules
-    sizes = tensor_dim_sizes(cfg)
     seen = set()
-    for tensor_dim, mesh_dim in rules:
+    for tensor_dim, mesh_dim in cfg.layout_rules:
         if mesh_dim not in mesh:
             raise ConfigError(f"layout splits {tensor_dim!r} over mesh dimension {mesh_dim!r}, which mesh_shape "
                               f"{cfg.mesh_shape!r} does not have")
         if tensor_dim in seen:
             raise ConfigError(f"layout splits {tensor_dim!r} twice: a tensor dimension maps to one mesh dimension")
         seen.add(tensor_dim)
-        if tensor_dim not in sizes:
-            raise ConfigError(f"layout names {tensor_dim!r}, which is not a dimension of this model: choose from "
-                              f"{', '.join(sizes)}{closest(tensor_dim, sizes)}")
-        if sizes[tensor_dim] % mesh[mesh_dim]:
-            raise ConfigError(f"layout splits {tensor_dim!r} (size {sizes[tensor_dim]}) over {mesh_dim!r} "
-                              f"(size {mesh[mesh_dim]}), which does not divide it evenly")
-    mapping = dict(rules)
-    for group in CO_OCCURRING_DIMS:
-        split = [(d, mapping[d]) for d in group if d in mapping]
-        for i, (dim_a, mesh_a) in enumerate(split):
-            for dim_b, mesh_b in split[i + 1:]:
-                if mesh_a == mesh_b:
-                    raise ConfigError(f"layout maps {dim_a!r} and {dim_b!r} to the same mesh dimension {mesh_a!r}, "
-                                      f"but one tensor has both: split one of them over another mesh dimension")
-
-
-def local_attention_block_length(n_ctx: int, radius: int) -> int:
-    """The block length local attention cuts the sequence into (mesh-tensorflow's local_attention_1d rule):
-    the largest divisor of n_ctx not above max(radius, 128)."""
-    block_length = max(radius, 128)
-    while n_ctx % block_length:
-        block_length -= 1
-    return block_length
-
-
-def local_attention_blocks(n_ctx: int, radius: int) -> int:
-    """How many blocks local attention cuts the sequence into: the blocks keep the name 'sequence', so a
-    layout that splits 'sequence' splits them."""
-    return n_ctx // local_attention_block_length(n_ctx, radius)
 
 
 def dimension_is_split(cfg: GPTConfig, name: str) -> bool:

@@ -2,10 +2,11 @@
 
 Adding an attention type is one function `fn(q, k, v, ctx) -> output` under one `@register(...)`, whose
 arguments are everything the rest of the code asks of the type: how many keys a query covers (model FLOPs,
-MFU, --dry_run), how incremental decoding treats it (a key/value cache window, or full recompute), and its
-own config checks. The config accepts every registered name in `attention_types`. Each type has a causal
-form (language modelling: position t sees positions <= t) and a bidirectional one (`ctx.causal` false, for
-MLM). `none` is registered without a function: such layers have no attention sub-layer (PAR transformer).
+MFU, --dry_run), how incremental decoding treats it (a key/value cache window, or full recompute), its own
+config checks, and the tensor dimensions it adds and its own checks of a mesh and layout (models/layout.py).
+The config accepts every registered name in `attention_types`. Each type has a causal form (language
+modelling: position t sees positions <= t) and a bidirectional one (`ctx.causal` false, for MLM). `none` is
+registered without a function: such layers have no attention sub-layer (PAR transformer).
 
 Like GPT-Neo (and HF's GPTNeo), attention logits are NOT scaled by 1/sqrt(head_size): the query
 projection's init absorbs that factor instead. Checkpoints trained either way load into the other, so
@@ -21,9 +22,10 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import kv_cache
-from config.schema import ConfigError, GPTConfig, dimension_is_split, local_attention_blocks
+from config.schema import ConfigError, GPTConfig, closest, dimension_is_split
 from models.embeddings import rotary
 from models.kernels import attention as attention_kernels
+from models.kernels.attention import local_attention_blocks
 from models.kernels.matmul import matmul
 from models.layers import dropout, variable
 
@@ -32,6 +34,24 @@ FULL_RECOMPUTE = "full recompute"  # decode_window of a type without an incremen
 
 def _no_checks(cfg: GPTConfig) -> None:
     pass
+
+
+def _no_dims(cfg: GPTConfig) -> dict[str, int]:
+    return {}
+
+
+def self_attention_dims(cfg: GPTConfig) -> dict[str, int]:
+    """The dimensions every attention sub-layer has (`self_attention`'s projections, the keys and values an
+    attention function and the kv cache see) that a layout may split."""
+    return {"heads": cfg.n_head, "features_per_head": cfg.head_size, "memory_length": cfg.n_ctx}
+
+
+# Groups of self-attention's dimensions that appear together in one tensor: a layout may not split two of a
+# group over the same mesh dimension (models/layout.py).
+SELF_ATTENTION_CO_OCCURRING_DIMS = (
+    ("embd", "heads"), ("batch", "sequence", "heads", "features_per_head"),
+    ("batch", "heads", "sequence", "memory_length"),
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +65,11 @@ class AttentionType:
     # FULL_RECOMPUTE: sampling runs the whole context again for every new token (models/sampling.py)
     decode_window: Callable[[GPTConfig], Any] = lambda cfg: FULL_RECOMPUTE
     check: Callable[[GPTConfig], None] = _no_checks  # raises ConfigError for configs the type cannot run
+    # (cfg) -> {dimension: size} the type adds to self_attention_dims (or resizes) that a layout may split
+    layout_dims: Callable[[GPTConfig], dict] = _no_dims
+    co_occurring_dims: tuple = ()  # groups of dimensions together in one of the type's tensors
+    # raises ConfigError for a mesh_shape and layout the type cannot run on (models/layout.py calls it)
+    check_layout: Callable[[GPTConfig], None] = _no_checks
 
     @property
     def has_attention(self) -> bool:
@@ -56,13 +81,34 @@ ATTENTION: dict[str, AttentionType] = {}
 
 def register(name: str, keys_per_query: Callable[[GPTConfig], float],
              decode_window: Optional[Callable[[GPTConfig], Any]] = None,
-             check: Optional[Callable[[GPTConfig], None]] = None):
+             check: Optional[Callable[[GPTConfig], None]] = None,
+             layout_dims: Optional[Callable[[GPTConfig], dict]] = None, co_occurring_dims: tuple = (),
+             check_layout: Optional[Callable[[GPTConfig], None]] = None):
     """Registers the decorated `fn(q, k, v, ctx)` as attention type `name` (see AttentionType)."""
     def add(fn):
         ATTENTION[name] = AttentionType(name, fn, keys_per_query, decode_window or (lambda cfg: FULL_RECOMPUTE),
-                                        check or _no_checks)
+                                        check or _no_checks, layout_dims or _no_dims, tuple(co_occurring_dims),
+                                        check_layout or _no_checks)
         return fn
     return add
+
+
+def check_attention_types(cfg: GPTConfig) -> None:
+    """Every name in attention_types is registered, some layer attends, and each type's own checks pass."""
+    for kind in dict.fromkeys(cfg.attention_types):
+        if kind not in ATTENTION:
+            raise ConfigError(f"attention type {kind!r} is not known: choose from {', '.join(ATTENTION)}"
+                              f"{closest(kind, ATTENTION)}")
+    if not any(ATTENTION[kind].has_attention for kind in cfg.attention_types):
+        used = " or ".join(map(repr, dict.fromkeys(cfg.attention_types)))
+        attending = [name for name, kind in ATTENTION.items() if kind.has_attention]
+        raise ConfigError(f"attention_types are all {used}, so no position sees another: make at least one layer "
+                          f"{', '.join(attending[:-1])} or {attending[-1]}")
+    if cfg.num_mem_kv and "global" not in cfg.attention_types:
+        raise ConfigError("num_mem_kv adds memory key/values to global attention layers, and this model has "
+                          "none: add a global layer or set num_mem_kv to 0")
+    for kind in dict.fromkeys(cfg.attention_types):
+        ATTENTION[kind].check(cfg)
 
 
 def _global_keys(cfg: GPTConfig) -> float:
@@ -108,7 +154,8 @@ def _mtf_attention_kwargs(ctx: AttentionContext) -> dict:
 
 @register("global", keys_per_query=_global_keys,
           # memory key/values are not in the cache: such models decode by full recompute
-          decode_window=lambda cfg: FULL_RECOMPUTE if cfg.num_mem_kv else None)
+          decode_window=lambda cfg: FULL_RECOMPUTE if cfg.num_mem_kv else None,
+          layout_dims=lambda cfg: {"memory_length": cfg.n_ctx + cfg.num_mem_kv})  # the memory slots come first
 def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     """Full attention: position t sees positions 0..t (causal) or all of them. With num_mem_kv, learned
     memory key/values (all-attention, Sukhbaatar et al. 2019) come first and every query sees them."""
@@ -151,7 +198,7 @@ def _with_memory_key_values(k: mtf.Tensor, v: mtf.Tensor, ctx: AttentionContext)
 
 
 @register("local", keys_per_query=_local_keys, decode_window=lambda cfg: cfg.local_attention_radius,
-          check=_check_local)
+          check_layout=_check_local)
 def local_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     """Sliding-window attention, mesh-tensorflow's blocked implementation (cost linear in sequence length).
     Causal: position t sees t - radius + 1 .. t. Bidirectional: t - radius + 1 .. t + radius."""

@@ -14,7 +14,47 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow.transformer import moe as mtf_moe
 
 from models.activations import activation_for
-from config.schema import GPTConfig
+from config.schema import ConfigError, GPTConfig, closest
+
+# mesh-tensorflow MoE1D's default expert count (tests/test_config.py checks it against mesh-tensorflow).
+MOE_DEFAULT_EXPERTS = 16
+
+# Groups of the MoE layers' dimensions that appear together in one tensor (models/layout.py).
+MOE_CO_OCCURRING_DIMS = (("experts", "embd", "expert_hidden"),)
+
+
+def moe_num_experts(cfg: GPTConfig) -> int:
+    return dict(cfg.moe_params).get("moe_num_experts", MOE_DEFAULT_EXPERTS)
+
+
+def moe_hidden_size(cfg: GPTConfig) -> int:
+    """The experts' hidden width: 4 * n_embd like a dense MLP (mesh-tensorflow's 4096 is a large model's)."""
+    return dict(cfg.moe_params).get("moe_hidden_size", 4 * cfg.n_embd)
+
+
+def moe_group_size(cfg: GPTConfig) -> int:
+    """Routing groups are whole sequences (or equal parts of one, at most 1024 tokens), so they, the expert
+    capacity and the result do not depend on how a layout or micro-batching splits the batch."""
+    return dict(cfg.moe_params).get("moe_group_size", min(cfg.n_ctx, 1024))
+
+
+def moe_layout_dims(cfg: GPTConfig) -> dict[str, int]:
+    """The dimensions MoE layers add that a layout may split (none without moe_layers)."""
+    return {"experts": moe_num_experts(cfg), "expert_hidden": moe_hidden_size(cfg)} if cfg.moe_layers else {}
+
+
+def check_moe_params(cfg: GPTConfig) -> None:
+    """moe_params names mesh-tensorflow MoE hyperparameters, and the sizes among them are positive."""
+    if not cfg.moe_params:
+        return
+    known = default_moe_params(cfg)  # mesh-tensorflow's MoE defines which keys exist
+    for key, value in cfg.moe_params:
+        if key not in known:
+            raise ConfigError(f"moe_params key {key!r} is not a mesh-tensorflow MoE hyperparameter"
+                              f"{closest(key, known)}")
+        if key in ("moe_num_experts", "moe_hidden_size", "moe_group_size") and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"moe_params {key} must be a positive whole number, got {value!r}")
 
 
 def default_moe_params(cfg: GPTConfig) -> dict:
@@ -30,8 +70,8 @@ def default_moe_params(cfg: GPTConfig) -> dict:
       random module at graph build, so no two runs or layouts would route alike.
     """
     params = dict(vars(mtf_moe.MoE1D()._hparams))  # noqa: SLF001  (see the docstring)
-    params.update(moe_num_experts=cfg.moe_num_experts, moe_hidden_size=cfg.moe_hidden_size,
-                  moe_group_size=cfg.moe_group_size,  # the schema's (config/schema.py), so the layout checks agree
+    params.update(moe_num_experts=moe_num_experts(cfg), moe_hidden_size=moe_hidden_size(cfg),
+                  moe_group_size=moe_group_size(cfg),  # the functions above, so the layout checks agree
                   moe_second_policy_train="threshold", moe_second_policy_eval="threshold")
     return params
 

@@ -7,7 +7,7 @@ and optimizer updates), so planning needs none of the config's hardware.
 
 Three changes to the stock optimizer, none of which changes its answer on a graph it handles:
 
-* Only dimensions a config may name in `layout` (config/schema.py `tensor_dim_sizes`) are offered to the
+* Only dimensions a config may name in `layout` (models/layout.py `tensor_dim_sizes`) are offered to the
   solver, so every layout it returns loads and validates. (Left alone it also splits internal dimensions of
   local attention, which a config cannot express.)
 * The memory constraints are aggregated. Stock auto_mtf adds one constraint per scheduled operation, each a
@@ -35,7 +35,8 @@ from mesh_tensorflow.auto_mtf import graph_interface as graph_interface_lib
 from ortools.sat.python import cp_model
 
 from plan import model_graph
-from config.schema import ConfigError, GPTConfig, parse_mesh_shape, tensor_dim_sizes
+from config.schema import ConfigError, GPTConfig, parse_mesh_shape
+from models.layout import tensor_dim_sizes, with_layout
 
 MESH_DIM_NAMES = ("x", "y", "z", "w")
 
@@ -293,7 +294,7 @@ class _Planner:
 def _check(cfg: GPTConfig, mesh_shape: str, layout: str) -> GPTConfig:
     """The config with the planned mesh and layout, validated as any config is."""
     try:
-        return cfg.replace(mesh_shape=mesh_shape, layout=layout)
+        return with_layout(cfg, mesh_shape, layout)
     except ConfigError as e:  # would be a planner bug: the solver is restricted to valid layouts
         raise ConfigError(f"planned layout {layout!r} on mesh {mesh_shape!r} does not validate: {e}")
 

@@ -32,6 +32,7 @@ from typing import Optional
 import mesh_tensorflow as mtf
 
 from models import flops
+from models.layout import with_layout
 from plan import model_graph
 from config.schema import ConfigError, GPTConfig, batch_split, num_microbatches
 
@@ -237,7 +238,7 @@ def candidate_layouts(cfg: GPTConfig, n_devices: int, max_model_parallel: Option
 
     def add(mesh_shape, layout, family):
         try:
-            found.append((cfg.replace(mesh_shape=mesh_shape, layout=layout), family))
+            found.append((with_layout(cfg, mesh_shape, layout), family))
         except ConfigError:
             return
 

@@ -1,5 +1,6 @@
 """An attention type is one registry entry: registered in one place, a toy type is accepted by the config,
 trains, decodes with the kv cache (the same tokens as full recompute) and is counted in the model FLOPs."""
+import re
 import tempfile
 
 import mesh_tensorflow as mtf
@@ -10,6 +11,7 @@ import tensorflow.compat.v1 as tf
 from config.schema import ConfigError
 from models import flops
 from models.attention import ATTENTION, register
+from models.layout import tensor_dim_sizes, with_layout
 from models.sampling import incremental_unsupported
 from test_sampling import new_tokens, prompts, sample
 from tiny import random_tokens, tiny_config, train
@@ -74,3 +76,34 @@ def test_an_attention_types_own_checks_run_when_the_config_is_read(toy):
 def test_an_unknown_attention_type_is_an_error_not_zero_flops():
     with pytest.raises(ConfigError, match="attention type 'toy' is not known"):
         tiny_config(attention_types=[[["toy"], 2]])
+
+
+def check_toy_layout(cfg):
+    if dict(cfg.layout_rules).get("sequence"):
+        raise ConfigError("toy_blocks attention cannot split 'sequence'")
+
+
+@pytest.fixture
+def toy_blocks():
+    """A toy type whose tensors add a dimension 'toy_block' (size 6) that sits with 'heads' in one tensor."""
+    register("toy_blocks", keys_per_query=lambda cfg: float(WINDOW), layout_dims=lambda cfg: {"toy_block": 6},
+             co_occurring_dims=(("toy_block", "heads"),), check_layout=check_toy_layout)(toy_attention)
+    yield ATTENTION["toy_blocks"]
+    del ATTENTION["toy_blocks"]
+
+
+def test_an_attention_types_dimensions_and_layout_checks_come_from_its_entry(toy_blocks):
+    toy = dict(attention_types=[[["toy_blocks", "global"], 1]])
+    cfg = tiny_config(mesh_shape="x:2", layout="toy_block:x", **toy)
+    assert tensor_dim_sizes(cfg)["toy_block"] == 6 and "toy_block" not in tensor_dim_sizes(tiny_config())
+    for types, mesh_shape, layout, message in [
+            ({}, "x:2", "toy_block:x", "not a dimension of this model"),  # without the type, not a dimension
+            (toy, "x:4", "toy_block:x", "(size 6) over 'x' (size 4)"),
+            (toy, "x:2", "toy_block:x,heads:x", "'toy_block' and 'heads' to the same"),
+            (toy, "x:2", "sequence:x", "toy_blocks attention cannot split")]:
+        with pytest.raises(ConfigError) as info:
+            tiny_config(mesh_shape=mesh_shape, layout=layout, **types)
+        assert message in str(info.value) and "\n" not in str(info.value)
+        # A config moved to another mesh and layout in code (--auto_layout, --dry_run) is checked the same way.
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            with_layout(tiny_config(**types), mesh_shape, layout)

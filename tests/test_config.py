@@ -7,8 +7,9 @@ import pytest
 
 from runtime import devices
 from cli.config_loading import config_from_dict, load_config
-from config.schema import (CONFIG_DIR, MOE_DEFAULT_EXPERTS, ConfigError, expand_attention_types, num_microbatches,
-                           tensor_dim_sizes)
+from config.schema import CONFIG_DIR, ConfigError, expand_attention_types, num_microbatches
+from models.layout import tensor_dim_sizes
+from models.moe import MOE_DEFAULT_EXPERTS
 
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, attention_types=[[["global", "local"], 1]])
 

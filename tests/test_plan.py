@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 import main
 from conftest import CPU_DEVICES
 from models import flops
+from models.layout import with_layout
 from plan import model_graph
 from plan import dry_run as plan
 from cli.config_loading import load_config
@@ -135,7 +136,7 @@ def test_smallest_mesh_that_fits():
     assert fit.n_devices == 1 and fit.mesh_shape == "all:1"
     fit = plan.smallest_fit(cfg, facts, 0.6 * one, recompute=False)
     assert fit is not None and fit.n_devices > 1 and fit.memory.total <= 0.6 * one
-    chosen = cfg.replace(mesh_shape=fit.mesh_shape, layout=fit.layout)
+    chosen = with_layout(cfg, fit.mesh_shape, fit.layout)
     assert chosen.n_devices == fit.n_devices
     assert plan.memory(facts, chosen, False).total == fit.memory.total
     # Nothing on half as many devices fits.
@@ -181,7 +182,7 @@ def test_dry_run_cli(capsys):
     assert "does NOT fit" in out  # a 1.3B model with Adam is more than one 16 GB device holds
     fit = re.search(r"smallest mesh that fits, recompute_grad on: (\d+) devices, --mesh_shape (\S+) --layout (\S+)", out)
     assert fit, out
-    fitted = cfg.replace(mesh_shape=fit.group(2), layout=fit.group(3))
+    fitted = with_layout(cfg, fit.group(2), fit.group(3))
     assert fitted.n_devices == int(fit.group(1)) > 1
     assert plan.memory(plan.collect(cfg), fitted, recompute=True).total <= 16e9
     assert "| loss" not in out and not os.path.exists(os.path.join(cfg.model_path, "checkpoint"))  # nothing trained

@@ -9,8 +9,22 @@ from __future__ import annotations
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import local_attention_block_length
 from models.kernels.common import compiled, f32
+
+
+def local_attention_block_length(n_ctx: int, radius: int) -> int:
+    """The block length local attention cuts the sequence into (mesh-tensorflow's local_attention_1d rule):
+    the largest divisor of n_ctx not above max(radius, 128)."""
+    block_length = max(radius, 128)
+    while n_ctx % block_length:
+        block_length -= 1
+    return block_length
+
+
+def local_attention_blocks(n_ctx: int, radius: int) -> int:
+    """How many blocks local attention cuts the sequence into: the blocks keep the name 'sequence', so a
+    layout that splits 'sequence' splits them."""
+    return n_ctx // local_attention_block_length(n_ctx, radius)
 
 
 @tf.function(jit_compile=True)
@@ -69,7 +83,7 @@ def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout
 def local_attention_1d(q, k, v, length_dim, key_dim, value_dim, radius: int, fully_autoregressive: bool = True,
                        attention_kwargs=None) -> mtf.Tensor:
     """mesh-tensorflow's `local_attention_1d` (one split of the length, no sequence ids or priorities): blocks
-    of queries (config.schema.local_attention_block_length: the largest divisor of the length not above
+    of queries (local_attention_block_length above: the largest divisor of the length not above
     max(radius, 128)) attend to their block and the `radius` positions before it (and after it when not fully
     autoregressive), through `attention` above. Same blocks, halo exchange and visibility mask."""
     block_length = local_attention_block_length(length_dim.size, radius)
