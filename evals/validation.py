@@ -20,6 +20,7 @@ from runtime import checkpoints, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import open_session
 from runtime.summaries import summary_writer, write_scalars
+from train.optimizer import slot_patterns
 
 
 def evaluation_loss(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
@@ -45,7 +46,7 @@ def evaluate(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data
         inputs, labels = iterator.get_next()
         mesh, impl = meshes.placement_mesh(cfg, placement)
         lowered = evaluation_loss(cfg, mesh, impl, inputs, labels)
-    with open_session(placement, graph, lowered.lowering, checkpoint) as session:
+    with open_session(placement, graph, lowered.lowering, checkpoint, slot_patterns()) as session:
         session.run(iterator.initializer)
         losses = [session.run(lowered.outputs["loss"]) for _ in range(steps)]
     return float(np.mean(losses)), checkpoints.step_of(checkpoint)
@@ -77,7 +78,7 @@ def _evaluate_on_tpu(cfg: GPTConfig, placement: Placement, batches: Callable, st
     graph = tf.Graph()
     with graph.as_default():
         program = TpuEvaluation(cfg, placement, batches, steps)
-    with open_session(placement, graph, program.lowered.lowering, checkpoint) as session:
+    with open_session(placement, graph, program.lowered.lowering, checkpoint, slot_patterns()) as session:
         session.run(program.iterator.initializer)
         losses = [values["loss"] for values in program.loop.run(session, steps)]
     return float(np.mean(losses)), checkpoints.step_of(checkpoint)

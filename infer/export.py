@@ -33,6 +33,7 @@ from runtime.devices import Placement
 from runtime.mesh_session import MeshSession
 from models import gpt
 from config.schema import ConfigError, GPTConfig
+from train.optimizer import slot_patterns
 
 
 def _config_json(cfg: GPTConfig) -> dict:
@@ -86,7 +87,8 @@ def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_s
             method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
     # The session compares the checkpoint with this graph (a checkpoint of another model is an error) before the
     # builder makes export_dir; a write that fails removes the half-written export.
-    with MeshSession(graph, lowering, "", tf.ConfigProto(), checkpoint, finalize=False) as session:
+    with MeshSession(graph, lowering, "", tf.ConfigProto(), checkpoint, finalize=False,
+                     slot_patterns=slot_patterns()) as session:
         try:
             with graph.as_default():  # every model variable must be in the checkpoint (restored, not initialised)
                 builder = tf.saved_model.Builder(export_dir)

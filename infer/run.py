@@ -13,6 +13,7 @@ from infer import outputs
 from runtime import checkpoints, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import open_session, padded_batch
+from train.optimizer import slot_patterns
 
 
 def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
@@ -36,7 +37,7 @@ def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
     if progress and len(batches) > 1:
         batches = tqdm(batches, unit="batch", desc="predict", dynamic_ncols=True)
     results = []
-    with open_session(placement, graph, lowered.lowering, checkpoint) as session:
+    with open_session(placement, graph, lowered.lowering, checkpoint, slot_patterns()) as session:
         for first in batches:
             batch = {feeds[name]: padded_batch(value[first:first + batch_size], batch_size) for name, value in rows.items()}
             out = session.run(lowered.outputs, feed_dict=batch)
@@ -72,7 +73,7 @@ def _predict_on_tpu(cfg: GPTConfig, placement: Placement, rows: dict, batch_size
     with graph.as_default():
         program = TpuPrediction(cfg, placement, rows, batch_size, options)
     results = []
-    with open_session(placement, graph, program.lowered.lowering, checkpoint) as session:
+    with open_session(placement, graph, program.lowered.lowering, checkpoint, slot_patterns()) as session:
         for first in range(0, count, batch_size):
             feed = {placeholder: padded_batch(rows[name][first:first + batch_size], batch_size)
                     for placeholder, name in zip(program.feeds, program.names)}

@@ -26,7 +26,7 @@ import os
 import re
 import sys
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 import tensorflow.compat.v1 as tf
 
@@ -151,17 +151,39 @@ def restorable(model_path: str, say=warn) -> Optional[str]:
     return None
 
 
-def check_fits(checkpoint: str, variables: dict, optional=()) -> None:
+def slot_of(name: str, names, slot_patterns: Mapping[str, str]) -> Optional[str]:
+    """The optimizer (a key of `slot_patterns`: opt_name -> the pattern of its slot names, train/optimizer.py's)
+    whose slot `name` is, its variable being one of `names`; None for a variable of the model."""
+    for opt_name, pattern in slot_patterns.items():
+        match = re.fullmatch(pattern, name)
+        if match and match.group("variable") in names:
+            return opt_name
+    return None
+
+
+def check_fits(checkpoint: str, variables: dict, optional=(), slot_patterns: Mapping[str, str] = {}) -> None:
     """A CheckpointError unless the checkpoint holds every variable of the graph (`variables`: name -> shape;
-    `optional` ones may be absent) with the same shape, and no model variable the graph lacks (optimizer slots,
-    `NAME/slot` and Adafactor's `NAME_slot_v`, and scopes the graph has no variable in, such as global_step in a sampling graph, are not
-    compared). Run before the checkpoint is restored and before anything is written."""
+    `optional` ones may be absent) with the same shape, and no model variable the graph lacks. Optimizer slots
+    (the names `slot_patterns` match: opt_name -> pattern, from the job) in the checkpoint are not model
+    variables, and neither are scopes the graph has no variable in, such as global_step in a sampling graph; a
+    training graph's slots of one optimizer against a checkpoint with another's is its own error. Run before the
+    checkpoint is restored and before anything is written."""
     folder, base = os.path.split(checkpoint)
     try:
         stored = dict(tf.train.list_variables(checkpoint))
     except (tf.errors.OpError, ValueError) as e:
         raise CheckpointError(f"{base} in {folder} cannot be read ({reason(e)}): put back a good copy of its files, "
                               f"or delete them to use the previous checkpoint") from e
+    stored_slots = {name: slot_of(name, stored, slot_patterns) for name in stored}
+    stored_slots = {name: opt for name, opt in stored_slots.items() if opt}
+    trains_with = {slot_of(name, variables, slot_patterns) for name in variables} - {None}
+    trained_with = set(stored_slots.values())
+    if trains_with and trained_with and not trains_with & trained_with:
+        example = min(stored_slots)
+        held, wanted = " and ".join(sorted(trained_with)), " and ".join(sorted(trains_with))
+        raise CheckpointError(f"{base} in {folder} holds the optimizer state of {held} (e.g. {example}), but this "
+                              f"config trains with opt_name {wanted}: set opt_name to {sorted(trained_with)[0]} to go "
+                              f"on training it, or use another model_path (--new deletes this one and starts over)")
     differences = []
     for name in sorted(variables):
         shape = list(variables[name])
@@ -172,11 +194,7 @@ def check_fits(checkpoint: str, variables: dict, optional=()) -> None:
             differences.append(f"{name} {list(variables[name])} is in this config but not in the checkpoint")
     scopes = {name.split("/")[0] for name in variables}
     for name in sorted(stored):
-        parts = name.split("/")
-        owned = any("/".join(parts[:i]) in stored for i in range(1, len(parts)))  # a slot: NAME/adam_m
-        adafactor_slot = re.fullmatch(r"(.+)_slot_(v|vr|vc|m)", name)  # Adafactor's: NAME_slot_vr
-        owned = owned or bool(adafactor_slot and adafactor_slot.group(1) in stored)
-        if name not in variables and name.split("/")[0] in scopes and not owned:
+        if name not in variables and name.split("/")[0] in scopes and name not in stored_slots:
             differences.append(f"{name} {list(stored[name])} is in the checkpoint but not in this config")
     if differences:
         more = f" (and {len(differences) - 2} more)" if len(differences) > 2 else ""

@@ -7,7 +7,7 @@ export, tools/hf.py's import), on CPUs and GPUs or on a TPU.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 import mesh_tensorflow as mtf
 import numpy as np
@@ -26,17 +26,19 @@ class MeshSession:
     (or initialised from their seeds) and copied to the mesh's slices. `save` copies them back and writes a
     checkpoint of every global variable (weights, optimizer slots, global step) into model_path. The checkpoint's
     variables and shapes are compared with the graph's first (checkpoints.check_fits): a checkpoint of another
-    model is one CheckpointError, before anything is restored or written."""
+    model is one CheckpointError, before anything is restored or written. `slot_patterns` (opt_name -> the
+    pattern of its slot names, train/optimizer.slot_patterns()) tells optimizer state in the checkpoint apart from
+    model variables."""
 
     def __init__(self, graph: tf.Graph, lowering: mtf.Lowering, target: str, config: tf.ConfigProto,
-                 checkpoint: Optional[str], finalize: bool = True):
+                 checkpoint: Optional[str], finalize: bool = True, slot_patterns: Mapping[str, str] = {}):
         with graph.as_default():
             self.saver = tf.train.Saver(tf.global_variables(), sharded=True, max_to_keep=None,
                                         save_relative_paths=True)
             initialize = tf.group(tf.global_variables_initializer(), tf.local_variables_initializer())
             if checkpoint:  # before anything is restored or written: every job's graph against its checkpoint
                 checkpoints.check_fits(checkpoint, {v.op.name: v.shape.as_list() for v in tf.global_variables()},
-                                       {v.op.name for v in tf.get_collection(RESTORE_OPTIONAL)})
+                                       {v.op.name for v in tf.get_collection(RESTORE_OPTIONAL)}, slot_patterns)
             stored = {name for name, _ in tf.train.list_variables(checkpoint)} if checkpoint else set()
             fresh = [v for v in tf.get_collection(RESTORE_OPTIONAL) if checkpoint and v.op.name not in stored]
             restorer = self.saver
@@ -101,6 +103,7 @@ def session_config(placement: Placement) -> tf.ConfigProto:
 
 
 def open_session(placement: Placement, graph: tf.Graph, lowering: mtf.Lowering,
-                 checkpoint: Optional[str]) -> MeshSession:
+                 checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {}) -> MeshSession:
     """A MeshSession on the placement's master (in-process when empty) with its session config."""
-    return MeshSession(graph, lowering, placement.master or "", session_config(placement), checkpoint)
+    return MeshSession(graph, lowering, placement.master or "", session_config(placement), checkpoint,
+                       slot_patterns=slot_patterns)

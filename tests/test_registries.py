@@ -7,7 +7,10 @@ import tensorflow.compat.v1 as tf
 from cli.config_loading import config_from_dict
 from config.schema import ConfigError
 from data import inputs
-from tiny import tiny_config
+from models import gpt
+from runtime import checkpoints
+from runtime.checkpoints import CheckpointError
+from tiny import random_tokens, tiny_config, train
 from train import optimizer
 
 
@@ -21,7 +24,7 @@ def test_an_unknown_optimizer_decay_or_sampling_mode_lists_the_registered_ones()
 
 
 def test_a_registered_optimizer_decay_and_sampling_mode_are_accepted_and_used(monkeypatch):
-    monkeypatch.setitem(optimizer.OPTIMIZERS, "sgd", lambda cfg, lr: ("sgd", cfg.lr))
+    monkeypatch.setitem(optimizer.OPTIMIZERS, "sgd", optimizer.Optimizer(lambda cfg, lr: ("sgd", cfg.lr)))
     monkeypatch.setitem(optimizer.LR_DECAYS, "constant", lambda progress: 1.0 + 0.0 * progress)
     cfg = tiny_config(opt_name="sgd", lr_decay="constant", lr=0.5, warmup_steps=0)
     assert optimizer.make_optimizer(cfg, None) == ("sgd", 0.5)
@@ -32,3 +35,20 @@ def test_a_registered_optimizer_decay_and_sampling_mode_are_accepted_and_used(mo
     cfg = config_from_dict(dict(n_layer=1, n_embd=8, n_head=1, n_vocab=50257,
                                 datasets=[["stdlib", 2, "documents_every", 1.0]]))
     assert cfg.datasets[0].sampling_mode == "documents_every"
+
+
+def test_a_checkpoint_of_one_optimizer_opened_for_another_is_one_line_from_the_slot_patterns(tmp_path):
+    adam = tiny_config(model_path=str(tmp_path), train_steps=1, steps_per_checkpoint=1)
+    train(adam, random_tokens([adam.train_batch_size, adam.n_ctx + 1]))
+    checkpoint = checkpoints.latest(str(tmp_path))
+    # Sampling and evaluation graphs hold no slots: Adam's in the checkpoint are known by its entry's pattern.
+    checkpoints.check_fits(checkpoint, gpt.variable_shapes(adam), slot_patterns=optimizer.slot_patterns())
+    with pytest.raises(CheckpointError, match=r"gpt2/\S+/adam_[mv] \[.*\] is in the checkpoint but not in this"):
+        checkpoints.check_fits(checkpoint, gpt.variable_shapes(adam))  # without the patterns: unknown variables
+    adafactor = adam.replace(opt_name="adafactor", beta1=0.0, train_steps=2)
+    with pytest.raises(CheckpointError) as info:
+        train(adafactor, random_tokens([adam.train_batch_size, adam.n_ctx + 1]))
+    message = str(info.value)
+    assert "holds the optimizer state of adam" in message and "trains with opt_name adafactor" in message
+    assert "set opt_name to adam" in message and "\n" not in message
+    assert checkpoints.latest(str(tmp_path)) == checkpoint  # nothing was written

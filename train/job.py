@@ -17,6 +17,7 @@ from runtime.devices import Placement
 from runtime.mesh_session import session_config
 from runtime.peaks import Peak, device_peak
 from train import loop
+from train.optimizer import slot_patterns
 from runtime.summaries import summary_writer
 from train.progress import TrainingLog
 
@@ -53,7 +54,7 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
     if start >= cfg.train_steps:
         # A checkpoint of another model is refused here as it is when there are steps left (loop.train)
         if restored:
-            checkpoints.check_fits(restored, gpt.variable_shapes(cfg))
+            checkpoints.check_fits(restored, gpt.variable_shapes(cfg), slot_patterns=slot_patterns())
         print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
               f"(raise train_steps or pass --new)")
         return start

@@ -24,6 +24,7 @@ from config.schema import GPTConfig
 from runtime import checkpoints, gpus, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import MeshSession, open_session
+from train.optimizer import slot_patterns
 from train.progress import TrainingLog
 from train.step import training_step
 
@@ -141,7 +142,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
             program = TpuTraining(cfg, placement, batches, step)
         else:
             program = _PlacementTraining(cfg, placement, batches(step), extra_fetches)
-    with open_session(placement, graph, program.lowered.lowering, checkpoint) as session, \
+    with open_session(placement, graph, program.lowered.lowering, checkpoint, slot_patterns()) as session, \
             _StopOnInterrupt() as stop:
         # The checkpoint fits the config (open_session compared them): from here on model_path is written.
         checkpoints.remove_leftovers(cfg.model_path)

@@ -1,8 +1,13 @@
 """Learning-rate schedule, gradient clipping and the optimizer, as mesh-tensorflow operations.
 
 The config's `opt_name` and `lr_decay` name entries of OPTIMIZERS and LR_DECAYS: a new optimizer or decay is
-one entry there, and the config accepts every registered name (cli/config_loading.py checks them)."""
+one entry there, and the config accepts every registered name (cli/config_loading.py checks them). An
+optimizer's entry also says how its slots are named in a checkpoint (`slot_patterns()`, which the jobs pass to
+runtime/checkpoints.check_fits)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
@@ -89,24 +94,42 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
 
 
 def _adam(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
-    # Slots are named `<var>/adam_m|adam_v`, which HF's GPT-Neo loader knows to skip.
+    # Slots are named `<var>/adam_m|adam_v` (its entry's slot_pattern), which HF's GPT-Neo loader knows to skip.
     return AdamWeightDecay(learning_rate=lr, weight_decay_rate=cfg.weight_decay, beta_1=cfg.beta1,
                            beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY)
 
 
 def _adafactor(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
     # mesh-tensorflow's: the update is relative to each weight's scale; weight_decay is Adam's only. Its slots
-    # are `<var>_slot_v|vr|vc|m` (runtime/checkpoints.check_fits knows them as slots).
+    # are `<var>_slot_v|vr|vc|m` (its entry's slot_pattern).
     return mtf.optimize.AdafactorOptimizer(learning_rate=lr, beta1=cfg.beta1, epsilon1=cfg.ada_epsilon1,
                                            epsilon2=cfg.ada_epsilon2)
 
 
-# opt_name -> (cfg, learning rate) -> the mesh-tensorflow optimizer.
-OPTIMIZERS = {"adam": _adam, "adafactor": _adafactor}
+@dataclass(frozen=True)
+class Optimizer:
+    """One registered optimizer: how it is made, and how its slot variables are named in a checkpoint."""
+    make: Callable[[GPTConfig, mtf.Tensor], mtf.optimize.Optimizer]  # (cfg, learning rate) -> the optimizer
+    # a regular expression matching a slot's whole name, whose group `variable` is its variable's; None: no slots
+    slot_pattern: Optional[str] = None
+
+
+# opt_name -> its entry.
+OPTIMIZERS = {
+    "adam": Optimizer(_adam, r"(?P<variable>.+)/adam_[mv]"),
+    "adafactor": Optimizer(_adafactor, r"(?P<variable>.+)_slot_(?:v|vr|vc|m)"),
+}
+
+
+def slot_patterns() -> dict[str, str]:
+    """opt_name -> its slot names' pattern, for every registered optimizer with slots: what a job opening a
+    checkpoint passes to runtime/checkpoints.check_fits, which tells any optimizer's state in a checkpoint apart
+    from the model's variables, and a checkpoint of one optimizer opened for training with another."""
+    return {name: entry.slot_pattern for name, entry in OPTIMIZERS.items() if entry.slot_pattern}
 
 
 def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
-    return OPTIMIZERS[cfg.opt_name](cfg, lr)
+    return OPTIMIZERS[cfg.opt_name].make(cfg, lr)
 
 
 class AssignIf(mtf.Operation):
