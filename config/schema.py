@@ -75,7 +75,7 @@ class GPTConfig:
     embed_dropout: float = 0.0
     attn_dropout: float = 0.0
     res_dropout: float = 0.0
-    precision: str = "float32"
+    precision: str = "auto"              # runtime/precision.py: bfloat16 on CPUs with bf16 matrix units, else float32
     recompute_grad: bool = False
     z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
     model: str = "GPT"
@@ -399,8 +399,8 @@ def validate(cfg: GPTConfig) -> GPTConfig:
         raise ConfigError(f"attention_types has {len(cfg.attention_types)} layers but n_layer is {cfg.n_layer}")
     if cfg.model not in ("GPT", "GPT2"):
         raise ConfigError(f"model {cfg.model!r} is not known: only 'GPT' is built")
-    if cfg.precision not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"precision must be 'float32', 'bfloat16' or 'float16', got {cfg.precision!r}")
+    if cfg.precision not in ("auto", "float32", "bfloat16", "float16"):
+        raise ConfigError(f"precision must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.precision!r}")
     if cfg.initial_loss_scale < 1 or cfg.loss_scale_window < 1:
         raise ConfigError(f"initial_loss_scale and loss_scale_window must be at least 1, got "
                           f"{cfg.initial_loss_scale} and {cfg.loss_scale_window}")

@@ -16,6 +16,7 @@ from runtime import checkpoints
 from runtime.devices import Placement
 from runtime.mesh_session import session_config
 from runtime.peaks import Peak, device_peak
+from runtime import precision
 from train import loop
 from train.optimizer import slot_patterns
 from runtime.summaries import summary_writer
@@ -58,14 +59,19 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
         print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
               f"(raise train_steps or pass --new)")
         return start
+    # "auto" becomes this device's precision (bfloat16 only on CPUs with bf16 matrix units); an explicit one stays
+    chosen = precision.for_placement(cfg.precision, placement)
+    cfg = cfg.replace(precision=chosen.precision)
     sources = dataset_sources(cfg)
     # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices
     peak = (Peak(options.peak_tflops * 1e12, "--peak_tflops") if options.peak_tflops else
             device_peak(placement, cfg.precision, session_config(placement)))
     log_every = options.log_every or max(1, min(cfg.iterations, 50))
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
-          f"({', '.join(placement.devices) or placement.tpu}), steps {start} -> {cfg.train_steps}, "
+          f"({', '.join(placement.devices) or placement.tpu}) in {cfg.precision}, steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
+    if chosen.note:
+        print(chosen.note, flush=True)
     if peak.flops:
         print(f"MFU against {peak.flops / 1e12:.3g} TFLOP/s per device ({peak.source})", flush=True)
     else:
