@@ -1,21 +1,28 @@
 """Training speed: this project against HF transformers' GPTNeoForCausalLM (PyTorch, CPU), same model, same machine.
 
-    .venv/bin/python bench/bench_train.py                     # fp32, bf16 and HF on all cores (about 4 minutes)
+    .venv/bin/python bench/bench_train.py                     # fp32 (and bf16 where the CPU has bf16 units) and HF
+    .venv/bin/python bench/bench_train.py --shape neo         # GPT-Neo's own shape: context 2048, window 256, batch 1
+    .venv/bin/python bench/bench_train.py --shape neo --warmup 1 --steps 2 --peak_seconds 1   # a quick check
     .venv/bin/python bench/bench_train.py --cpus 0            # the same on one pinned core (a shared machine)
     .venv/bin/python bench/bench_train.py --variants float32 float32+xla --repeats 2 --steps 8
     .venv/bin/python bench/bench_train.py --skip_hf --peer_python OLD/.venv/bin/python --peer_repo OLD   # vs another stack
 
-Trains the same GPT-Neo model (default: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192, batch 8,
-global/local attention alternating with a 128-token window, Adam, gradient clipping 1.0) for --warmup steps
+Trains the same GPT-Neo model (default --shape bench: 6 layers, 512 wide, 8 heads, context 256, vocabulary 8192,
+batch 8, global/local attention alternating with a 128-token window; --shape neo: GPT-Neo's context 2048, window
+256 and batch 1, where this project's local layers compute over their window only and HF's over the whole
+masked square; Adam, gradient clipping 1.0) for --warmup steps
 that are not timed, then --steps timed steps, in this project (the real training path: train/loop.py's
 train on a one-device placement mesh, saving a checkpoint at the end) and in HF's GPTNeo with
 torch.optim.AdamW. Every measurement runs in its own fresh process, one after another, so the two frameworks
 never share the cores or each other's thread pools; with --repeats N each is measured N times, interleaved, and
 the best is kept (the machine is shared: the best run is the one least disturbed).
 
-Reports tokens/s for both and their ratio, model FLOP/s (models/flops.py: 6 x parameters + attention, per
-token) and MFU against the fp32 (and bf16) matmul peak that TensorFlow reaches on this machine, measured in the
-same run. One JSON object per measurement on stdout, then a table.
+Reports the CPU (its vector and bf16 matrix units), tokens/s for both and their ratio, model FLOP/s
+(models/flops.py: 6 x parameters + attention over the keys each query really sees, per token) and MFU against
+the fp32 matmul peak that TensorFlow reaches on this machine, and the fp32 and bf16 matmul peaks of both
+frameworks (TF's and PyTorch's), measured in the same run. bf16 is measured by default only where the CPU has
+bf16 matrix units (runtime/precision.py: elsewhere training chooses fp32). One JSON object per measurement on
+stdout, then a table.
 """
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ c
     quiet_tensorflow()
 
 MARK = "BENCH_RESULT "
+# Shapes: (context, local window, batch); layers, width, heads and vocabulary come from their own flags.
+SHAPES = {"bench": dict(n_ctx=256, window=128, batch=8), "neo": dict(n_ctx=2048, window=256, batch=1)}
 VARIANTS = ["float32", "float32+xla", "bfloat16", "bfloat16+xla"]
 
 
@@ -186,16 +195,18 @@ def worker_hf(args, device: str = "cpu") -> dict:
               "last_loss": losses[-1]}
     if device == "cpu":
         result.update(torch_threads=torch.get_num_threads(),
-                      torch_fp32_matmul_flops=torch_matmul_peak(args.peak_size, args.peak_seconds))
+                      torch_fp32_matmul_flops=torch_matmul_peak(args.peak_size, args.peak_seconds),
+                      torch_bf16_matmul_flops=torch_matmul_peak(args.peak_size, args.peak_seconds, torch.bfloat16))
     return result
 
 
-def torch_matmul_peak(size: int, seconds: float) -> float:
-    """PyTorch's own fp32 square-matmul FLOP/s here (its BLAS, not TF's oneDNN), timed as long as one of TF's two
-    paths: how fast HF's matmuls could run, which differs from TF's peak by CPU vendor and BLAS build."""
+def torch_matmul_peak(size: int, seconds: float, dtype=None) -> float:
+    """PyTorch's own square-matmul FLOP/s here in `dtype` (default fp32; its BLAS or oneDNN, not TF's), timed as
+    long as one of TF's two paths: how fast HF's matmuls could run, which differs from TF's peak by CPU vendor and
+    BLAS build."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     return best_matmul_rate(lambda: a @ b, size, seconds / 2)
 
 
@@ -239,16 +250,20 @@ def main(argv=None) -> int:
     p.add_argument("--n_layer", type=int, default=6)
     p.add_argument("--n_embd", type=int, default=512)
     p.add_argument("--n_head", type=int, default=8)
-    p.add_argument("--n_ctx", type=int, default=256)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="bench",
+                   help="bench: context 256, window 128, batch 8; neo: GPT-Neo's context 2048, window 256, batch 1 "
+                        "(--n_ctx, --window, --batch override either)")
+    p.add_argument("--n_ctx", type=int, help="context (default: the shape's)")
     p.add_argument("--n_vocab", type=int, default=8192)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--window", type=int, default=128, help="local attention window (HF's window_size)")
+    p.add_argument("--batch", type=int, help="batch size (default: the shape's)")
+    p.add_argument("--window", type=int, help="local attention window, HF's window_size (default: the shape's)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (graph build, allocator warm-up)")
     p.add_argument("--steps", type=int, default=8, help="timed steps")
     p.add_argument("--repeats", type=int, default=1, help="measure each N times, interleaved; keep the best")
-    p.add_argument("--variants", nargs="+", default=["float32", "bfloat16"], choices=VARIANTS,
+    p.add_argument("--variants", nargs="+", choices=VARIANTS,
                    help="this project's set-ups to measure: precision, +xla for XLA element-wise fusion "
-                        "(runtime/xla.py, main.py --xla); HF runs fp32")
+                        "(runtime/xla.py, main.py --xla); HF runs fp32 (default: float32, and bfloat16 where the "
+                        "CPU has bf16 matrix units)")
     p.add_argument("--skip_hf", action="store_true", help="only this project")
     p.add_argument("--peak_size", type=int, default=1024)
     p.add_argument("--peak_seconds", type=float, default=3.0)
@@ -261,6 +276,9 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     p.add_argument("--xla", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for key, value in SHAPES[args.shape].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
     if args.worker:
         if args.cpus:
@@ -268,9 +286,18 @@ def main(argv=None) -> int:
         print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
         return 0
 
-    print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {load()} at start", flush=True)
     if bool(args.peer_python) != bool(args.peer_repo):
         raise SystemExit("error: --peer_python and --peer_repo go together")
+    if args.warmup < 1 or args.steps < 1:
+        raise SystemExit(f"error: --warmup and --steps must be at least 1 (got {args.warmup} and {args.steps}): the "
+                         f"clock starts at the end of the last warm-up step")
+    from runtime import precision  # the driver only: the HF worker's process stays free of TensorFlow
+    cpu_name, flags = precision.cpu_info()
+    if args.variants is None:
+        args.variants = ["float32"] + (["bfloat16"] if precision.units(flags) else [])
+    print(f"# {precision.cpu_kind(cpu_name, flags)}; precision auto trains in "
+          f"{precision.choose('auto', 'CPU', flags).precision} here", flush=True)
+    print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {load()} at start", flush=True)
     peaks, ours, hf, peer = [], {v: [] for v in args.variants}, [], {v: [] for v in args.variants}
     for _ in range(args.repeats):
         peaks.append(run_worker("peak", args))
@@ -284,7 +311,7 @@ def main(argv=None) -> int:
     fp32_peak = max(p_["fp32_matmul_flops"] for p_ in peaks)
     bf16_peak = max(p_["bf16_matmul_flops"] for p_ in peaks)
 
-    print(f"\nmodel: {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, ctx {args.n_ctx}, vocab "
+    print(f"\nshape {args.shape}: {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, ctx {args.n_ctx}, vocab "
           f"{args.n_vocab}, batch {args.batch}, global/local (window {args.window}); {args.warmup} warm-up + "
           f"{args.steps} timed steps, best of {args.repeats}")
     print(f"matmul peak (TF, {args.peak_size}^2): fp32 {fp32_peak / 1e9:.1f} GFLOP/s, bf16 {bf16_peak / 1e9:.1f} "
@@ -304,8 +331,10 @@ def main(argv=None) -> int:
         print(f"{'HF GPTNeo float32':<24}{hf_best['tokens_per_s']:>10,.0f}{hf_best['step_s']:>9.2f}"
               f"{flops / 1e9:>10.1f}{100 * flops / fp32_peak:>9.1f}%{'1.00x':>8}")
         torch_peak = max(r["torch_fp32_matmul_flops"] for r in hf)
-        print(f"matmul peak (PyTorch, {args.peak_size}^2): fp32 {torch_peak / 1e9:.1f} GFLOP/s; HF's MFU against it "
-              f"{100 * flops / torch_peak:.1f}% (TF's fp32 peak / PyTorch's: {fp32_peak / torch_peak:.2f}x)")
+        torch_bf16 = max(r.get("torch_bf16_matmul_flops", 0.0) for r in hf)
+        print(f"matmul peak (PyTorch, {args.peak_size}^2): fp32 {torch_peak / 1e9:.1f} GFLOP/s, bf16 "
+              f"{torch_bf16 / 1e9:.1f} GFLOP/s; HF's MFU against PyTorch's fp32 peak {100 * flops / torch_peak:.1f}% "
+              f"(TF's fp32 peak / PyTorch's: {fp32_peak / torch_peak:.2f}x)")
     if args.peer_python:
         print(f"peer: {args.peer_repo} under {args.peer_python}")
         for variant in args.variants:
