@@ -1,13 +1,21 @@
 """Decoding speed: this project's sampler (kv cache) against HF transformers' GPTNeoForCausalLM.generate.
 
-    .venv/bin/python bench/bench_decode.py                       # prompts of 16, 256 and 1024 tokens (~3 minutes)
+    .venv/bin/python bench/bench_decode.py                       # prompts of 16, 256 and 1024 tokens (~5 minutes)
+    .venv/bin/python bench/bench_decode.py --repeats 2 --prompt_lengths 16   # a quick check
     .venv/bin/python bench/bench_decode.py --prompt_lengths 16 1024 --new_tokens 8 40 --recompute
 
 Same model in both (default: 6 layers, 512 wide, 8 heads, vocabulary 8192, context 2048, global/local with
-GPT-Neo's 256-token window), batch 1, greedy. For each prompt length, each side generates N1 and N2 new tokens
-(best of --repeats runs each); the time per new token is (t(N2) - t(N1)) / (N2 - N1), which leaves out the
-prompt's forward pass (prefill) and the fixed costs of a call, and t(N1) is reported as the prefill-and-first-
-tokens time. Ours runs models/sampling.py's in-graph loop (infer/outputs.py's PREDICT graph, one
+GPT-Neo's 256-token window), batch 1, greedy. For each prompt length, each side generates N1 and then N2 new
+tokens, --repeats times (default 5); each repeat's time per new token is (t(N2) - t(N1)) / (N2 - N1), which
+leaves out the prompt's forward pass (prefill) and the fixed costs of a call, and the median over the repeats
+is reported (a neighbour's burst moves one repeat, not the median), with the best (min t(N2) - min t(N1)) beside
+it.
+
+Decoding at batch 1 is bound by memory reads, so the bench also measures the machine's memory bandwidth (a
+STREAM-like copy of 2 x 256 MB with NumPy, one thread per CPU, bytes read plus written; median and best of 7)
+and reports each side's bandwidth utilisation: the bytes a decoder must read per new token (every weight once,
+fp32: the blocks and the tied embedding for the logits; the key/value cache up to the position for global
+layers, the window for local ones) divided by the time per token and by the copy's bandwidth. Ours runs models/sampling.py's in-graph loop (infer/outputs.py's PREDICT graph, one
 session.run per call, the prompt length fed, so one graph serves every prompt length); it uses the kv cache
 (models/kv_cache.py) where the model allows it (`sampling.uses_cache`) and says which path it took.
 --recompute also times the full-recompute path (every new token recomputes the whole context).
@@ -79,15 +87,25 @@ def worker_ours(args, names: list | None = None) -> dict:
             feed = {tokens: row, length: [p]}
             out = session.run(fetch, feed)  # warm-up
             assert (out[0, :p] == row[0, :p]).all()
-            best = float("inf")
-            for _ in range(args.repeats):
+        for _ in range(args.repeats):  # N1 and N2 interleaved: each repeat's pair sees the same machine
+            for new, (session, fetch, tokens, length) in sessions.items():
                 start = time.perf_counter()
-                session.run(fetch, feed)
-                best = min(best, time.perf_counter() - start)
-            times[new] = best
-        n1, n2 = args.new_tokens
-        results[str(p)] = {"t_n1_s": times[n1], "t_n2_s": times[n2], "per_token_ms": 1e3 * (times[n2] - times[n1]) / (n2 - n1)}
+                session.run(fetch, {tokens: row, length: [p]})
+                times.setdefault(new, []).append(time.perf_counter() - start)
+        results[str(p)] = per_token(times, args.new_tokens)
     return {"path": path, "by_prompt": results}
+
+
+def per_token(times: dict, new_tokens) -> dict:
+    """Per-new-token ms from each repeat's t(N1) and t(N2): their median (the figure) and the best (min t(N2) -
+    min t(N1)), and the median t(N1) (prefill and the first tokens)."""
+    import statistics
+    n1, n2 = new_tokens
+    pairs = [(b - a) / (n2 - n1) for a, b in zip(times[n1], times[n2])]
+    return {"t_n1_s": statistics.median(times[n1]), "t_n2_s": statistics.median(times[n2]),
+            "per_token_ms": 1e3 * statistics.median(pairs),
+            "per_token_best_ms": 1e3 * (min(times[n2]) - min(times[n1])) / (n2 - n1),
+            "per_token_repeats_ms": [round(1e3 * x, 2) for x in pairs]}
 
 
 def worker_hf(args, device: str = "cpu") -> dict:
@@ -109,26 +127,69 @@ def worker_hf(args, device: str = "cpu") -> dict:
     for p in args.prompt_lengths:
         ids = torch.randint(1, args.n_vocab, (1, p), generator=generator).to(device)
         times = {}
-        for new in args.new_tokens:
-            kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0,
-                          attention_mask=torch.ones_like(ids))
-            with torch.no_grad():
-                out = model.generate(ids, **kwargs)  # warm-up
+
+        def kwargs(new):
+            return dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0,
+                        attention_mask=torch.ones_like(ids))
+        with torch.no_grad():
+            for new in args.new_tokens:
+                out = model.generate(ids, **kwargs(new))  # warm-up
                 assert out.shape[1] == p + new
-                best = float("inf")
-                for _ in range(args.repeats):
+            for _ in range(args.repeats):  # N1 and N2 interleaved, as ours
+                for new in args.new_tokens:
                     start = time.perf_counter()
-                    model.generate(ids, **kwargs)
+                    model.generate(ids, **kwargs(new))
                     if device != "cpu":
                         torch.cuda.synchronize()
-                    best = min(best, time.perf_counter() - start)
-            times[new] = best
-        n1, n2 = args.new_tokens
-        results[str(p)] = {"t_n1_s": times[n1], "t_n2_s": times[n2], "per_token_ms": 1e3 * (times[n2] - times[n1]) / (n2 - n1)}
+                    times.setdefault(new, []).append(time.perf_counter() - start)
+        results[str(p)] = per_token(times, args.new_tokens)
     return {"path": "HF generate, DynamicCache", "by_prompt": results, "torch_threads": torch.get_num_threads()}
 
 
-WORKERS = {"ours": worker_ours, "hf": worker_hf}
+def copy_bandwidth(megabytes: int = 256, repeats: int = 7) -> dict:
+    """Memory bandwidth of a STREAM-like copy: a `megabytes` float64 array copied into another (far beyond the
+    caches) by one thread per CPU this process may use, each a contiguous slice (NumPy releases the GIL in the
+    copy); bytes read plus written per second, the median and the best of `repeats` after one untimed copy."""
+    import statistics
+    from concurrent.futures import ThreadPoolExecutor
+    import numpy as np
+
+    n = megabytes * 2 ** 20 // 8
+    src, dst = np.ones(n), np.zeros(n)
+    threads = len(os.sched_getaffinity(0))
+    bounds = np.linspace(0, n, threads + 1).astype(int)
+    slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    rates = []
+    with ThreadPoolExecutor(threads) as pool:
+        def copy():
+            list(pool.map(lambda s: np.copyto(dst[s], src[s]), slices))
+        copy()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            copy()
+            rates.append(2 * src.nbytes / (time.perf_counter() - start))
+    return {"copy_bytes_per_s": statistics.median(rates), "copy_best_bytes_per_s": max(rates), "threads": threads,
+            "array_mb": megabytes}
+
+
+def worker_bandwidth(args) -> dict:
+    return copy_bandwidth()
+
+
+def bytes_per_token(args, position: float) -> float:
+    """Bytes a decoder must read for one new token at `position` (fp32): every weight once (the blocks, the final
+    LayerNorm and the tied embedding for the logits; one row of each embedding is negligible) and the key/value
+    cache, up to the position for global layers and the window for local ones."""
+    d = args.n_embd
+    per_layer = (4 * d * d + d) + 2 * (2 * d) + (d * 4 * d + 4 * d) + (4 * d * d + d)  # models/flops.py's count
+    weights = args.n_layer * per_layer + 2 * d + args.n_vocab * d
+    kinds = [k for pair in [["global", "local"]] * (args.n_layer // 2) for k in pair] if args.n_layer % 2 == 0 \
+        else ["global"] * args.n_layer
+    keys = sum(position + 1 if k == "global" else min(args.window, position + 1) for k in kinds)
+    return 4.0 * (weights + 2 * d * keys)
+
+
+WORKERS = {"ours": worker_ours, "hf": worker_hf, "bandwidth": worker_bandwidth}
 
 
 def run_worker(kind: str, args, recompute: bool = False, peer: bool = False) -> dict:
@@ -165,7 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt_lengths", type=int, nargs="+", default=[16, 256, 1024])
     p.add_argument("--new_tokens", type=int, nargs=2, default=[8, 40], metavar=("N1", "N2"),
                    help="two generation lengths; per-token time is the difference over N2 - N1")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="runs of each generation length; the median counts")
     p.add_argument("--recompute", action="store_true", help="also time this project's full-recompute path")
     p.add_argument("--skip_hf", action="store_true")
     p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0 or 0,1 (default: "
@@ -188,6 +249,9 @@ def main(argv=None) -> int:
     print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {[round(x, 2) for x in os.getloadavg()]} at start", flush=True)
     if bool(args.peer_python) != bool(args.peer_repo):
         raise SystemExit("error: --peer_python and --peer_repo go together")
+    if args.repeats < 1:
+        raise SystemExit(f"error: --repeats must be at least 1 (got {args.repeats})")
+    bandwidth = [run_worker("bandwidth", args)]
     runs = [run_worker("ours", args)]
     if args.peer_python:
         runs.append(run_worker("ours", args, peer=True))
@@ -195,16 +259,27 @@ def main(argv=None) -> int:
         runs.append(run_worker("ours", args, recompute=True))
     if not args.skip_hf:
         runs.append(run_worker("hf", args))
+    bandwidth.append(run_worker("bandwidth", args))  # before and after: how much the machine moved meanwhile
+    copy = max(b["copy_bytes_per_s"] for b in bandwidth)
     n1, n2 = args.new_tokens
     print(f"\nmodel: {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, ctx {args.n_ctx}, vocab "
           f"{args.n_vocab}, global/local (window {args.window}); batch 1, greedy; per-token = (t({n2}) - t({n1})) / "
-          f"{n2 - n1}, best of {args.repeats}")
+          f"{n2 - n1}, median of {args.repeats} (best in the JSON lines)")
+    print(f"memory bandwidth (NumPy copy, {bandwidth[0]['threads']} threads, read + write): median "
+          f"{copy / 1e9:.1f} GB/s, best {max(b['copy_best_bytes_per_s'] for b in bandwidth) / 1e9:.1f} GB/s "
+          f"(medians before and after: {', '.join(format(b['copy_bytes_per_s'] / 1e9, '.1f') for b in bandwidth)})")
     header = "".join(f"{'prompt ' + str(p):>22}" for p in args.prompt_lengths)
     print(f"{'':<34}{header}")
     for r in runs:
         cells = "".join(f"{r['by_prompt'][str(p)]['per_token_ms']:>9.2f} ms ({1e3 / r['by_prompt'][str(p)]['per_token_ms']:>5.0f}/s)"
                         for p in args.prompt_lengths)
         print(f"{r['measure'] + ' [' + r['path'] + ']':<34}{cells}")
+    needed = {p: bytes_per_token(args, p + (n1 + n2) / 2) for p in args.prompt_lengths}
+    print(f"{'bytes to read per token (MB)':<34}" + "".join(f"{needed[p] / 1e6:>22.1f}" for p in args.prompt_lengths))
+    for r in runs:
+        cells = "".join(f"{100 * needed[p] / (r['by_prompt'][str(p)]['per_token_ms'] / 1e3) / copy:>21.0f}%"
+                        for p in args.prompt_lengths)
+        print(f"{'bandwidth use, ' + r['measure']:<34}{cells}")
     hf = next((r for r in runs if r["measure"] == "hf"), None)
     if hf:
         ours = runs[0]

@@ -175,7 +175,7 @@ def training_table(args, peaks: dict, ours: dict, hf: dict) -> list[str]:
 
 def decoding_table(args, ours: dict, hf: dict) -> list[str]:
     n1, n2 = args.new_tokens
-    lines = [f"decoding: batch 1, greedy, ms per new token = (t({n2}) - t({n1})) / {n2 - n1}, best of {args.repeats}; "
+    lines = [f"decoding: batch 1, greedy, ms per new token = (t({n2}) - t({n1})) / {n2 - n1}, median of {args.repeats}; "
              f"context {args.decode_ctx}",
              f"{'':<30}" + "".join(f"{'prompt ' + str(p):>16}" for p in args.prompt_lengths)]
     for precision in args.precisions:

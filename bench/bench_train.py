@@ -245,7 +245,8 @@ def best(results: list[dict]) -> dict:
     return max(results, key=lambda r: r["tokens_per_s"])
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
+    """The command line, with --shape's context, window and batch filled in where not given."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n_layer", type=int, default=6)
     p.add_argument("--n_embd", type=int, default=512)
@@ -279,6 +280,11 @@ def main(argv=None) -> int:
     for key, value in SHAPES[args.shape].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
 
     if args.worker:
         if args.cpus:
