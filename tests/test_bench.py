@@ -46,3 +46,28 @@ def test_bytes_per_token_are_every_weight_once_and_the_cache_each_layer_reads():
 def test_the_copy_bandwidth_is_a_plausible_rate():
     r = bench_decode.copy_bandwidth(megabytes=8, repeats=2)
     assert 1e8 < r["copy_bytes_per_s"] <= r["copy_best_bytes_per_s"] < 1e13
+
+
+def test_the_profile_sorts_timeline_ops_into_the_breakdowns_categories():
+    import profile_train as p
+    assert p.tf_category("MatMul", "gpt2/wte_final_einsum/matmul/gradients/matmul_1/parallel_0/MatMul") == \
+        "matmul: output logits (tied embedding)"
+    assert p.tf_category("MatMul", "gpt2/h3/mlp/conv1d_main/c_fc/matmul/parallel_0/MatMul") == "matmul: projections"
+    assert p.tf_category("Einsum", "gpt2/h0/attn/attention/einsum_1/parallel_0/einsum/Einsum") == "matmul: attention"
+    assert p.tf_category("Softmax", "gpt2/h0/attn/attention/softmax/parallel_0/Softmax") == "attention: softmax, mask"
+    assert p.tf_category("Transpose", "gpt2/h0/attn/attention/transpose_2/parallel_0/transpose") == \
+        "copies (transpose, reshape, cast, concat)"
+    assert p.tf_category("StatefulPartitionedCall", "adam_11/parallel_0/StatefulPartitionedCall") == \
+        "optimizer (Adam, clipping)"
+    assert p.tf_category("PartitionedCall", "xentropy_final/xent_log_z/parallel_0/PartitionedCall") == "loss"
+    assert p.tf_category("UnsortedSegmentSum", "gpt2/token_embd/gather/gradients/gather_grad/parallel_0/X") == \
+        "embedding gradient"
+    assert p.tf_category("PartitionedCall", "gpt2/h1/mlp/gelu/gradients/gelu_grad/parallel_0/PartitionedCall") == "GELU"
+    # HF: the same op is a logits or a projection matmul by its shapes, GELU or a residual add by its width
+    assert p.torch_category("aten::mm", "hf_backward", [[2048, 8192], [8192, 512]], 8192, 512) == \
+        "matmul: output logits (tied embedding)"
+    assert p.torch_category("aten::addmm", "hf_forward", [[2048], [2048, 512], [512, 2048]], 8192, 512) == \
+        "matmul: projections"
+    assert p.torch_category("aten::mul", "hf_forward", [[8, 256, 2048], []], 8192, 512) == "GELU"
+    assert p.torch_category("aten::add", "hf_forward", [[8, 256, 512], [8, 256, 512]], 8192, 512) == "other"
+    assert p.torch_category("aten::mul_", "hf_optimizer", [[512]], 8192, 512) == "optimizer (Adam, clipping)"
