@@ -270,28 +270,33 @@ def main(argv=None) -> int:
           f"(medians before and after: {', '.join(format(b['copy_bytes_per_s'] / 1e9, '.1f') for b in bandwidth)})")
     header = "".join(f"{'prompt ' + str(p):>22}" for p in args.prompt_lengths)
     print(f"{'':<34}{header}")
+    def ms(r, p):  # the median per-token time, None where noise made it meaningless (t(N2) <= t(N1))
+        value = r["by_prompt"][str(p)]["per_token_ms"]
+        return value if value > 0 else None
+
     for r in runs:
-        cells = "".join(f"{r['by_prompt'][str(p)]['per_token_ms']:>9.2f} ms ({1e3 / r['by_prompt'][str(p)]['per_token_ms']:>5.0f}/s)"
+        cells = "".join(f"{ms(r, p):>9.2f} ms ({1e3 / ms(r, p):>5.0f}/s)" if ms(r, p) else f"{'too noisy':>22}"
                         for p in args.prompt_lengths)
         print(f"{r['measure'] + ' [' + r['path'] + ']':<34}{cells}")
     needed = {p: bytes_per_token(args, p + (n1 + n2) / 2) for p in args.prompt_lengths}
     print(f"{'bytes to read per token (MB)':<34}" + "".join(f"{needed[p] / 1e6:>22.1f}" for p in args.prompt_lengths))
     for r in runs:
-        cells = "".join(f"{100 * needed[p] / (r['by_prompt'][str(p)]['per_token_ms'] / 1e3) / copy:>21.0f}%"
+        cells = "".join(f"{100 * needed[p] / (ms(r, p) / 1e3) / copy:>21.0f}%" if ms(r, p) else f"{'-':>22}"
                         for p in args.prompt_lengths)
         print(f"{'bandwidth use, ' + r['measure']:<34}{cells}")
+
+    def ratios(other, ours):
+        return ", ".join(f"prompt {p}: " + (f"{ms(other, p) / ms(ours, p):.2f}x" if ms(other, p) and ms(ours, p) else "-")
+                         for p in args.prompt_lengths)
     hf = next((r for r in runs if r["measure"] == "hf"), None)
     if hf:
-        ours = runs[0]
-        ratios = ", ".join(f"prompt {p}: {hf['by_prompt'][str(p)]['per_token_ms'] / ours['by_prompt'][str(p)]['per_token_ms']:.2f}x"
-                           for p in args.prompt_lengths)
-        print(f"decode tokens/s, ours / HF: {ratios}")
+        print(f"decode tokens/s, ours / HF: {ratios(hf, runs[0])}")
     peer = next((r for r in runs if r["measure"] == "peer ours"), None)
     if peer:
-        ours = runs[0]
-        ratios = ", ".join(f"prompt {p}: {peer['by_prompt'][str(p)]['per_token_ms'] / ours['by_prompt'][str(p)]['per_token_ms']:.2f}x"
-                           for p in args.prompt_lengths)
-        print(f"decode tokens/s, ours / peer ({args.peer_repo}): {ratios}")
+        print(f"decode tokens/s, ours / peer ({args.peer_repo}): {ratios(peer, runs[0])}")
+    if any(ms(r, p) is None for r in runs for p in args.prompt_lengths):
+        print("# too noisy: the median t(N2) - t(N1) was not positive (other work on the machine); rerun with more "
+              "--repeats or on pinned --cpus")
     print(f"# load average {[round(x, 2) for x in os.getloadavg()]} at end")
     return 0
 
