@@ -123,7 +123,7 @@ def run(args) -> int:
         return run_evaluation(cfg, placement)
     # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
     run_training(cfg, placement, train_flags.options(args),
-                 on_start=lambda step: write_run_info(cfg, step, args.sacred_id))
+                 on_start=lambda step, trained: write_run_info(trained, step, args.sacred_id))
     return 0
 
 

@@ -69,6 +69,7 @@ def test_run_experiment_records_config_metrics_and_output(tracked):
 
     info = json.loads((root / "run" / "run_info.json").read_text())  # main.py got --sacred_id
     assert info["starts"][-1]["sacred_id"] == "1" and info["tokens_per_step"] == 4 * 32
+    assert info["precision"] in ("float32", "bfloat16")  # what trained: precision "auto" resolved, not "auto"
 
 
 def test_plot_runs_draws_loss_against_tokens_and_compute_with_the_frontier(tracked, tmp_path):

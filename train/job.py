@@ -38,11 +38,11 @@ def dataset_sources(cfg: GPTConfig) -> list[DatasetSource]:
 
 
 def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
-                 on_start: Optional[Callable[[int], None]] = None) -> int:
+                 on_start: Optional[Callable[[int, GPTConfig], None]] = None) -> int:
     """Trains model_path to train_steps (resuming at its latest checkpoint), in chunks of steps_per_checkpoint
-    with the validation loss and eval tasks after each when the config asks for them. `on_start(step)` runs once
-    training is about to start at `step`: after the checkpoint was restored and found to fit the config, before
-    anything is written into model_path (a checkpoint of another model leaves it untouched). Returns the step
+    with the validation loss and eval tasks after each when the config asks for them. `on_start(step, cfg)` runs
+    once training is about to start at `step`, given the config as trained (precision "auto" resolved): after the
+    checkpoint was restored and found to fit the config, before anything is written into model_path (a checkpoint of another model leaves it untouched). Returns the step
     reached.
 
     Which checkpoint training starts from is decided here, once (the newest that can be read); each chunk
@@ -82,7 +82,7 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
         nonlocal writer
         if writer is None:
             if on_start:
-                on_start(start)
+                on_start(start, cfg)
             writer = summary_writer(cfg.model_path)
         log.writer = writer
 
