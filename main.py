@@ -31,13 +31,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mesh_shape", help="override the config's mesh_shape, e.g. all:1")
     p.add_argument("--layout", help="override the config's layout, e.g. batch:all ('' for none)")
     # Devices.
-    p.add_argument("--tpu", help="TPU name (or 'colab') to run on; omit for GPUs/CPU")
+    p.add_argument("--tpu", help="the TPU to run on: local (a TPU VM), its name, grpc://HOST:PORT (a TPU Node) or colab; "
+                   "omit for GPUs/CPU")
     p.add_argument("--gpu_ids", nargs="+", default=None,
                    help="devices of the mesh, e.g. device:GPU:0 device:GPU:1; device:CPU:i names split the CPU "
                         "(default: as many CPU devices as the mesh has)")
     p.add_argument("--xla", action="store_true", help="fuse element-wise ops with XLA (matmuls stay TF's); faster "
                    "training steps after a one-off compile (runtime/xla.py)")
-    gpu_flags.add_arguments(p)  # --gpu_memory, --plain_kernels
+    gpu_flags.add_arguments(p)  # --gpu_memory, --plain_kernels, --tpu_timeout
     train_flags.add_arguments(p)  # --new, --yes, --log_every, --peak_tflops, --sacred_id
     predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
     scale_flags.add_arguments(p)  # --dry_run, --auto_layout*, multi-host
@@ -135,7 +136,7 @@ def select_devices(args, cfg):
 
     if args.tpu:
         from runtime import tpu
-        placement = tpu.placement(args.tpu)
+        placement = tpu.placement(args.tpu, args.tpu_timeout)
     elif scale_flags.multi_host(args):
         placement = scale_flags.chief_placement(args, cfg)
     else:

@@ -1,7 +1,10 @@
-"""main.py's GPU flags (--gpu_memory, --plain_kernels) and the start-up step that uses them (runtime/gpus.py)."""
+"""main.py's device flags (--gpu_memory, --plain_kernels, --tpu_timeout) and the GPU start-up step that uses them
+(runtime/gpus.py)."""
 from __future__ import annotations
 
 import os
+
+from runtime.tpu_access import DEFAULT_TIMEOUT as DEFAULT_TPU_TIMEOUT
 
 
 def add_arguments(p) -> None:
@@ -13,6 +16,9 @@ def add_arguments(p) -> None:
                    help="run the fused kernels (GELU, LayerNorm, softmax gradient, cross-entropy, Adam) as plain "
                         "TensorFlow ops, not XLA-compiled (chosen automatically where XLA:GPU cannot compile; the "
                         "environment variable GPT_NEO_PLAIN_KERNELS=1 does the same)")
+    p.add_argument("--tpu_timeout", type=float, default=DEFAULT_TPU_TIMEOUT, metavar="SECONDS",
+                   help=f"with --tpu: how long a TPU Node's address (or the metadata server that looks up a TPU "
+                        f"name) may take to answer, and the TPU system to initialise (default {DEFAULT_TPU_TIMEOUT:g})")
 
 
 def apply_plain_kernels(args) -> None:

@@ -3,8 +3,9 @@
 What the TPUEstimator did for GPT-Neo, in the pieces this project needs, each buildable without a TPU
 (tests/test_tpu.py builds every graph below on fake v3-8, v3-32 and v3-512 topologies):
 
-* `connect`: the TPU is found with TPUClusterResolver (`--tpu colab` finds Colab's own), its system is
-  initialised once, and its topology read back: a `TpuSystem` (hosts, cores, device assignment).
+* `connect`: the TPU is checked for (runtime/tpu_access.py: one line on what is missing), found with
+  TPUClusterResolver, its system initialised once, and its topology read back: a `TpuSystem` (hosts, cores,
+  device assignment; the hosts' job is the resolver's: localhost on a TPU VM, worker on a TPU Node).
 * The device assignment gives every core one replica (one mesh position; `DeviceAssignment.build` with a
   1x1x1x1 computation, as TPUEstimator's num_cores_per_replica=1 did). `logical_to_physical` maps logical
   mesh positions to physical cores so that the last mesh dimension's neighbours share a chip
@@ -34,28 +35,12 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from runtime import meshes
+from runtime import gpus, meshes, tpu_access
 from runtime.devices import Placement
+from runtime.errors import DeviceError
 from config.schema import ConfigError, GPTConfig
 
 REPLICA_CACHE_BYTES = 300_000_000  # per replica, held by the first host (GPT-Neo's estimate)
-
-
-def cluster_resolver_argument(tpu: str) -> Optional[str]:
-    """--tpu colab -> None (TPUClusterResolver finds Colab's TPU itself); anything else is the TPU's name
-    (or grpc:// address)."""
-    if not tpu:
-        raise ConfigError("--tpu needs the TPU's name (or 'colab')")
-    return None if tpu == "colab" else tpu
-
-
-def host_job(cluster_spec: Optional[tf.train.ClusterSpec]) -> str:
-    """The job whose tasks are the TPU hosts: the only job of the cluster, or `tpu_worker` (Cloud TPU VMs'
-    name for it) beside others, else `worker` (as TPUEstimator chose)."""
-    jobs = list(cluster_spec.jobs) if cluster_spec else []
-    if len(jobs) == 1:
-        return jobs[0]
-    return "tpu_worker" if "tpu_worker" in jobs else "worker"
 
 
 @dataclass(frozen=True)
@@ -90,8 +75,10 @@ class TpuSystem:
         return [self.host_device(h) for h in range(self.num_hosts)]
 
 
-def resolver(tpu: str):
-    return tf.distribute.cluster_resolver.TPUClusterResolver(cluster_resolver_argument(tpu))
+def resolver(want: tpu_access.Target):
+    """TPUClusterResolver for the checked target; its job name is the TPU hosts' job (localhost on a TPU VM,
+    worker on a TPU Node)."""
+    return tf.distribute.cluster_resolver.TPUClusterResolver(want.address, job_name=want.job)
 
 
 def initialize_system(master: str, config: tf.ConfigProto, job: str) -> bytes:
@@ -100,20 +87,38 @@ def initialize_system(master: str, config: tf.ConfigProto, job: str) -> bytes:
         return session.run(tf.tpu.initialize_system(job=job))
 
 
-def connect(tpu: str) -> TpuSystem:
-    """Finds the TPU, initialises its system and reads its topology."""
-    found = resolver(tpu)
-    cluster_spec = found.cluster_spec()
-    config = tf.ConfigProto(allow_soft_placement=True)
+def connect(tpu: str, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> TpuSystem:
+    """Finds the TPU (after runtime/tpu_access.py's checks), initialises its system and reads its topology; what
+    TensorFlow reports on the way is one DeviceError line."""
+    want = tpu_access.check(tpu, timeout)
+    try:
+        found = resolver(want)
+        cluster_spec = found.cluster_spec()
+        master = found.master()
+    except (ValueError, RuntimeError, ImportError, OSError) as e:  # the Cloud TPU API lookup of a name
+        raise DeviceError(f"--tpu {want.given}: the TPU could not be looked up ({_first_line(e)}): check its name, "
+                          f"zone and project, or pass its address as grpc://HOST:8470")
+    job = found.get_job_name()
+    config = tf.ConfigProto(allow_soft_placement=True, operation_timeout_in_ms=int(timeout * 1000))
     if cluster_spec:
         config.cluster_def.CopyFrom(cluster_spec.as_cluster_def())
-    job = host_job(cluster_spec)
-    topology = tf.tpu.experimental.Topology(serialized=initialize_system(found.master(), config, job))
-    return TpuSystem(topology, job, found.master(), cluster_spec.as_cluster_def() if cluster_spec else None)
+    try:
+        serialized = initialize_system(master, config, job)
+    except tf.errors.OpError as e:
+        raise DeviceError(f"--tpu {want.given}: TensorFlow could not initialise the TPU system on /job:{job} "
+                          f"({gpus.first_line(e.message)}); `python main.py --selfcheck --tpu {want.given}` reports the "
+                          f"stack and device facts for an issue")
+    topology = tf.tpu.experimental.Topology(serialized=serialized)
+    return TpuSystem(topology, job, master, cluster_spec.as_cluster_def() if cluster_spec else None)
 
 
-def placement(tpu: str) -> Placement:
-    system = connect(tpu)
+def _first_line(error) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:240]
+
+
+def placement(tpu: str, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> Placement:
+    system = connect(tpu, timeout)
     return Placement(tpu=tpu, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system)
 
 

@@ -50,16 +50,6 @@ def batches(cfg):
     return from_step
 
 
-def test_cluster_resolver_argument_and_host_job():
-    assert tpu.cluster_resolver_argument("colab") is None
-    assert tpu.cluster_resolver_argument("my-tpu-v3-32") == "my-tpu-v3-32"
-    with pytest.raises(ConfigError):
-        tpu.cluster_resolver_argument("")
-    assert tpu.host_job(tf.train.ClusterSpec({"worker": ["10.0.0.2:8470"]})) == "worker"
-    assert tpu.host_job(tf.train.ClusterSpec({"coordinator": ["a:1"], "tpu_worker": ["b:1", "c:1"]})) == "tpu_worker"
-    assert tpu.host_job(None) == "worker"
-
-
 def _chip(pnum, physical):
     """(row, column) of the chip holding physical core pnum, in mtf's 3-D view [y*z, x, cores]."""
     x, y, z, c = physical
@@ -220,13 +210,17 @@ class FakeResolver:
     def master(self):
         return "grpc://10.0.0.0:8470"
 
+    def get_job_name(self):
+        return "worker"
+
     def cluster_spec(self):
         return tf.train.ClusterSpec({"worker": ["10.0.0.0:8470", "10.0.0.1:8470", "10.0.0.2:8470", "10.0.0.3:8470"]})
 
 
 def test_placement_for_tpu_name_initialises_the_system_and_reads_its_topology(monkeypatch):
     asked = []
-    monkeypatch.setattr(tpu, "resolver", lambda name: asked.append(name) or FakeResolver(name))
+    monkeypatch.setattr(tpu.tpu_access, "check", lambda name, timeout: tpu.tpu_access.target(name))
+    monkeypatch.setattr(tpu, "resolver", lambda want: asked.append(want.address) or FakeResolver(want.address))
     initialised = []
 
     def initialize(master, config, job):
