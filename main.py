@@ -53,8 +53,6 @@ def main(argv=None) -> int:
     if args.xla:
         from runtime.xla import enable_xla_fusion
         enable_xla_fusion()
-    from cli.gpu_flags import apply_plain_kernels
-    apply_plain_kernels(args)  # --plain_kernels: before any graph is built
     from data.errors import DataError
     from runtime.devices import DeviceError
     from train.loop import Interrupted
@@ -132,7 +130,6 @@ def select_devices(args, cfg):
     """The devices the job runs on: a TPU, the hosts of a multi-host cluster, or this machine's GPUs or CPU."""
     from cli import gpu_flags, scale_flags
     from runtime import devices
-    from runtime.devices import Placement
 
     if args.tpu:
         from runtime import tpu
@@ -140,11 +137,9 @@ def select_devices(args, cfg):
     elif scale_flags.multi_host(args):
         placement = scale_flags.chief_placement(args, cfg)
     else:
-        names = devices.configure(args.gpu_ids or devices.cpu_devices(cfg.n_devices), args.gpu_memory)
-        devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, names)
-        placement = Placement(devices=tuple(names))
-        gpu_flags.start_up(args, placement)  # GPUs: the start-up line, the XLA:GPU check (runtime/gpus.py)
-    return placement
+        placement = devices.local_placement(args.gpu_ids or devices.cpu_devices(cfg.n_devices), args.gpu_memory)
+        devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, list(placement.devices))
+    return gpu_flags.start_up(args, placement)  # kernels' path; GPUs: start-up line, XLA:GPU check
 
 
 if __name__ == "__main__":

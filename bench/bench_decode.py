@@ -71,7 +71,7 @@ def worker_ours(args, names: list | None = None) -> dict:
         with graph.as_default():  # the runner's PREDICT graph, the prompt length fed: one graph for every prompt
             tokens = tf.placeholder(tf.int32, [1, cfg.n_ctx])
             length = tf.placeholder(tf.int32, [1])
-            placement = devices.Placement(devices=tuple(names))
+            placement = devices.Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
             mesh, impl = meshes.placement_mesh(cfg, placement)
             lowered = outputs.predictions(cfg, mesh, impl, {"tokens": tokens, "prompt_length": length}, options)
         session = MeshSession(graph, lowered.lowering, "", session_config(placement), checkpoint=None)

@@ -59,12 +59,10 @@ def _tensorflow_on_gpu(spec) -> tuple[list, str, str]:
 
     tf.get_logger().setLevel("ERROR")
     tf.config.experimental.enable_tensor_float_32_execution(spec.tf32 == "on")
-    names = devices.configure(["device:GPU:0"], "growth")
-    placement = devices.Placement(tuple(names))
+    placement = devices.local_placement(["device:GPU:0"], "growth")
     line = io.StringIO()
-    gpus.start_up(placement, session_config(placement), out=line)
-    from models.kernels.common import xla_kernels
-    return names, line.getvalue().strip(), "xla" if xla_kernels() else "plain"
+    placement, _ = gpus.start_up(placement, session_config(placement), out=line)
+    return list(placement.devices), line.getvalue().strip(), placement.kernels
 
 
 def _torch_on_gpu(spec):
@@ -91,7 +89,7 @@ def worker_peak(spec) -> dict:
 
 def worker_ours_train(spec) -> dict:
     names, line, kernels = _tensorflow_on_gpu(spec)
-    result = bench_train.worker_ours(SimpleNamespace(**vars(spec), xla=False), names)
+    result = bench_train.worker_ours(SimpleNamespace(**vars(spec), xla=False, kernels=kernels), names)
     return dict(result, start_up=line, kernels=kernels)
 
 
@@ -112,7 +110,8 @@ def _decode_args(spec) -> SimpleNamespace:
 
 def worker_ours_decode(spec) -> dict:
     names, line, kernels = _tensorflow_on_gpu(spec)
-    return dict(bench_decode.worker_ours(_decode_args(spec), names), kernels=kernels)
+    return dict(bench_decode.worker_ours(SimpleNamespace(**vars(_decode_args(spec)), kernels=kernels), names),
+                kernels=kernels)
 
 
 def worker_hf_decode(spec) -> dict:

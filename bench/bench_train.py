@@ -147,7 +147,7 @@ def worker_ours(args, names: list | None = None) -> dict:
             times.append(time.perf_counter())
             losses.append(float(values["loss"]))
 
-        loop.train(cfg, devices.Placement(tuple(names)), batches, on_step=clock)
+        loop.train(cfg, devices.Placement(tuple(names), kernels=getattr(args, "kernels", "xla")), batches, on_step=clock)
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * cfg.train_batch_size * cfg.n_ctx
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,

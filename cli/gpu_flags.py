@@ -1,37 +1,42 @@
-"""main.py's device flags (--gpu_memory, --plain_kernels, --tpu_timeout) and the GPU start-up step that uses them
-(runtime/gpus.py)."""
+"""main.py's device flags (--gpu_memory, --plain_kernels, --tpu_timeout) and the start-up step that settles the
+placement with them (runtime/gpus.py on GPUs)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from runtime.tpu_access import DEFAULT_TIMEOUT as DEFAULT_TPU_TIMEOUT
 
+PLAIN_KERNELS_ENV = "GPT_NEO_PLAIN_KERNELS"  # the environment's way to say --plain_kernels (read here only)
+
 
 def add_arguments(p) -> None:
-    """The GPU flags, added to main.py's parser (--gpu_ids itself is main.py's)."""
+    """The device flags, added to main.py's parser (--gpu_ids and --tpu themselves are main.py's)."""
     p.add_argument("--gpu_memory", default="growth", metavar="growth|FRACTION",
                    help="GPU memory for TensorFlow on the --gpu_ids GPUs: 'growth' allocates as needed (default), a "
                         "fraction such as 0.9 reserves that share of each GPU's memory up front")
     p.add_argument("--plain_kernels", action="store_true",
                    help="run the fused kernels (GELU, LayerNorm, softmax gradient, cross-entropy, Adam) as plain "
                         "TensorFlow ops, not XLA-compiled (chosen automatically where XLA:GPU cannot compile; the "
-                        "environment variable GPT_NEO_PLAIN_KERNELS=1 does the same)")
+                        f"environment variable {PLAIN_KERNELS_ENV}=1 does the same)")
     p.add_argument("--tpu_timeout", type=float, default=DEFAULT_TPU_TIMEOUT, metavar="SECONDS",
                    help=f"with --tpu: how long a TPU Node's address (or the metadata server that looks up a TPU "
                         f"name) may take to answer, and the TPU system to initialise (default {DEFAULT_TPU_TIMEOUT:g})")
 
 
-def apply_plain_kernels(args) -> None:
-    """--plain_kernels: before any graph is built (and for the processes this one starts)."""
-    if getattr(args, "plain_kernels", False):
-        from models.kernels.common import PLAIN_KERNELS_ENV
-        os.environ[PLAIN_KERNELS_ENV] = "1"
+def kernels(args, environ=os.environ) -> str:
+    """The fused kernels' path asked for: "plain" with --plain_kernels or GPT_NEO_PLAIN_KERNELS=1, else "xla"."""
+    forced = environ.get(PLAIN_KERNELS_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    return "plain" if getattr(args, "plain_kernels", False) or forced else "xla"
 
 
-def start_up(args, placement) -> None:
-    """On GPUs: the start-up line (GPUs, compute capability, memory), the XLA:GPU check and the fused kernels'
-    path; nothing on CPU devices or a TPU."""
+def start_up(args, placement):
+    """The placement with the fused kernels' path asked for; on GPUs also the start-up line and the XLA:GPU check,
+    which may choose plain kernels (runtime/gpus.py)."""
     from runtime import gpus
     from runtime.mesh_session import session_config
+    placement = dataclasses.replace(placement, kernels=kernels(args))
     if gpus.uses_gpus(placement):
-        gpus.start_up(placement, session_config(placement), xla_autoclustering=bool(getattr(args, "xla", False)))
+        placement, _ = gpus.start_up(placement, session_config(placement),
+                                     xla_autoclustering=bool(getattr(args, "xla", False)))
+    return placement

@@ -17,7 +17,8 @@ from runtime.errors import DeviceError
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the mesh runs: a list of devices (a placement mesh) or a TPU (mesh-tensorflow's SIMD mesh).
+    """Where the mesh runs, and how: a list of devices (a placement mesh) or a TPU (mesh-tensorflow's SIMD mesh),
+    with everything chosen about them at start-up, which sessions and graph builders read from here.
 
     Across hosts (runtime/cluster.py) the devices are /job:worker/task:T/... names, `master` is the chief's
     server, master variables are spread over `hosts` (each host's CPU) and ops placed nowhere else run on
@@ -28,6 +29,9 @@ class Placement:
     hosts: tuple = ()
     default_device: Optional[str] = None
     tpu_system: Any = None  # runtime.tpu.TpuSystem with --tpu: the TPU's topology and hosts
+    tpu_facts: Any = None   # runtime.tpu_access.TpuFacts with --tpu: the stack and machine it was reached from
+    gpu: Optional[gpus.GpuSetting] = None  # --gpu_ids GPUs: physical indices, memory setting, what the machine has
+    kernels: str = "xla"    # the fused kernels' path: "xla" or "plain" (models/kernels/common.py)
 
     @property
     def use_tpu(self) -> bool:
@@ -62,8 +66,13 @@ def cpu_devices(count: int) -> list[str]:
 
 
 def configure(names: list[str], gpu_memory: Optional[str] = None) -> list[str]:
-    """Checks the named devices exist (splitting the CPU where CPU devices are named; making only the named GPUs
-    visible, with `gpu_memory`: "growth" or a fraction, see runtime/gpus.py) and returns their full TF names.
+    """`local_placement`'s device names (for callers that need only those: a multi-host worker's check)."""
+    return list(local_placement(names, gpu_memory).devices)
+
+
+def local_placement(names: list[str], gpu_memory: Optional[str] = None, kernels: str = "xla") -> Placement:
+    """The Placement of this process's devices `names`: checks they exist (splitting the CPU where CPU devices are
+    named; making only the named GPUs visible, with `gpu_memory`: "growth" or a fraction, see runtime/gpus.py).
     Must run before TensorFlow creates its first session or eager context."""
     parsed = [normalize(n) for n in names]
     if len(set(parsed)) != len(parsed):
@@ -84,9 +93,10 @@ def configure(names: list[str], gpu_memory: Optional[str] = None) -> list[str]:
             except RuntimeError:
                 raise DeviceError(f"cannot split the CPU into {wanted} devices after TensorFlow has started: "
                                   f"choose the devices before running anything")
-    else:  # only the named GPUs visible, with their memory setting; one line on what is missing (runtime/gpus.py)
-        return gpus.configure_gpus([index for _, index in parsed], gpu_memory)
-    return [f"/device:{kind}:{index}" for kind, index in parsed]
+        return Placement(devices=tuple(f"/device:{kind}:{index}" for kind, index in parsed), kernels=kernels)
+    # only the named GPUs visible, with their memory setting; one line on what is missing (runtime/gpus.py)
+    setting = gpus.configure_gpus([index for _, index in parsed], gpu_memory)
+    return Placement(devices=setting.names, gpu=setting if setting.memory else None, kernels=kernels)
 
 
 def check_mesh_fits(mesh_shape: str, n_mesh_devices: int, devices: list[str]) -> None:

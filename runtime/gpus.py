@@ -8,9 +8,9 @@ how much of their memory, whether XLA:GPU compiles the fused kernels, and where 
 * `start_up`: one session on the named GPUs runs a tiny XLA-compiled function on each (`probe`), prints the
   start-up line (`describe`: each GPU's name, compute capability and the memory TensorFlow may use) and picks
   the fused kernels' path (`kernel_path`): XLA:GPU, or plain TensorFlow ops with one line saying why and how to
-  fix it (models/kernels/common.py holds the switch; GPT_NEO_PLAIN_KERNELS=1 or --plain_kernels force plain).
+  fix it, returned as the placement's `kernels` (--plain_kernels or GPT_NEO_PLAIN_KERNELS=1 force plain).
 * `session_gpu_options`: the sessions (runtime/mesh_session.py's `session_config`) see only those GPUs, with
-  the same memory setting; a mesh of CPU devices gets no GPU at all.
+  the same memory setting (the placement's GpuSetting); a mesh of CPU devices gets no GPU at all.
 * `run_listing_placement` / `cpu_fallbacks`: soft placement stays on (some ops have no GPU kernel), and the first
   training step lists, once, the ops that were placed on a GPU but ran on the CPU.
 
@@ -19,13 +19,14 @@ need one are in tests/test_gpu.py and bench/bench_gpu.py, run where a GPU is vis
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.metadata
 import os
 import re
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from runtime.errors import DeviceError
@@ -186,14 +187,19 @@ def parse_gpu_memory(text: Optional[str]) -> GpuMemory:
     return GpuMemory(growth=False, fraction=fraction)
 
 
-@dataclass
-class _Configured:
+@dataclass(frozen=True)
+class GpuSetting:
+    """What `configure_gpus` chose for the --gpu_ids GPUs, carried by the Placement (runtime/devices.py) to the
+    sessions (`session_gpu_options`) and the start-up line."""
+    names: tuple                                # the mesh's device names (/device:GPU:i, numbered among the visible)
     physical: tuple = ()                        # the named GPUs' physical indices, sorted (what is visible)
-    memory: GpuMemory = field(default_factory=GpuMemory)
+    memory: Optional[GpuMemory] = None          # None: the GPUs were left as they are (a multi-host worker's check)
     facts: Optional[GpuFacts] = None
 
-
-_configured: Optional[_Configured] = None
+    def physical_of(self, name: str) -> int:
+        """The physical index of the mesh's device `name`."""
+        index = int(name.rsplit(":", 1)[1])
+        return self.physical[index] if index < len(self.physical) else index
 
 
 def logical_names(requested: list[int]) -> list[str]:
@@ -204,14 +210,14 @@ def logical_names(requested: list[int]) -> list[str]:
 
 
 def configure_gpus(requested: list[int], memory: GpuMemory | str | None = None,
-                   facts: Optional[GpuFacts] = None) -> list[str]:
+                   facts: Optional[GpuFacts] = None) -> GpuSetting:
     """Checks the named GPUs (device:GPU:i indices) exist and can run (a DeviceError naming the fix if not) and
-    returns the mesh's device names for them. With `memory` ("growth", a fraction; main.py passes --gpu_memory),
+    returns the GpuSetting with the mesh's device names for them. With `memory` ("growth", a fraction; main.py
+    passes --gpu_memory),
     also makes only those GPUs visible to TensorFlow, renumbered from 0, with that memory setting, for the eager
     context and (`session_gpu_options`) every session. Without it, nothing changes (a multi-host worker, whose
     server sees the host's GPUs as they are). Before TensorFlow starts (its first session or eager op)."""
     import tensorflow as tf
-    global _configured
     if memory is not None and not isinstance(memory, GpuMemory):
         memory = parse_gpu_memory(memory)
     facts = facts or gather_facts()
@@ -219,7 +225,7 @@ def configure_gpus(requested: list[int], memory: GpuMemory | str | None = None,
     if problem:
         raise DeviceError(problem)
     if memory is None:
-        return [f"/device:GPU:{i}" for i in requested]
+        return GpuSetting(tuple(f"/device:GPU:{i}" for i in requested), tuple(requested), None, facts)
     physical = tf.config.list_physical_devices("GPU")
     chosen = [physical[i] for i in sorted(requested)]
     try:
@@ -229,8 +235,7 @@ def configure_gpus(requested: list[int], memory: GpuMemory | str | None = None,
     except RuntimeError:
         raise DeviceError("cannot choose the GPUs (or their memory setting) after TensorFlow has started: choose "
                           "the devices before running anything")
-    _configured = _Configured(tuple(sorted(requested)), memory, facts)
-    return logical_names(requested)
+    return GpuSetting(tuple(logical_names(requested)), tuple(sorted(requested)), memory, facts)
 
 
 def uses_gpus(placement) -> bool:
@@ -247,13 +252,14 @@ def session_gpu_options(config, placement) -> None:
     if not uses_gpus(placement):
         config.device_count["GPU"] = 0
         return
-    if _configured is None:  # GPUs named without configure_gpus (a test building its own Placement)
+    setting = placement.gpu
+    if setting is None or setting.memory is None:  # GPUs left as TensorFlow found them
         return
     options = config.gpu_options
-    options.visible_device_list = ",".join(str(i) for i in _configured.physical)
-    options.allow_growth = _configured.memory.growth
-    if _configured.memory.fraction:
-        options.per_process_gpu_memory_fraction = _configured.memory.fraction
+    options.visible_device_list = ",".join(str(i) for i in setting.physical)
+    options.allow_growth = setting.memory.growth
+    if setting.memory.fraction:
+        options.per_process_gpu_memory_fraction = setting.memory.fraction
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -362,30 +368,27 @@ def first_line(message: str, limit: int = 240) -> str:
     return (lines[0] if lines else message.strip() or "unknown error")[:limit]
 
 
-def start_up(placement, config, xla_autoclustering: bool = False, out=None) -> Optional[ProbeResult]:
-    """For a placement on GPUs: probes them (memory, XLA:GPU), prints the start-up line and sets the fused
-    kernels' path (XLA:GPU, or plain ops with one warning line). Nothing for CPU devices or a TPU."""
-    from models.kernels import common
+def start_up(placement, config, xla_autoclustering: bool = False, out=None):
+    """For a placement on GPUs: probes them (memory, XLA:GPU), prints the start-up line and chooses the fused
+    kernels' path (XLA:GPU, or plain ops with one warning line; plain where the placement already says so).
+    Returns (the placement with that path, the ProbeResult); for CPU devices or a TPU (placement, None)."""
     if not uses_gpus(placement) or placement.master:
-        return None
-    configured = _configured
+        return placement, None
+    setting = placement.gpu
     names = list(placement.devices)
-    indices = [int(n.rsplit(":", 1)[1]) for n in names]
-    # The mesh's names number the visible GPUs from 0; configured.physical are their physical indices, sorted.
-    physical = [configured.physical[i] for i in indices] if configured else indices
-    facts = configured.facts if configured and configured.facts else gather_facts()
-    forced = common.plain_kernels_forced()
+    physical = [setting.physical_of(n) if setting else int(n.rsplit(":", 1)[1]) for n in names]
+    facts = setting.facts if setting and setting.facts else gather_facts()
+    forced = placement.kernels == "plain"
     result = probe(sorted(set(names)), config, xla=not forced)
     xla, warning = kernel_path(forced, result.xla_error)
     if xla_autoclustering and result.xla_error:
         raise DeviceError(f"--xla needs XLA:GPU, which does not work here ({result.xla_error}): leave out --xla, "
                           f"or fix it: {XLA_FIX}")
-    common.use_xla_kernels(xla)
-    print(describe(names, facts, physical, result, configured.memory if configured else GpuMemory(), xla),
-          file=out or sys.stdout, flush=True)
+    memory = setting.memory if setting and setting.memory else GpuMemory()
+    print(describe(names, facts, physical, result, memory, xla), file=out or sys.stdout, flush=True)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    return result
+    return dataclasses.replace(placement, kernels="xla" if xla else "plain"), result
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
 from models import gpt
+from models.kernels import common
 from runtime.devices import Placement
 
 MESH_NAME = "gpt_mesh"
@@ -63,4 +64,5 @@ def placement_mesh(cfg: GPTConfig, placement: Placement):
     placer = mtf.utils.BalancedVariablePlacer(list(hosts)) if hosts else None
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
                                                      mtf.convert_to_layout_rules(cfg.layout), list(placement.devices))
+    common.use_kernels(placement.kernels)  # the fused kernels of this graph: XLA or plain, as the placement chose
     return new_mesh(placer), impl

@@ -87,10 +87,9 @@ def initialize_system(master: str, config: tf.ConfigProto, job: str) -> bytes:
         return session.run(tf.tpu.initialize_system(job=job))
 
 
-def connect(tpu: str, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> TpuSystem:
-    """Finds the TPU (after runtime/tpu_access.py's checks), initialises its system and reads its topology; what
+def connect(want: tpu_access.Target, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> TpuSystem:
+    """Finds the TPU (checked by runtime/tpu_access.py), initialises its system and reads its topology; what
     TensorFlow reports on the way is one DeviceError line."""
-    want = tpu_access.check(tpu, timeout)
     try:
         found = resolver(want)
         cluster_spec = found.cluster_spec()
@@ -118,8 +117,11 @@ def _first_line(error) -> str:
 
 
 def placement(tpu: str, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> Placement:
-    system = connect(tpu, timeout)
-    return Placement(tpu=tpu, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system)
+    """The Placement on the TPU `tpu` (--tpu's argument): checked, connected, its system initialised."""
+    want, facts = tpu_access.check(tpu, timeout)
+    system = connect(want, timeout)
+    return Placement(tpu=tpu, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system,
+                     tpu_facts=facts)
 
 
 def session_config(placement_: Placement) -> tf.ConfigProto:

@@ -190,8 +190,9 @@ def gather_facts(want: Target, timeout: float = DEFAULT_TIMEOUT) -> TpuFacts:
                     address_answers=address, metadata_answers=metadata)
 
 
-def check(tpu: str, timeout: float = DEFAULT_TIMEOUT, facts: Optional[TpuFacts] = None) -> Target:
-    """The Target of --tpu, after checking this machine can reach it (a DeviceError naming the fix if not)."""
+def check(tpu: str, timeout: float = DEFAULT_TIMEOUT, facts: Optional[TpuFacts] = None) -> tuple:
+    """(the Target of --tpu, the TpuFacts), after checking this machine can reach it (a DeviceError naming the fix
+    if not)."""
     want = target(tpu, os.environ.get("COLAB_TPU_ADDR"))
     if timeout is None or timeout <= 0:
         raise DeviceError(f"--tpu_timeout must be a positive number of seconds, got {timeout}")
@@ -199,4 +200,4 @@ def check(tpu: str, timeout: float = DEFAULT_TIMEOUT, facts: Optional[TpuFacts] 
     problem = tpu_problem(want, facts, timeout)
     if problem:
         raise DeviceError(problem)
-    return want
+    return want, facts

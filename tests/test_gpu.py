@@ -26,10 +26,10 @@ def gpu_placement():
     in this process; else as it is (an earlier test started it: every GPU visible, the default allocator)."""
     from runtime.devices import DeviceError, Placement
     try:
-        names = gpus.configure_gpus([0], "growth")
+        setting = gpus.configure_gpus([0], "growth")
     except DeviceError:
-        names = ["/device:GPU:0"]
-    return Placement(devices=tuple(names))
+        return Placement(devices=("/device:GPU:0",))
+    return Placement(devices=setting.names, gpu=setting)
 
 
 @pytest.fixture
@@ -43,15 +43,13 @@ def exact_float32():
 
 
 def test_start_up_probe_compiles_with_xla_gpu_and_reads_the_memory(gpu_placement, capsys):
-    from models.kernels import common
     from runtime.mesh_session import session_config
-    result = gpus.start_up(gpu_placement, session_config(gpu_placement))
+    placement, result = gpus.start_up(gpu_placement, session_config(gpu_placement))
     line = capsys.readouterr().out
     assert result.xla_error is None, f"XLA:GPU does not compile here: {result.xla_error} (fix: {gpus.XLA_FIX})"
     assert result.memory.get(gpu_placement.devices[0], 0) > 1 << 30
     assert line.startswith("GPUs: device:GPU:0") and "compute capability" in line and "GiB for TensorFlow" in line
-    assert "fused kernels: XLA:GPU" in line and common.xla_kernels()
-    common.use_xla_kernels(None)
+    assert "fused kernels: XLA:GPU" in line and placement.kernels == "xla"
 
 
 @pytest.mark.usefixtures("exact_float32")

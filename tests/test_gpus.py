@@ -3,6 +3,9 @@ line, memory settings, the fused kernels' path, and the placement listing (a rea
 that ran on the CPU). tests/test_gpu.py runs the GPU paths where a GPU is visible."""
 import json
 
+import argparse
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -57,8 +60,8 @@ def test_configure_stops_before_touching_tensorflow_on_a_problem():
     with pytest.raises(DeviceError, match="--gpu_memory takes"):
         gpus.configure_gpus([0], "all", facts())
     # without a memory setting (a multi-host worker): checked, named as they are, visibility left alone
-    assert gpus.configure_gpus([1, 0], None, facts()) == ["/device:GPU:1", "/device:GPU:0"]
-    assert gpus._configured is None
+    setting = gpus.configure_gpus([1, 0], None, facts())
+    assert setting.names == ("/device:GPU:1", "/device:GPU:0") and setting.memory is None
 
 
 def test_only_the_named_gpus_are_visible_and_renumbered_from_zero():
@@ -86,13 +89,14 @@ def test_gpu_memory_flag_rejects_what_is_not_growth_or_a_fraction(text):
 def test_sessions_see_only_the_configured_gpus_with_their_memory_setting(monkeypatch):
     cpu = session_config(Placement(devices=tuple(CPU_DEVICES[:2])))
     assert cpu.device_count["GPU"] == 0 and cpu.device_count["CPU"] == 2  # a CPU mesh leaves the GPUs alone
-    placement = Placement(devices=("/device:GPU:0", "/device:GPU:1"))
-    monkeypatch.setattr(gpus, "_configured", gpus._Configured((2, 3), gpus.parse_gpu_memory("growth")))
+    names = ("/device:GPU:0", "/device:GPU:1")
+    placement = Placement(devices=names, gpu=gpus.GpuSetting(names, (2, 3), gpus.parse_gpu_memory("growth")))
+    assert [placement.gpu.physical_of(n) for n in names] == [2, 3]
     config = session_config(placement)
     assert config.gpu_options.visible_device_list == "2,3" and config.gpu_options.allow_growth
     assert config.allow_soft_placement and "GPU" not in config.device_count
-    monkeypatch.setattr(gpus, "_configured", gpus._Configured((1,), gpus.parse_gpu_memory("0.9")))
-    config = session_config(Placement(devices=("/device:GPU:0",)))
+    one = ("/device:GPU:0",)
+    config = session_config(Placement(devices=one, gpu=gpus.GpuSetting(one, (1,), gpus.parse_gpu_memory("0.9"))))
     assert config.gpu_options.visible_device_list == "1" and not config.gpu_options.allow_growth
     assert config.gpu_options.per_process_gpu_memory_fraction == pytest.approx(0.9)
     remote = session_config(Placement(devices=("/job:worker/task:1/device:GPU:0",), master="grpc://h:1"))
@@ -151,28 +155,40 @@ def test_the_probe_stops_where_tensorflow_has_no_such_gpu():
 
 
 def test_start_up_does_nothing_on_cpu_devices():
-    assert gpus.start_up(Placement(devices=tuple(CPU_DEVICES[:1])), tf.ConfigProto()) is None
+    placement = Placement(devices=tuple(CPU_DEVICES[:1]), kernels="plain")
+    assert gpus.start_up(placement, tf.ConfigProto()) == (placement, None)
 
 
-def test_the_kernel_switch_builds_xla_calls_or_plain_ops(monkeypatch):
+def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monkeypatch):
+    from cli import gpu_flags
     from models.kernels.elementwise import _gelu_forward
+    from runtime import meshes
+    from tiny import tiny_config
 
-    def ops_built():
+    def ops_built(placement=None):
         graph = tf.Graph()
         with graph.as_default():
+            if placement is not None:
+                meshes.placement_mesh(tiny_config(), placement)
             common.fused(_gelu_forward, tf.zeros([64, 1024]))
         return {op.type for op in graph.get_operations()}
 
-    with common.kernels("xla"):
-        assert common.xla_kernels() and ops_built() & {"PartitionedCall", "StatefulPartitionedCall"}
-    with common.kernels("plain"):
-        assert not common.xla_kernels() and "Tanh" in ops_built()
-        assert not ops_built() & {"PartitionedCall", "StatefulPartitionedCall"}
+    compiled_call = {"PartitionedCall", "StatefulPartitionedCall"}
+    assert ops_built() & compiled_call  # XLA by default
+    with common.kernels("plain"):  # graphs without a placement: the block's path
+        assert not common.xla_kernels() and "Tanh" in ops_built() and not ops_built() & compiled_call
     assert common.xla_kernels()  # back to the default
-    monkeypatch.setenv(common.PLAIN_KERNELS_ENV, "1")
-    assert not common.xla_kernels()
-    with common.kernels("xla"):
-        assert not common.xla_kernels()  # the environment forces plain over everything
+    cpu = Placement(devices=tuple(CPU_DEVICES[:1]))
+    assert ops_built(cpu) & compiled_call
+    plain = dataclasses.replace(cpu, kernels="plain")
+    assert "Tanh" in ops_built(plain) and not ops_built(plain) & compiled_call
+    assert common.xla_kernels()  # nothing leaked out of those graphs
+    # --plain_kernels or the environment variable choose the placement's path (cli/gpu_flags.py)
+    args = argparse.Namespace(plain_kernels=False)
+    assert gpu_flags.start_up(args, cpu).kernels == "xla"
+    assert gpu_flags.start_up(argparse.Namespace(plain_kernels=True), cpu).kernels == "plain"
+    monkeypatch.setenv(gpu_flags.PLAIN_KERNELS_ENV, "1")
+    assert gpu_flags.start_up(args, cpu).kernels == "plain"
 
 
 def test_cpu_fallbacks_are_the_ops_requested_on_a_gpu_that_ran_on_a_cpu():

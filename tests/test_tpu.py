@@ -219,7 +219,8 @@ class FakeResolver:
 
 def test_placement_for_tpu_name_initialises_the_system_and_reads_its_topology(monkeypatch):
     asked = []
-    monkeypatch.setattr(tpu.tpu_access, "check", lambda name, timeout: tpu.tpu_access.target(name))
+    facts = tpu.tpu_access.TpuFacts(metadata_answers=True)
+    monkeypatch.setattr(tpu.tpu_access, "check", lambda name, timeout: (tpu.tpu_access.target(name), facts))
     monkeypatch.setattr(tpu, "resolver", lambda want: asked.append(want.address) or FakeResolver(want.address))
     initialised = []
 
@@ -229,7 +230,7 @@ def test_placement_for_tpu_name_initialises_the_system_and_reads_its_topology(mo
 
     monkeypatch.setattr(tpu, "initialize_system", initialize)
     placement = tpu.placement("my-tpu")
-    assert asked == ["my-tpu"] and placement.use_tpu
+    assert asked == ["my-tpu"] and placement.use_tpu and placement.tpu_facts is facts
     assert initialised == [("grpc://10.0.0.0:8470", "worker", [[f"10.0.0.{i}:8470" for i in range(4)]])]
     assert placement.tpu_system.num_cores == 32 and placement.tpu_system.num_hosts == 4
     assert placement.hosts == tuple(f"/job:worker/task:{h}/device:CPU:0" for h in range(4))

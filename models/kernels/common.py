@@ -3,7 +3,7 @@ for small tensors, and the mesh axes a kernel's gradient (or partial product) is
 from __future__ import annotations
 
 import contextlib
-import os
+import contextvars
 
 import tensorflow.compat.v1 as tf
 
@@ -17,41 +17,46 @@ def f32(x):
 XLA_MIN_ELEMENTS = 1 << 14
 
 # The fused kernels' path: XLA-compiled (the default) or plain TF ops (the same Python bodies, op by op), for
-# devices where XLA cannot compile (XLA:GPU without ptxas/libdevice: runtime/gpus.py probes it at start-up and
-# switches) or when forced: GPT_NEO_PLAIN_KERNELS=1 in the environment, or main.py --plain_kernels. It is read
-# when a graph is built (each kernel call picks its path then), so set it before building.
-PLAIN_KERNELS_ENV = "GPT_NEO_PLAIN_KERNELS"
-_xla_kernels = None  # None: not chosen in this process (XLA unless the environment forces plain)
+# devices where XLA cannot compile (XLA:GPU without ptxas/libdevice: runtime/gpus.py probes it at start-up) or when
+# forced (main.py --plain_kernels). It belongs to the graph being built: runtime/meshes.py's placement_mesh records
+# the placement's path on the TF graph, and each kernel call reads it while the graph is lowered. Graphs built
+# without a placement (the kernels' own tests) take the path of the enclosing `kernels(...)` block, else XLA.
+KERNEL_PATHS = ("xla", "plain")
+_GRAPH_KEY = "gpt_neo_fused_kernels"
+_unplaced_path = contextvars.ContextVar("unplaced_kernel_path", default="xla")
 
 
-def plain_kernels_forced() -> bool:
-    return os.environ.get(PLAIN_KERNELS_ENV, "").strip().lower() not in ("", "0", "false", "no")
+def use_kernels(path: str, graph=None) -> None:
+    """Builds the fused kernels of `graph` (the default graph) on `path` ("xla" or "plain") from now on."""
+    if path not in KERNEL_PATHS:
+        raise ValueError(f"kernel path {path!r}: 'xla' or 'plain'")
+    graph = graph if graph is not None else tf.get_default_graph()
+    graph.get_collection_ref(_GRAPH_KEY)[:] = [path]
+
+
+def kernel_path(graph=None) -> str:
+    """The fused kernels' path of `graph` (the default graph): the one recorded by use_kernels, else that of the
+    enclosing `kernels` block (XLA outside any)."""
+    graph = graph if graph is not None else tf.get_default_graph()
+    chosen = graph.get_collection(_GRAPH_KEY)
+    return chosen[-1] if chosen else _unplaced_path.get()
 
 
 def xla_kernels() -> bool:
-    """Whether the fused kernels compile with XLA now."""
-    if plain_kernels_forced():
-        return False
-    return True if _xla_kernels is None else _xla_kernels
-
-
-def use_xla_kernels(enabled) -> None:
-    """Chooses the fused kernels' path for graphs built from now on (None: back to the default)."""
-    global _xla_kernels
-    _xla_kernels = enabled
+    """Whether the fused kernels of the graph being built compile with XLA."""
+    return kernel_path() == "xla"
 
 
 @contextlib.contextmanager
 def kernels(path: str):
-    """Builds with the fused kernels on `path` ("xla" or "plain") inside the block (the tests run both)."""
-    if path not in ("xla", "plain"):
+    """Builds graphs that record no path of their own (no placement: the kernels' tests) on `path` inside the block."""
+    if path not in KERNEL_PATHS:
         raise ValueError(f"kernel path {path!r}: 'xla' or 'plain'")
-    previous = _xla_kernels
-    use_xla_kernels(path == "xla")
+    token = _unplaced_path.set(path)
     try:
         yield
     finally:
-        use_xla_kernels(previous)
+        _unplaced_path.reset(token)
 
 
 def compiled(fn, *args):
