@@ -26,10 +26,20 @@ import sys
 
 # Lines dropped. C++ INFO and WARNING lines of TensorFlow/XLA/absl (absl's "I1123 12:00:00.123 123 file.cc:45]"
 # and TF's older "2026-11-23 12:00:00.123: I file.cc:45]"), and the start-up ERROR lines that are not errors.
+# INFO and WARNING lines about CUDA's PTX JIT, ptxas or libdevice pass: they explain a start that takes minutes
+# (TF's kernels JIT-compiled for a GPU this build has no SASS for) or an XLA:GPU compile that fails.
+_FIRST_RUN = r"(?!.*(PTX|ptxas|libdevice|jit-compil|JIT compil|compute capability))"
 CHATTER = (
     r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
-    r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ",
-    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] \S+:\d+\] ",
+    r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] " + _FIRST_RUN,
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] \S+:\d+\] " + _FIRST_RUN,
+    # libtpu (tensorflow-tpu) loaded on a machine without a TPU: it looks for one and says so, harmlessly
+    r"^Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type",
+    r"^WARNING: Logging before InitGoogle\(\) is written to STDERR",
+    r"^E\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ common_lib\.cc:\d+\] INVALID_ARGUMENT: Error: unexpected worker hostname "
+    r"'WARNING: could not determine TPU worker hostnames",
+    r"^=== Source Location Trace: ===$",
+    r"^learning/\S+\.cc:\d+$",
     r"^(E\d{4} \d\d:\d\d:\d+\.\d+\s+\d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: E) \S+:\d+\] "
     r"(Unable to register cu(DNN|FFT|BLAS) factory|failed call to cuInit|.*computation placer already registered"
     r"|.*SetPriority unimplemented)",
@@ -43,7 +53,7 @@ _FILTER = r"""
 import os, re, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the filter ends at EOF
 chatter = re.compile("|".join(%r))
-maybe = re.compile(r"^([IWEF]\d|\d{4}-|WARNING: All|To enable|oneDNN)")
+maybe = re.compile(r"^([IWEF]\d|\d{4}-|WARNING: All|WARNING: Logging|To enable|oneDNN|Failed to find|=== Source|learning/)")
 out = sys.stdout.buffer
 pending = b""
 while True:
@@ -69,11 +79,31 @@ out.flush()
 _installed = None
 
 
+CUDA_CACHE_BYTES = 4 << 30  # the CUDA JIT cache: TensorFlow's kernels JIT-compiled from PTX, kept for later runs
+
+
+def accelerator_defaults(environ=os.environ, tpu_device_files: int | None = None) -> None:
+    """Environment defaults the accelerator runtimes read when TensorFlow loads (a value the user set is kept):
+    * CUDA_CACHE_MAXSIZE: on a GPU whose compute capability this TensorFlow build has no SASS for (e.g. an H100
+      with TF's compute_90 PTX), the driver JIT-compiles TF's kernels at start, for minutes; CUDA's default
+      256 MiB cache cannot keep them, and every new process would compile again.
+    * TPU_SKIP_MDS_QUERY=1 on a machine without TPU device files: libtpu (loaded by tensorflow-tpu) otherwise
+      asks the Google Cloud metadata server for the TPU's topology, 30 tries per value, before the import ends."""
+    environ.setdefault("CUDA_CACHE_MAXSIZE", str(CUDA_CACHE_BYTES))
+    if tpu_device_files is None:
+        import glob
+        tpu_device_files = len(glob.glob("/dev/accel*")) + len(glob.glob("/dev/vfio/[0-9]*"))
+    if not tpu_device_files:
+        environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+
 def quiet_tensorflow() -> None:
     """Filters this process's descriptor 2 (and its children's) from now on; call before importing TensorFlow.
-    Also sets TF_CPP_MIN_LOG_LEVEL=2 for the lines TensorFlow still lets that variable govern."""
+    Also sets TF_CPP_MIN_LOG_LEVEL=2 for the lines TensorFlow still lets that variable govern, and the
+    accelerators' environment defaults (`accelerator_defaults`: every entry point calls this first)."""
     global _installed
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    accelerator_defaults()
     if _installed is not None or os.environ.get("GPT_NEO_TF_LOGS") == "1":
         return
     try:
