@@ -98,6 +98,8 @@ def run(args) -> int:
     from tools.runs import write_run_info
     from train.job import run_training
 
+    if args.selfcheck:  # the device check (selfcheck/job.py): no config or model_path of the user's is used
+        return gpu_flags.selfcheck(args)
     overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
     if args.layout is not None:
         overrides["layout"] = args.layout

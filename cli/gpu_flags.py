@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 
 from runtime.tpu_access import DEFAULT_TIMEOUT as DEFAULT_TPU_TIMEOUT
 
@@ -19,6 +20,10 @@ def add_arguments(p) -> None:
                    help="run the fused kernels (GELU, LayerNorm, softmax gradient, cross-entropy, Adam) as plain "
                         "TensorFlow ops, not XLA-compiled (chosen automatically where XLA:GPU cannot compile; the "
                         f"environment variable {PLAIN_KERNELS_ENV}=1 does the same)")
+    p.add_argument("--selfcheck", nargs="?", const="float32", choices=("float32", "bfloat16", "float16"),
+                   help="check the devices (--gpu_ids, --tpu; default the CPU): a tiny model trains a few steps there "
+                        "and on the CPU in this dtype (default float32), compared step by step; prints a verdict "
+                        "line and a JSON report (the first command to run on new hardware)")
     p.add_argument("--tpu_timeout", type=float, default=DEFAULT_TPU_TIMEOUT, metavar="SECONDS",
                    help=f"with --tpu: how long a TPU Node's address (or the metadata server that looks up a TPU "
                         f"name) may take to answer, and the TPU system to initialise (default {DEFAULT_TPU_TIMEOUT:g})")
@@ -40,3 +45,22 @@ def start_up(args, placement):
         placement, _ = gpus.start_up(placement, session_config(placement),
                                      xla_autoclustering=bool(getattr(args, "xla", False)))
     return placement
+
+
+def selfcheck(args) -> int:
+    """--selfcheck: the placement from the device flags (one CPU device by default), then the check
+    (selfcheck/job.py) in a temporary folder."""
+    from cli.config_loading import config_from_dict
+    from runtime import devices, tpu
+    from selfcheck import job
+    if args.tpu:
+        placement = tpu.placement(args.tpu, args.tpu_timeout)
+        n_devices = placement.tpu_system.num_cores
+    else:
+        placement = devices.local_placement(args.gpu_ids or ["device:CPU:0"], args.gpu_memory)
+        n_devices = len(placement.devices)
+    placement = start_up(args, placement)
+    with tempfile.TemporaryDirectory(prefix="gpt-neo-selfcheck-") as root:
+        on_devices, on_cpu = job.model_settings(n_devices, args.selfcheck, root)
+        return job.run(config_from_dict(on_devices, "the selfcheck model"), config_from_dict(on_cpu, "the selfcheck model"),
+                       placement)

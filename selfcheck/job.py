@@ -1,0 +1,268 @@
+"""`python main.py --selfcheck [DTYPE]` with the device flags (--gpu_ids ..., --tpu ..., CPU by default): does
+training work on these devices, and how fast? The first command to run on new hardware.
+
+A tiny GPT (2 layers, 32 wide) trains a few steps on the devices under test (a mesh over all of them, the batch
+split across it) and the same steps, from the same seeded weights and batches, on this host's CPU as the
+reference. The verdict (`judge`, a pure function of both runs) requires:
+* the reference's loss to fall on the learnable data (so the comparison means something);
+* the devices' losses to follow the reference's step by step, within the dtype's tolerance (the first step's
+  loss is the forward pass on identical weights);
+* every weight after the last step to equal the reference's within a share of how far training moved it
+  (a wrong or missing gradient moves it elsewhere, by about as much as training did).
+It also lists the ops of the training step that ran on another device than the one they were placed on (GPUs: no
+kernel for their type and dtype), measures one device's peak (runtime/peaks.py) and the step's MFU, and times
+start-up (graph, session, initialisation) and the first step (compilation) apart from the steady steps.
+
+It prints one verdict line and a JSON report (stack versions, device facts, results) to attach to an issue;
+the exit status is 0 when it passed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import io
+import json
+import platform
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from config.schema import GPTConfig
+from models.flops import training_flops_per_token
+from runtime import gpus, meshes, peaks
+from runtime.devices import Placement
+from runtime.mesh_session import open_session, session_config
+from train import loop
+from train.step import training_step
+
+STEPS = 6
+REFERENCE = Placement(devices=("/device:CPU:0",))
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss_rtol: float      # each step's loss, relative to the reference's
+    weight_share: float   # each weight's largest difference, as a share of how far training moved it
+
+
+# float32: summation order only (TF32 is switched off for the check); 16-bit: rounding of activations and
+# gradients, which the CPU does differently (bf16 on CPUs is emulated in fp32 by XLA and TF's kernels).
+TOLERANCES = {"float32": Tolerance(2e-3, 0.02), "bfloat16": Tolerance(3e-2, 0.35), "float16": Tolerance(2e-2, 0.35)}
+
+
+@dataclass
+class Run:
+    """One training run of the check: each step's loss, the weights after the first and the last step, times."""
+    losses: list
+    first_weights: dict
+    last_weights: dict
+    startup_s: float
+    first_step_s: float
+    step_s: float          # median of the steps after the first
+
+
+def learnable_tokens(rows: int, n_ctx: int, n_vocab: int, seed: int = 0) -> np.ndarray:
+    """Rows of counting sequences (each token the previous one plus 1, mod n_vocab) from random starts: trained
+    on again and again, their loss falls within a few steps."""
+    starts = np.random.RandomState(seed).randint(0, n_vocab, size=[rows, 1])
+    return ((starts + np.arange(n_ctx + 1)[None, :]) % n_vocab).astype(np.int32)
+
+
+def batches(data: np.ndarray, batch_size: int):
+    def from_step(start_step: int) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
+        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
+    return from_step
+
+
+def _weights(checkpoint: str) -> dict:
+    reader = tf.train.load_checkpoint(checkpoint)
+    names = [n for n, _ in tf.train.list_variables(checkpoint)
+             if not re.search(r"(adam_[mv]|global_step|loss_scale|iterations_per_loop)", n)]
+    return {n: np.asarray(reader.get_tensor(n), np.float64) for n in names}
+
+
+def train_and_time(cfg: GPTConfig, placement: Placement, data: np.ndarray) -> Run:
+    """Trains cfg (STEPS steps, a checkpoint after each) on `placement` from scratch; returns the Run."""
+    from runtime import checkpoints
+    losses, stamps, opened = [], [], []
+    start = time.monotonic()
+    loop.train(cfg, placement, batches(data, cfg.train_batch_size),
+               on_open=lambda: opened.append(time.monotonic()),
+               on_step=lambda step, values: (losses.append(float(values["loss"])), stamps.append(time.monotonic())))
+    steps = np.diff([opened[0]] + stamps)
+    return Run(losses, _weights(checkpoints.prefix_of(cfg.model_path, 1)),
+               _weights(checkpoints.prefix_of(cfg.model_path, len(losses))), opened[0] - start, float(steps[0]),
+               float(np.median(steps[1:])) if len(steps) > 1 else float(steps[0]))
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    problems: list = field(default_factory=list)
+    loss_rdiff: float = 0.0          # the largest relative difference of a step's loss
+    weight_share: float = 0.0        # the largest weight difference as a share of training's movement
+    worst_weight: Optional[str] = None
+
+
+def judge(device: Run, reference: Run, tolerance: Tolerance) -> Verdict:
+    """Whether the devices trained as the CPU reference did (see the module's docstring)."""
+    problems = []
+    ref, got = np.array(reference.losses), np.array(device.losses)
+    if not ref[-1] < 0.95 * ref[0]:
+        problems.append(f"the CPU reference's loss did not fall ({ref[0]:.4f} -> {ref[-1]:.4f}): the check cannot "
+                        f"tell a right device from a wrong one here")
+    if len(got) != len(ref) or not np.all(np.isfinite(got)):
+        problems.append(f"the devices' losses are {got.tolist()} (the reference's: {ref.tolist()})")
+        return Verdict(False, problems)
+    rdiff = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-12)
+    if rdiff.max() > tolerance.loss_rtol:
+        step = int(rdiff.argmax()) + 1
+        what = "the forward pass differs" if step == 1 else "the devices trained differently"
+        problems.append(f"{what}: step {step}'s loss is {got[step - 1]:.6f} on the devices, {ref[step - 1]:.6f} on "
+                        f"the CPU (relative difference {rdiff.max():.2g} > {tolerance.loss_rtol:g})")
+    worst, worst_name = 0.0, None
+    for name, want in reference.last_weights.items():
+        moved = np.abs(want - reference.first_weights[name]).max()
+        have = device.last_weights.get(name)
+        if have is None or have.shape != want.shape:
+            problems.append(f"weight {name} is missing or has another shape on the devices")
+            continue
+        share = np.abs(have - want).max() / max(moved, 1e-12)
+        if share > worst:
+            worst, worst_name = float(share), name
+    if worst > tolerance.weight_share:
+        problems.append(f"the weights differ from the CPU's after step {len(ref)}: {worst_name} by {worst:.2g} of "
+                        f"how far training moved it (> {tolerance.weight_share:g}): a wrong or missing gradient or "
+                        f"update on the devices")
+    return Verdict(not problems, problems, float(rdiff.max()), worst, worst_name)
+
+
+def _kind_index(device: str) -> tuple:
+    match = re.search(r"(?:^|/)(?:device:)?([A-Za-z_]+):(\d+)$", device or "")
+    return (match.group(1).upper(), int(match.group(2))) if match else None
+
+
+def off_device(ops: list, mesh_devices) -> list:
+    """The ops placed on one of `mesh_devices` that ran on another device, from (name, op type, requested,
+    placed) of each op (runtime/gpus.placed_ops)."""
+    wanted = {_kind_index(d) for d in mesh_devices}
+    return [op for op in ops if _kind_index(op[2]) in wanted and _kind_index(op[3]) != _kind_index(op[2])]
+
+
+def list_off_device(cfg: GPTConfig, placement: Placement, data: np.ndarray, checkpoint: str) -> list:
+    """One more training step on the devices (from `checkpoint`, not saved) with its partition graphs: the ops
+    that ran elsewhere than placed."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(placement.device_function()):
+        inputs, labels = tf.data.make_one_shot_iterator(batches(data, cfg.train_batch_size)(0)).get_next()
+        mesh, impl = meshes.placement_mesh(cfg, placement)
+        lowered = training_step(cfg, mesh, impl, inputs, labels)
+    with open_session(placement, graph, lowered.lowering, checkpoint) as session:
+        _, report = gpus.run_listing_placement(session, lowered.train_op, out=io.StringIO())
+    return off_device(report.ops, placement.devices)
+
+
+def stack_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in ("tensorflow", "tensorflow-tpu", "tensorflow-cpu", "libtpu", "mesh-tensorflow", "numpy",
+                 "protobuf", "nvidia-cudnn-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-nvcc-cu12", "torch"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    try:
+        build = tf.sysconfig.get_build_info()
+        versions["tensorflow_build"] = {k: build[k] for k in ("cuda_version", "cudnn_version",
+                                                              "cuda_compute_capabilities") if k in build}
+    except Exception:  # noqa: BLE001 (a build without the info)
+        pass
+    return versions
+
+
+def device_facts(placement: Placement) -> dict:
+    facts = {"devices": list(placement.devices), "kernels": placement.kernels}
+    if placement.gpu is not None:
+        facts["gpus"] = [dataclasses.asdict(g) for g in (placement.gpu.facts.gpus if placement.gpu.facts else ())]
+        facts["physical_gpus"] = list(placement.gpu.physical)
+        facts["gpu_memory"] = str(placement.gpu.memory)
+    if placement.use_tpu:
+        facts["tpu"] = placement.tpu
+        if placement.tpu_facts is not None:
+            facts["tpu_facts"] = dataclasses.asdict(placement.tpu_facts)
+        if placement.tpu_system is not None:
+            facts["tpu_cores"] = placement.tpu_system.num_cores
+            facts["tpu_hosts"] = placement.tpu_system.num_hosts
+            facts["tpu_topology"] = placement.tpu_system.physical_shape
+    return facts
+
+
+def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, out=None) -> int:
+    """The check: `device_cfg` on `placement` against `reference_cfg` (the same model on one CPU device); prints
+    the verdict line and the report; 0 when it passed."""
+    out = out or sys.stdout
+    precision = device_cfg.precision
+    if precision == "float32":  # TF32 (Ampere and newer) would be a difference of its own
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+    data = learnable_tokens(device_cfg.train_batch_size, device_cfg.n_ctx, device_cfg.n_vocab)  # one batch, repeated
+    device = train_and_time(device_cfg, placement, data)
+    reference = train_and_time(reference_cfg, REFERENCE, data)
+    verdict = judge(device, reference, TOLERANCES[precision])
+    n_devices = device_cfg.n_devices
+    if placement.use_tpu:
+        elsewhere, placed = None, "not listed on TPUs (XLA compiles the whole step, or fails)"
+    else:
+        from runtime import checkpoints
+        elsewhere = list_off_device(device_cfg, placement, data, checkpoints.prefix_of(device_cfg.model_path, 1))
+        placed = f"{len(elsewhere)} ops of the step ran off their device"
+    peak = peaks.device_peak(placement, precision, session_config(placement), seconds=0.5)
+    tokens = device_cfg.train_batch_size * device_cfg.n_ctx
+    mfu = (training_flops_per_token(device_cfg) * tokens / device.step_s / (peak.flops * n_devices)
+           if peak.flops and device.step_s > 0 else None)
+    where = ", ".join(placement.devices) if placement.devices else f"TPU {placement.tpu}"
+    timing = (f"start-up {device.startup_s:.1f} s, first step {device.first_step_s:.2f} s, then "
+              f"{device.step_s * 1000:.0f} ms/step" + (f", MFU {mfu:.1%}" if mfu is not None else ""))
+    if verdict.passed:
+        line = (f"selfcheck passed on {where} ({n_devices} device{'s' if n_devices > 1 else ''}, {precision}, "
+                f"kernels {placement.kernels}): losses within {verdict.loss_rdiff:.1g} of the CPU's, weights within "
+                f"{verdict.weight_share:.1g} of training's movement, {placed}; {timing}")
+    else:
+        line = f"selfcheck FAILED on {where} ({precision}): {'; '.join(verdict.problems)}"
+    report = {
+        "verdict": "passed" if verdict.passed else "failed",
+        "problems": verdict.problems,
+        "stack": stack_versions(),
+        "device": device_facts(placement),
+        "model": {"n_layer": device_cfg.n_layer, "n_embd": device_cfg.n_embd, "n_ctx": device_cfg.n_ctx,
+                  "batch": device_cfg.train_batch_size, "mesh_shape": device_cfg.mesh_shape,
+                  "layout": device_cfg.layout, "precision": precision, "steps": len(reference.losses)},
+        "losses": {"devices": device.losses, "cpu": reference.losses},
+        "loss_relative_difference": verdict.loss_rdiff,
+        "weight_difference_share": verdict.weight_share, "worst_weight": verdict.worst_weight,
+        "tolerance": dataclasses.asdict(TOLERANCES[precision]),
+        "off_device_ops": None if elsewhere is None else [list(op) for op in elsewhere[:50]],
+        "peak": {"flops": peak.flops, "source": peak.source},
+        "mfu": mfu,
+        "seconds": {"start_up": device.startup_s, "first_step": device.first_step_s, "step": device.step_s,
+                    "cpu_start_up": reference.startup_s, "cpu_step": reference.step_s},
+    }
+    print(json.dumps(report, indent=2, default=str), file=out)
+    print(line, file=out, flush=True)
+    return 0 if verdict.passed else 1
+
+
+def model_settings(n_devices: int, precision: str, root: str) -> tuple:
+    """The raw configs (devices, CPU reference) of the tiny model: a mesh over all `n_devices` with the batch split
+    across it, and the same model on one device; checkpoints after every step under `root`."""
+    base = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, attention_types=[[["global", "local"], 1]],
+                local_attention_radius=4, train_batch_size=2 * max(n_devices, 2), train_steps=STEPS, lr=3e-2,
+                warmup_steps=0, steps_per_checkpoint=1, keep_checkpoint_max=STEPS + 1, iterations=1,
+                precision=precision, z_loss=0.0)
+    device = dict(base, model_path=f"{root}/devices", mesh_shape=f"all:{n_devices}",
+                  layout="batch:all" if n_devices > 1 else "")
+    return device, dict(base, model_path=f"{root}/cpu", mesh_shape="all:1", layout="")

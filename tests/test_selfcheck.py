@@ -1,0 +1,73 @@
+"""python main.py --selfcheck: the verdict over two runs (selfcheck/job.py's `judge`, a pure function), the ops
+found off their device, and the whole check on logical CPU devices: a 2-way mesh passes, and the same mesh with
+a wrong gradient (injected here, in the test) fails with the reason."""
+import json
+
+import mesh_tensorflow as mtf
+import numpy as np
+import pytest
+
+import main
+from selfcheck import job
+from selfcheck.job import Run, Tolerance, judge
+from train import objective
+
+TIGHT = Tolerance(loss_rtol=1e-3, weight_share=0.02)
+
+
+def run_of(losses, first, last):
+    return Run(list(losses), {"w": np.array(first, float)}, {"w": np.array(last, float)}, 1.0, 1.0, 0.1)
+
+
+def test_judge_passes_the_same_training_and_names_what_differs():
+    reference = run_of([4.0, 3.5, 3.0], [1.0, 1.0], [0.9, 1.1])
+    assert judge(run_of([4.0, 3.5, 3.0], [1.0, 1.0], [0.9, 1.1 + 1e-4]), reference, TIGHT).passed
+    forward = judge(run_of([4.1, 3.5, 3.0], [1.0, 1.0], [0.9, 1.1]), reference, TIGHT)
+    assert not forward.passed and "the forward pass differs" in forward.problems[0]
+    no_update = judge(run_of([4.0, 3.5, 3.0], [1.0, 1.0], [1.0, 1.0]), reference, TIGHT)
+    assert not no_update.passed and "the weights differ" in no_update.problems[0] and no_update.worst_weight == "w"
+    flat = judge(reference, run_of([4.0, 4.0, 4.0], [1.0, 1.0], [0.9, 1.1]), TIGHT)
+    assert not flat.passed and "did not fall" in flat.problems[0]
+    broken = judge(run_of([4.0, float("nan"), 3.0], [1.0, 1.0], [0.9, 1.1]), reference, TIGHT)
+    assert not broken.passed and "nan" in broken.problems[0]
+
+
+def test_off_device_lists_ops_that_ran_elsewhere_than_placed():
+    local = "/job:localhost/replica:0/task:0/device:"
+    ops = [("a", "MatMul", "/device:GPU:0", local + "GPU:0"), ("b", "Unique", "/device:GPU:1", local + "CPU:0"),
+           ("c", "Add", "/device:CPU:1", local + "CPU:1"), ("d", "IteratorGetNext", "", local + "CPU:0")]
+    assert job.off_device(ops, ["/device:GPU:0", "/device:GPU:1"]) == [ops[1]]
+    assert job.off_device(ops, ["/device:CPU:0", "/device:CPU:1"]) == []
+
+
+def selfcheck(capsys, *flags):
+    code = main.main(["--selfcheck", *flags])
+    out = capsys.readouterr().out.strip().splitlines()
+    start = out.index("{")
+    return code, json.loads("\n".join(out[start:-1])), out[-1]
+
+
+def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys):
+    code, report, verdict = selfcheck(capsys, "--gpu_ids", "device:CPU:0", "device:CPU:1")
+    assert code == 0 and verdict.startswith("selfcheck passed on /device:CPU:0, /device:CPU:1 (2 devices, float32")
+    assert report["verdict"] == "passed" and report["model"]["mesh_shape"] == "all:2"
+    assert report["losses"]["devices"][-1] < report["losses"]["devices"][0]
+    assert report["off_device_ops"] == [] and report["peak"]["flops"] > 0 and 0 < report["mfu"] < 1
+    assert report["seconds"]["start_up"] > 0 and report["seconds"]["first_step"] > 0
+    assert "tensorflow" in report["stack"] or "tensorflow-tpu" in report["stack"]
+
+
+def test_selfcheck_fails_with_the_reason_when_the_devices_gradient_is_wrong(capsys, monkeypatch):
+    right = objective.losses_and_gradients
+
+    def halved_on_the_mesh(x, y, cfg, *args, **kwargs):  # the devices' 2-way mesh gets half the gradient, the CPU's
+        losses, grads, variables = right(x, y, cfg, *args, **kwargs)  # (one device) the right one
+        if cfg.n_devices > 1:
+            grads = [None if g is None else mtf.multiply(g, 0.5) for g in grads]
+        return losses, grads, variables
+
+    monkeypatch.setattr(objective, "losses_and_gradients", halved_on_the_mesh)
+    code, report, verdict = selfcheck(capsys, "--gpu_ids", "device:CPU:0", "device:CPU:1")
+    assert code == 1 and verdict.startswith("selfcheck FAILED on /device:CPU:0, /device:CPU:1 (float32): ")
+    assert "the weights differ from the CPU's" in verdict or "trained differently" in verdict
+    assert report["verdict"] == "failed" and report["problems"]
