@@ -37,13 +37,22 @@ def kernels(args, environ=os.environ) -> str:
 
 def start_up(args, placement):
     """The placement with the fused kernels' path asked for; on GPUs also the start-up line and the XLA:GPU check,
-    which may choose plain kernels (runtime/gpus.py)."""
-    from runtime import gpus
+    which may choose plain kernels (runtime/gpus.py); on this host's CPU with TensorFlow's TPU build, which has no
+    XLA:CPU, plain kernels with one line saying why."""
+    import sys
+    from runtime import devices, gpus, tpu_access
     from runtime.mesh_session import session_config
     placement = dataclasses.replace(placement, kernels=kernels(args))
     if gpus.uses_gpus(placement):
         placement, _ = gpus.start_up(placement, session_config(placement),
                                      xla_autoclustering=bool(getattr(args, "xla", False)))
+    elif (not placement.use_tpu and not placement.master and placement.kernels == "xla"
+          and tpu_access.tensorflow_distribution()[0] == "tensorflow-tpu"):
+        problem = devices.xla_cpu_problem()
+        if problem:
+            print(f"note: XLA cannot compile for the CPU in tensorflow-tpu ({problem}): the fused kernels run as "
+                  f"plain TensorFlow ops on the CPU devices", file=sys.stderr, flush=True)
+            placement = dataclasses.replace(placement, kernels="plain")
     return placement
 
 
@@ -63,4 +72,4 @@ def selfcheck(args) -> int:
     with tempfile.TemporaryDirectory(prefix="gpt-neo-selfcheck-") as root:
         on_devices, on_cpu = job.model_settings(n_devices, args.selfcheck, root)
         return job.run(config_from_dict(on_devices, "the selfcheck model"), config_from_dict(on_cpu, "the selfcheck model"),
-                       placement)
+                       placement, start_up(args, job.REFERENCE))

@@ -99,6 +99,18 @@ def local_placement(names: list[str], gpu_memory: Optional[str] = None, kernels:
     return Placement(devices=setting.names, gpu=setting if setting.memory else None, kernels=kernels)
 
 
+def xla_cpu_problem() -> Optional[str]:
+    """Why XLA cannot compile for this host's CPU, else None. tensorflow-tpu 2.20's build has no XLA:CPU ("could not
+    find registered transfer manager for platform Host"): on a TPU VM the fused kernels of CPU meshes (and
+    --selfcheck's CPU reference) must run as plain ops there."""
+    try:
+        with tf.device("/device:CPU:0"):
+            tf.function(lambda x: tf.tanh(x) * 2.0, jit_compile=True)(tf.ones([4]))
+    except tf.errors.OpError as e:
+        return gpus.first_line(e.message)
+    return None
+
+
 def check_mesh_fits(mesh_shape: str, n_mesh_devices: int, devices: list[str]) -> None:
     if n_mesh_devices != len(devices):
         raise DeviceError(

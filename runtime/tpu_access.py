@@ -163,7 +163,8 @@ def _version(distribution: str) -> Optional[str]:
         return None
 
 
-def _tensorflow_distribution() -> tuple:
+def tensorflow_distribution() -> tuple:
+    """(the installed TensorFlow distribution's name, its version): tensorflow, tensorflow-tpu, ..."""
     for name in ("tensorflow-tpu", "tensorflow", "tensorflow-cpu", "tf-nightly-tpu", "tf-nightly"):
         version = _version(name)
         if version:
@@ -177,7 +178,7 @@ def _tpu_device_files() -> int:
 
 def gather_facts(want: Target, timeout: float = DEFAULT_TIMEOUT) -> TpuFacts:
     """This machine's TpuFacts for `want`; only the network facts `want` needs are probed."""
-    tensorflow, version = _tensorflow_distribution()
+    tensorflow, version = tensorflow_distribution()
     missing = tuple(m for m in RESOLVER_MODULES if importlib.util.find_spec(m) is None)
     address = metadata = None
     if want.kind == "grpc":

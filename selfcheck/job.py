@@ -202,16 +202,17 @@ def device_facts(placement: Placement) -> dict:
     return facts
 
 
-def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, out=None) -> int:
-    """The check: `device_cfg` on `placement` against `reference_cfg` (the same model on one CPU device); prints
-    the verdict line and the report; 0 when it passed."""
+def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, reference_placement=REFERENCE,
+        out=None) -> int:
+    """The check: `device_cfg` on `placement` against `reference_cfg` on `reference_placement` (the same model on
+    one CPU device); prints the verdict line and the report; 0 when it passed."""
     out = out or sys.stdout
     precision = device_cfg.precision
     if precision == "float32":  # TF32 (Ampere and newer) would be a difference of its own
         tf.config.experimental.enable_tensor_float_32_execution(False)
     data = learnable_tokens(device_cfg.train_batch_size, device_cfg.n_ctx, device_cfg.n_vocab)  # one batch, repeated
     device = train_and_time(device_cfg, placement, data)
-    reference = train_and_time(reference_cfg, REFERENCE, data)
+    reference = train_and_time(reference_cfg, reference_placement, data)
     verdict = judge(device, reference, TOLERANCES[precision])
     n_devices = device_cfg.n_devices
     if placement.use_tpu:
