@@ -141,7 +141,7 @@ def select_devices(args, cfg):
     else:
         placement = devices.local_placement(args.gpu_ids or devices.cpu_devices(cfg.n_devices), args.gpu_memory)
         devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, list(placement.devices))
-    return gpu_flags.start_up(args, placement)  # kernels' path; GPUs: start-up line, XLA:GPU check
+    return gpu_flags.start_up(args, placement, cfg.precision)  # kernels' path; GPUs: start-up line, XLA check
 
 
 if __name__ == "__main__":

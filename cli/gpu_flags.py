@@ -35,7 +35,7 @@ def kernels(args, environ=os.environ) -> str:
     return "plain" if getattr(args, "plain_kernels", False) or forced else "xla"
 
 
-def start_up(args, placement):
+def start_up(args, placement, precision: str = "float32"):
     """The placement with the fused kernels' path asked for; on GPUs also the start-up line and the XLA:GPU check,
     which may choose plain kernels (runtime/gpus.py); on this host's CPU with TensorFlow's TPU build, which has no
     XLA:CPU, plain kernels with one line saying why."""
@@ -45,7 +45,7 @@ def start_up(args, placement):
     placement = dataclasses.replace(placement, kernels=kernels(args))
     if gpus.uses_gpus(placement):
         placement, _ = gpus.start_up(placement, session_config(placement),
-                                     xla_autoclustering=bool(getattr(args, "xla", False)))
+                                     xla_autoclustering=bool(getattr(args, "xla", False)), precision=precision)
     elif (not placement.use_tpu and not placement.master and placement.kernels == "xla"
           and tpu_access.tensorflow_distribution()[0] == "tensorflow-tpu"):
         problem = devices.xla_cpu_problem()
@@ -68,8 +68,8 @@ def selfcheck(args) -> int:
     else:
         placement = devices.local_placement(args.gpu_ids or ["device:CPU:0"], args.gpu_memory)
         n_devices = len(placement.devices)
-    placement = start_up(args, placement)
+    placement = start_up(args, placement, args.selfcheck)
     with tempfile.TemporaryDirectory(prefix="gpt-neo-selfcheck-") as root:
         on_devices, on_cpu = job.model_settings(n_devices, args.selfcheck, root)
-        return job.run(config_from_dict(on_devices, "the selfcheck model"), config_from_dict(on_cpu, "the selfcheck model"),
-                       placement, start_up(args, job.REFERENCE))
+        return job.run(config_from_dict(on_devices, "the selfcheck model"),
+                       config_from_dict(on_cpu, "the selfcheck model"), placement, start_up(args, job.REFERENCE))

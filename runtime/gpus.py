@@ -58,6 +58,8 @@ class GpuFacts:
     missing_wheels: tuple = ()                  # CUDA_WHEELS not installed in this Python
     cuda_visible_devices: Optional[str] = None  # the environment variable, when set
     min_compute_capability: Optional[tuple] = None  # the lowest this TensorFlow build has kernels for
+    sass: tuple = ()                            # compute capabilities this build has machine code (SASS) for
+    ptx: tuple = ()                             # compute capabilities it has PTX for (the driver JIT-compiles those)
 
 
 def gpu_problem(facts: GpuFacts, requested: Iterable[int]) -> Optional[str]:
@@ -145,17 +147,60 @@ def gather_facts() -> GpuFacts:
         except Exception:  # noqa: BLE001 (details are for the start-up line only)
             details = {}
         gpus.append(Gpu(i, details.get("device_name", "GPU"), details.get("compute_capability")))
-    capabilities = []
     try:
-        for arch in tf.sysconfig.get_build_info().get("cuda_compute_capabilities", []):
-            match = re.fullmatch(r"(?:sm|compute)_(\d+)(\d)", arch)
-            if match:
-                capabilities.append((int(match.group(1)), int(match.group(2))))
-    except Exception:  # noqa: BLE001
-        pass
+        sass, ptx = build_architectures(tf.sysconfig.get_build_info().get("cuda_compute_capabilities", []))
+    except Exception:  # noqa: BLE001 (a build without the info)
+        sass, ptx = (), ()
+    capabilities = sass + ptx
     return GpuFacts(built_with_cuda=tf.test.is_built_with_cuda(), gpus=tuple(gpus), driver_gpus=_driver_gpus(),
                     missing_wheels=_missing_wheels(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                    min_compute_capability=min(capabilities) if capabilities else None)
+                    min_compute_capability=min(capabilities) if capabilities else None, sass=sass, ptx=ptx)
+
+
+def build_architectures(archs: Iterable[str]) -> tuple:
+    """(SASS capabilities, PTX capabilities) from TensorFlow's build info `cuda_compute_capabilities`, e.g.
+    ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"] -> (((6, 0), (7, 0), (8, 0), (8, 9)), ((9, 0),))."""
+    sass, ptx = [], []
+    for arch in archs:
+        match = re.fullmatch(r"(sm|compute)_(\d+)(\d)a?", arch)
+        if match:
+            (sass if match.group(1) == "sm" else ptx).append((int(match.group(2)), int(match.group(3))))
+    return tuple(sorted(sass)), tuple(sorted(ptx))
+
+
+def jit_note(facts: GpuFacts, physical: Iterable[int]) -> Optional[str]:
+    """A line for GPUs this TensorFlow build has no machine code (SASS) for but PTX it can JIT-compile: the driver
+    compiles TensorFlow's kernels when it starts, for minutes the first time (then from CUDA's JIT cache)."""
+    for index in physical:
+        gpu = facts.gpus[index] if index < len(facts.gpus) else None
+        if gpu is None or not gpu.compute_capability or not facts.sass:
+            continue
+        cc = tuple(gpu.compute_capability)
+        # SASS for X.Y runs on X.Z with Z >= Y (same major version); anything else needs PTX at or below cc
+        if any(major == cc[0] and minor <= cc[1] for major, minor in facts.sass) or not any(p <= cc for p in facts.ptx):
+            continue
+        cache = os.environ.get("CUDA_CACHE_MAXSIZE")
+        return (f"note: this TensorFlow build has no kernels compiled for compute capability {_cc(cc)} "
+                f"(device:GPU:{index}, {gpu.name}; it has {', '.join(_cc(c) for c in facts.sass)}), so the NVIDIA "
+                f"driver now JIT-compiles them from PTX {_cc(max(p for p in facts.ptx if p <= cc))}: the first start "
+                f"takes minutes; later ones read CUDA's JIT cache"
+                + (f" (CUDA_CACHE_MAXSIZE={cache})" if cache else " (set CUDA_CACHE_MAXSIZE=4294967296 to keep it)"))
+    return None
+
+
+def precision_problem(precision: str, facts: GpuFacts, physical: Iterable[int]) -> Optional[str]:
+    """bfloat16 on a GPU without bfloat16 tensor cores (compute capability below 8.0: V100, T4) is refused, with
+    float16 named; None where the precision fits every GPU."""
+    if precision != "bfloat16":
+        return None
+    for index in physical:
+        gpu = facts.gpus[index] if index < len(facts.gpus) else None
+        if gpu is not None and gpu.compute_capability and tuple(gpu.compute_capability) < (8, 0):
+            return (f"precision bfloat16 needs bfloat16 tensor cores (compute capability 8.0 or later) but "
+                    f"device:GPU:{index} ({gpu.name}) has compute capability {_cc(gpu.compute_capability)}: TensorFlow "
+                    f"would emulate bfloat16, slowly; set \"precision\": \"float16\" (dynamic loss scaling, the same "
+                    f"tensor-core speed) or \"float32\"")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -304,16 +349,23 @@ def describe(names: list[str], facts: GpuFacts, physical: list[int], probe: Prob
     return f"GPUs: {'; '.join(parts)}; {memory}; fused kernels: {kernels}"
 
 
-def _probe_function(x):
+def _probe_function(x, dtype="float32"):
+    """Computes in `dtype` (the training dtype: a 16-bit-only compile failure shows here, not mid-step), returns
+    float32."""
     import tensorflow as tf
+    x = tf.cast(x, dtype)
     y = tf.exp(-x * x)  # libdevice's __nv_expf, as GELU's tanh and LayerNorm's rsqrt need libdevice too
-    return tf.tanh(y) + tf.math.rsqrt(1.0 + y) + tf.reduce_logsumexp(x, keepdims=True)
+    return tf.cast(tf.tanh(y) + tf.math.rsqrt(1.0 + y) + tf.reduce_logsumexp(x, keepdims=True), tf.float32)
 
 
-def probe(names: list[str], config, xla: bool = True) -> ProbeResult:
+PROBE_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-3}
+
+
+def probe(names: list[str], config, xla: bool = True, dtype: str = "float32") -> ProbeResult:
     """Opens a session on the GPUs `names` with `config` (soft placement off: the probe must run there) and runs a
-    tiny XLA-compiled function on each (a plain one when `xla` is false); returns each GPU's memory for
+    tiny XLA-compiled function in `dtype` on each (a plain one when `xla` is false); returns each GPU's memory for
     TensorFlow and why XLA failed (None when it compiled and gave numpy's values)."""
+    import functools
     import numpy as np
     import tensorflow.compat.v1 as tf
 
@@ -323,7 +375,8 @@ def probe(names: list[str], config, xla: bool = True) -> ProbeResult:
     graph = tf.Graph()
     with graph.as_default():
         x = tf.placeholder(tf.float32, [256])
-        fn = tf.function(_probe_function, jit_compile=True) if xla else _probe_function
+        body = functools.partial(_probe_function, dtype=dtype)
+        fn = tf.function(body, jit_compile=True) if xla else body
         outputs = []
         for name in names:
             with tf.device(name):
@@ -352,7 +405,7 @@ def probe(names: list[str], config, xla: bool = True) -> ProbeResult:
                 raise DeviceError(f"TensorFlow could not run on {', '.join(names)}: {first_line(e.message)}")
             return ProbeResult(memory, first_line(e.message))
     for name, result in zip(names, results):
-        if not np.allclose(result, expected, rtol=1e-4, atol=1e-5):
+        if not np.allclose(result, expected, rtol=PROBE_RTOL.get(dtype, 1e-4), atol=1e-5):
             return ProbeResult(memory, f"its result on {name} differs from numpy's by "
                                        f"{float(np.abs(result - expected).max()):.3g}")
     return ProbeResult(memory, None)
@@ -368,18 +421,25 @@ def first_line(message: str, limit: int = 240) -> str:
     return (lines[0] if lines else message.strip() or "unknown error")[:limit]
 
 
-def start_up(placement, config, xla_autoclustering: bool = False, out=None):
-    """For a placement on GPUs: probes them (memory, XLA:GPU), prints the start-up line and chooses the fused
-    kernels' path (XLA:GPU, or plain ops with one warning line; plain where the placement already says so).
-    Returns (the placement with that path, the ProbeResult); for CPU devices or a TPU (placement, None)."""
+def start_up(placement, config, xla_autoclustering: bool = False, out=None, precision: str = "float32"):
+    """For a placement on GPUs: refuses a precision the GPUs lack, says when the driver will JIT-compile
+    TensorFlow's kernels, probes the GPUs (memory, XLA:GPU in `precision`), prints the start-up line and chooses
+    the fused kernels' path (XLA:GPU, or plain ops with one warning line; plain where the placement already says
+    so). Returns (the placement with that path, the ProbeResult); for CPU devices or a TPU (placement, None)."""
     if not uses_gpus(placement) or placement.master:
         return placement, None
     setting = placement.gpu
     names = list(placement.devices)
     physical = [setting.physical_of(n) if setting else int(n.rsplit(":", 1)[1]) for n in names]
     facts = setting.facts if setting and setting.facts else gather_facts()
+    problem = precision_problem(precision, facts, physical)
+    if problem:
+        raise DeviceError(problem)
+    note = jit_note(facts, physical)
+    if note:  # before the probe: it is the first thing that makes the driver compile
+        print(note, file=sys.stderr, flush=True)
     forced = placement.kernels == "plain"
-    result = probe(sorted(set(names)), config, xla=not forced)
+    result = probe(sorted(set(names)), config, xla=not forced, dtype=precision)
     xla, warning = kernel_path(forced, result.xla_error)
     if xla_autoclustering and result.xla_error:
         raise DeviceError(f"--xla needs XLA:GPU, which does not work here ({result.xla_error}): leave out --xla, "

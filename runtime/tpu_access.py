@@ -67,7 +67,8 @@ def target(tpu: str, colab_tpu_addr: Optional[str] = None) -> Target:
         except ValueError:
             port = None
         if not parsed.hostname or not port:
-            raise DeviceError(f"--tpu {tpu!r}: write a TPU Node's address as grpc://HOST:PORT (e.g. grpc://10.0.0.2:8470)")
+            raise DeviceError(f"--tpu {tpu!r}: write a TPU Node's address as grpc://HOST:PORT "
+                              f"(e.g. grpc://10.0.0.2:8470)")
         return Target("grpc", tpu, "worker", tpu)
     if "://" in tpu or "/" in tpu:
         raise DeviceError(f"--tpu {tpu!r} is not understood: local, a TPU name, grpc://HOST:PORT or colab")
@@ -82,7 +83,7 @@ def host_port(address: str) -> tuple:
 @dataclass(frozen=True)
 class TpuFacts:
     """What decides whether --tpu can work on this machine, gathered before TensorFlow touches the TPU."""
-    tensorflow: str = "tensorflow"              # the TensorFlow distribution installed (tensorflow, tensorflow-tpu, ...)
+    tensorflow: str = "tensorflow"              # the TensorFlow distribution: tensorflow, tensorflow-tpu, ...
     tensorflow_version: str = ""
     libtpu: Optional[str] = None                # libtpu's version, when installed
     resolver_packages: tuple = ()               # RESOLVER_MODULES that are missing
@@ -101,8 +102,8 @@ def tpu_problem(want: Target, facts: TpuFacts, timeout: float = DEFAULT_TIMEOUT)
         if not facts.libtpu:
             return f"--tpu {want.given}: libtpu (the TPU runtime tensorflow-tpu loads) is not installed: `{INSTALL}`"
         if facts.tpu_device_files == 0:
-            return (f"--tpu {want.given}: this machine has no TPU (no /dev/accel* or /dev/vfio device): run on a Cloud TPU VM "
-                    "(or, in Colab, a TPU runtime), or pass a TPU Node as --tpu NAME or grpc://HOST:PORT")
+            return (f"--tpu {want.given}: this machine has no TPU (no /dev/accel* or /dev/vfio device): run on a "
+                    f"Cloud TPU VM (or, in Colab, a TPU runtime), or pass a TPU Node as --tpu NAME or grpc://HOST:PORT")
         return generation_problem(facts.accelerator_type)
     if want.kind == "grpc":
         if facts.address_answers is False:

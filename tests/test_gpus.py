@@ -143,7 +143,8 @@ def test_the_probe_compiles_and_checks_its_values_on_a_cpu_device():
 def test_the_probe_reports_what_xla_cannot_compile(monkeypatch):
     """An XLA failure (here an op XLA has no kernel for, standing in for a missing libdevice) is the probe's
     answer, not an exception: start-up falls back to plain ops. The plain probe runs the same function."""
-    monkeypatch.setattr(gpus, "_probe_function", lambda x: tf.cast(tf.strings.length(tf.strings.as_string(x)), tf.float32))
+    monkeypatch.setattr(gpus, "_probe_function",
+                        lambda x, dtype="float32": tf.cast(tf.strings.length(tf.strings.as_string(x)), tf.float32))
     result = gpus.probe([CPU_DEVICES[0]], tf.ConfigProto(device_count={"CPU": 4}))
     assert "unsupported operations" in result.xla_error and "\n" not in result.xla_error
 
@@ -244,3 +245,43 @@ def test_main_says_what_is_missing_in_one_line_where_no_gpu_is_visible(tmp_path)
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
     assert errors[0].startswith("error: device:GPU:0 not found: ")
     assert "requirements-gpu.txt" in errors[0] or "device:CPU:i" in errors[0]
+
+
+TF_221_ARCHS = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]  # tf.sysconfig.get_build_info() of TF 2.21's wheel
+
+
+def test_build_architectures_and_the_ptx_jit_note():
+    sass, ptx = gpus.build_architectures(TF_221_ARCHS)
+    assert sass == ((6, 0), (7, 0), (8, 0), (8, 9)) and ptx == ((9, 0),)
+    with_build = facts(sass=sass, ptx=ptx, gpus=(H100, T4, gpus.Gpu(2, "NVIDIA A10", (8, 6))))
+    note = gpus.jit_note(with_build, [0])
+    assert "compute capability 9.0" in note and "PTX 9.0" in note and "minutes" in note and "H100" in note
+    assert gpus.jit_note(with_build, [1, 2]) is None  # 7.5 and 8.6 run the 7.0 and 8.0 machine code
+    assert gpus.jit_note(facts(gpus=(H100,)), [0]) is None  # a build that does not say: no claim
+    assert gpus.build_architectures(["sm_90a", "compute_100", "junk"]) == (((9, 0),), ((10, 0),))
+
+
+def test_bfloat16_is_refused_below_compute_capability_8_with_float16_named():
+    machine = facts()  # H100 (9.0), T4 (7.5)
+    assert gpus.precision_problem("bfloat16", machine, [0]) is None
+    problem = gpus.precision_problem("bfloat16", machine, [0, 1])
+    assert "device:GPU:1 (Tesla T4) has compute capability 7.5" in problem and '"float16"' in problem
+    assert gpus.precision_problem("float16", machine, [1]) is None
+    # start-up refuses it before touching the GPU (no GPU here: the probe would fail if it were reached)
+    names = ("/device:GPU:0",)
+    t4 = Placement(devices=names, gpu=gpus.GpuSetting(names, (1,), gpus.GpuMemory(), machine))
+    with pytest.raises(DeviceError, match="precision bfloat16 needs bfloat16 tensor cores"):
+        gpus.start_up(t4, tf.ConfigProto(), precision="bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_xla_probe_computes_in_the_training_dtype(dtype):
+    """On CPU devices: the probe compiles in `dtype` and matches numpy within that dtype's tolerance."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.placeholder(tf.float32, [8])
+        y = gpus._probe_function(x, dtype)
+        cast = [op.get_attr("DstT") for op in graph.get_operations() if op.type == "Cast"]
+    assert tf.as_dtype(dtype) in cast or dtype == "float32"
+    result = gpus.probe(["/device:CPU:0"], tf.ConfigProto(), xla=True, dtype=dtype)
+    assert result.xla_error is None, result.xla_error
