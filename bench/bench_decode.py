@@ -120,7 +120,8 @@ def worker_hf(args, device: str = "cpu") -> dict:
                           num_layers=args.n_layer, num_heads=args.n_head, attention_types=attention_types(args.n_layer),
                           window_size=args.window, activation_function="gelu_new", resid_dropout=0.0,
                           embed_dropout=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0)
-    dtype = torch.bfloat16 if getattr(args, "precision", "float32") == "bfloat16" else torch.float32
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(getattr(args, "precision", "float32"),
+                                                                       torch.float32)
     model = GPTNeoForCausalLM(config).to(device=device, dtype=dtype).eval()
     generator = torch.Generator().manual_seed(0)
     results = {}

@@ -2,6 +2,7 @@
 
     python bench/bench_gpu.py                                  # fp32 and bf16 training, then decoding
     python bench/bench_gpu.py --precisions bfloat16 --skip_decode
+    python bench/bench_gpu.py --dtype float16                     # GPUs without bfloat16 tensor cores
     python bench/bench_gpu.py --n_layer 24 --n_embd 1024 --n_head 16     # GPT-Neo 350M's shape
 
 Training (default: GPT-Neo 125M's shape: 12 layers, 768 wide, 12 heads, vocabulary 50257, context 1024, batch 8,
@@ -18,7 +19,8 @@ for each prompt length, ours (the kv cache sampler) against HF generate, in each
 
 Every measurement runs in its own process, one after another (bench_train.py's pattern); each prints one JSON
 object, then a table. Exits with one `error:` line where TensorFlow sees no GPU. HF's side needs a CUDA build of
-PyTorch (`pip install torch==2.13.0` from PyPI on Linux is one); without it HF is skipped with a line saying so.
+PyTorch (`pip install -r requirements-gpu-test.txt`: torch 2.10.0, CUDA 12); without it HF is skipped with a line
+saying so (and which CUDA the installed PyTorch was built for, and the driver's version).
 """
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ def _torch_on_gpu(spec):
     os.environ.setdefault("USE_TF", "0")  # transformers must not import TensorFlow into this process
     import torch
     if not torch.cuda.is_available():
-        return None, f"PyTorch {torch.__version__} here has no CUDA (torch.version.cuda={torch.version.cuda})"
+        from runtime.gpus import driver_version, torch_cuda_problem
+        return None, torch_cuda_problem(torch.__version__, torch.version.cuda, driver_version())
     torch.backends.cuda.matmul.allow_tf32 = spec.tf32 == "on"
     torch.backends.cudnn.allow_tf32 = spec.tf32 == "on"
     return torch, None
@@ -205,7 +208,10 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=256, help="local attention window (HF's window_size)")
     p.add_argument("--warmup", type=int, default=5, help="untimed training steps first (graph build, XLA compiles)")
     p.add_argument("--steps", type=int, default=20, help="timed training steps")
-    p.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    p.add_argument("--precisions", "--dtype", nargs="+", default=["float32", "bfloat16"],
+                   choices=["float32", "bfloat16", "float16"],
+                   help="dtypes to measure, both sides (float16: V100, T4 and other GPUs without bfloat16 tensor "
+                        "cores; HF with autocast and a GradScaler, ours with its dynamic loss scale)")
     p.add_argument("--tf32", choices=["on", "off"], default="on", help="float32 matmuls as TF32 on both sides")
     p.add_argument("--skip_hf", action="store_true", help="only this project")
     p.add_argument("--skip_decode", action="store_true")

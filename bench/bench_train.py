@@ -171,19 +171,23 @@ def worker_hf(args, device: str = "cpu") -> dict:
                           activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
     model = GPTNeoForCausalLM(config).to(device)
     model.train()
-    dtype = torch.bfloat16 if args.precision == "bfloat16" else None
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.precision)
+    # float16 as PyTorch trains it: autocast plus a dynamic loss scale (this project scales its loss the same way)
+    scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     data = torch.randint(0, m["n_vocab"], (64, m["n_ctx"] + 1), generator=torch.Generator().manual_seed(0)).to(device)
     times, losses = [], []
     for step in range(args.warmup + args.steps):
         rows = torch.arange(step * m["batch"], (step + 1) * m["batch"]) % data.shape[0]
         batch = data[rows.to(device)]
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype is not None):
+        with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             logits = model(input_ids=batch[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, m["n_vocab"]), batch[:, 1:].reshape(-1))
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
         if device != "cpu":
             torch.cuda.synchronize()  # the step's kernels are queued: time them done

@@ -126,6 +126,39 @@ def _driver_gpus() -> int:
     return len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
 
 
+def driver_version(path: str = "/proc/driver/nvidia/version") -> Optional[str]:
+    """The loaded NVIDIA kernel driver's version (e.g. "535.104.05"), or None without one."""
+    try:
+        with open(path) as f:
+            match = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", f.read())
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+# The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility table; minor-version
+# compatibility lets any 12.x run on 525+).
+MIN_DRIVER = {12: 525, 13: 580}
+GPU_TEST_INSTALL = "pip install -r requirements-gpu-test.txt"
+
+
+def torch_cuda_problem(torch_version: str, torch_cuda: Optional[str], driver: Optional[str]) -> str:
+    """Why PyTorch sees no GPU here, in one line with its CUDA build and the driver (bench_gpu's HF side)."""
+    if not torch_cuda:
+        return (f"PyTorch {torch_version} is a CPU build (no CUDA); driver {driver or 'none loaded'}: "
+                f"`{GPU_TEST_INSTALL}` installs torch 2.10.0, a CUDA 12 build")
+    if not driver:
+        return (f"PyTorch {torch_version} is built for CUDA {torch_cuda}, but no NVIDIA driver is loaded "
+                f"(nvidia-smi must list the GPUs)")
+    need = MIN_DRIVER.get(int(torch_cuda.split(".")[0]))
+    if need and int(driver.split(".")[0]) < need:
+        return (f"PyTorch {torch_version} is built for CUDA {torch_cuda}, which needs NVIDIA driver {need} or later; "
+                f"this one is {driver}: `{GPU_TEST_INSTALL}` installs torch 2.10.0 (CUDA 12, driver 525 or later), "
+                f"or update the driver")
+    return (f"PyTorch {torch_version} (CUDA {torch_cuda}) sees no GPU although NVIDIA driver {driver} is loaded: "
+            f"check CUDA_VISIBLE_DEVICES and that this PyTorch build supports the GPU")
+
+
 def _missing_wheels() -> tuple:
     missing = []
     for name in CUDA_WHEELS:

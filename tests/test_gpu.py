@@ -15,7 +15,9 @@ from runtime import gpus
 
 # Lists devices only: TensorFlow does not start, so conftest.py's four CPU devices stay as they are.
 GPUS = tf.config.list_physical_devices("GPU")
-REASON = None if GPUS else f"no GPU for these tests: {gpus.no_gpu_reason(gpus.gather_facts())}"
+REASON = None if GPUS else (f"no GPU for these tests: {gpus.no_gpu_reason(gpus.gather_facts())} (NVIDIA driver "
+                             f"{gpus.driver_version() or 'none'}; TensorFlow built for CUDA "
+                             f"{tf.sysconfig.get_build_info().get('cuda_version', 'none')})")
 
 pytestmark = pytest.mark.skipif(not GPUS, reason=REASON or "")
 

@@ -259,6 +259,9 @@ def test_build_architectures_and_the_ptx_jit_note():
     assert gpus.jit_note(with_build, [1, 2]) is None  # 7.5 and 8.6 run the 7.0 and 8.0 machine code
     assert gpus.jit_note(facts(gpus=(H100,)), [0]) is None  # a build that does not say: no claim
     assert gpus.build_architectures(["sm_90a", "compute_100", "junk"]) == (((9, 0),), ((10, 0),))
+    # the installed TensorFlow's own build info is read the same way (TF 2.21's wheel lists TF_221_ARCHS)
+    listed = tf.sysconfig.get_build_info().get("cuda_compute_capabilities", [])
+    assert (gpus.gather_facts().sass, gpus.gather_facts().ptx) == gpus.build_architectures(listed)
 
 
 def test_bfloat16_is_refused_below_compute_capability_8_with_float16_named():
@@ -285,3 +288,24 @@ def test_the_xla_probe_computes_in_the_training_dtype(dtype):
     assert tf.as_dtype(dtype) in cast or dtype == "float32"
     result = gpus.probe(["/device:CPU:0"], tf.ConfigProto(), xla=True, dtype=dtype)
     assert result.xla_error is None, result.xla_error
+
+
+def test_torch_and_driver_lines_say_which_cuda_and_which_driver(tmp_path):
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+                       "GCC version:  gcc version 12.2.0\n")
+    assert gpus.driver_version(str(version)) == "535.104.05"
+    assert gpus.driver_version(str(tmp_path / "absent")) is None
+    cpu_build = gpus.torch_cuda_problem("2.13.0+cpu", None, None)
+    assert "CPU build" in cpu_build and "requirements-gpu-test.txt" in cpu_build and "none loaded" in cpu_build
+    cuda13 = gpus.torch_cuda_problem("2.13.0", "13.0", "535.104.05")
+    assert "CUDA 13.0, which needs NVIDIA driver 580" in cuda13 and "535.104.05" in cuda13
+    assert "torch 2.10.0" in cuda13
+    assert "no NVIDIA driver" in gpus.torch_cuda_problem("2.10.0", "12.8", None)
+    assert "sees no GPU although NVIDIA driver 550.1 is loaded" in gpus.torch_cuda_problem("2.10.0", "12.8", "550.1")
+
+
+def test_gpu_tests_skip_with_the_driver_and_tensorflows_cuda():
+    import test_gpu
+    if not test_gpu.GPUS:
+        assert "NVIDIA driver" in test_gpu.REASON and "TensorFlow built for CUDA" in test_gpu.REASON
