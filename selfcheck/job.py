@@ -7,8 +7,9 @@ reference. The verdict (`judge`, a pure function of both runs) requires:
 * the reference's loss to fall on the learnable data (so the comparison means something);
 * the devices' losses to follow the reference's step by step, within the dtype's tolerance (the first step's
   loss is the forward pass on identical weights);
-* every weight after the last step to equal the reference's within a share of how far training moved it
-  (a wrong or missing gradient moves it elsewhere, by about as much as training did).
+* every weight after the first and after the last step to equal the reference's within a share of how far
+  training moved it from the first step to the last (a wrong or missing gradient or update moves it elsewhere,
+  by about as much as training did).
 It also lists the ops of the training step that ran on another device than the one they were placed on (GPUs: no
 kernel for their type and dtype), measures one device's peak (runtime/peaks.py) and the step's MFU, and times
 start-up (graph, session, initialisation) and the first step (compilation) apart from the steady steps.
@@ -126,20 +127,21 @@ def judge(device: Run, reference: Run, tolerance: Tolerance) -> Verdict:
         what = "the forward pass differs" if step == 1 else "the devices trained differently"
         problems.append(f"{what}: step {step}'s loss is {got[step - 1]:.6f} on the devices, {ref[step - 1]:.6f} on "
                         f"the CPU (relative difference {rdiff.max():.2g} > {tolerance.loss_rtol:g})")
-    worst, worst_name = 0.0, None
+    worst, worst_name, worst_step = 0.0, None, None
     for name, want in reference.last_weights.items():
-        moved = np.abs(want - reference.first_weights[name]).max()
-        have = device.last_weights.get(name)
-        if have is None or have.shape != want.shape:
-            problems.append(f"weight {name} is missing or has another shape on the devices")
-            continue
-        share = np.abs(have - want).max() / max(moved, 1e-12)
-        if share > worst:
-            worst, worst_name = float(share), name
+        moved = max(np.abs(want - reference.first_weights[name]).max(), 1e-12)
+        for step, have, ref_weights in ((1, device.first_weights.get(name), reference.first_weights[name]),
+                                        (len(ref), device.last_weights.get(name), want)):
+            if have is None or have.shape != ref_weights.shape:
+                problems.append(f"weight {name} is missing or has another shape on the devices")
+                break
+            share = float(np.abs(have - ref_weights).max() / moved)
+            if share > worst:
+                worst, worst_name, worst_step = share, name, step
     if worst > tolerance.weight_share:
-        problems.append(f"the weights differ from the CPU's after step {len(ref)}: {worst_name} by {worst:.2g} of "
-                        f"how far training moved it (> {tolerance.weight_share:g}): a wrong or missing gradient or "
-                        f"update on the devices")
+        problems.append(f"the weights differ from the CPU's after step {worst_step}: {worst_name} by {worst:.2g} of "
+                        f"how far training moved it from step 1 to {len(ref)} (> {tolerance.weight_share:g}): a wrong "
+                        f"or missing gradient or update on the devices")
     return Verdict(not problems, problems, float(rdiff.max()), worst, worst_name)
 
 

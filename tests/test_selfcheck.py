@@ -10,7 +10,7 @@ import pytest
 import main
 from selfcheck import job
 from selfcheck.job import Run, Tolerance, judge
-from train import objective
+from train import objective, step
 
 TIGHT = Tolerance(loss_rtol=1e-3, weight_share=0.02)
 
@@ -57,17 +57,34 @@ def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys):
     assert "tensorflow" in report["stack"] or "tensorflow-tpu" in report["stack"]
 
 
-def test_selfcheck_fails_with_the_reason_when_the_devices_gradient_is_wrong(capsys, monkeypatch):
+def halved_gradient(monkeypatch):
+    """The devices' mesh (2-way) gets half the gradient; the CPU's (one device) the right one."""
     right = objective.losses_and_gradients
 
-    def halved_on_the_mesh(x, y, cfg, *args, **kwargs):  # the devices' 2-way mesh gets half the gradient, the CPU's
-        losses, grads, variables = right(x, y, cfg, *args, **kwargs)  # (one device) the right one
+    def halved_on_the_mesh(x, y, cfg, *args, **kwargs):
+        losses, grads, variables = right(x, y, cfg, *args, **kwargs)
         if cfg.n_devices > 1:
             grads = [None if g is None else mtf.multiply(g, 0.5) for g in grads]
         return losses, grads, variables
-
     monkeypatch.setattr(objective, "losses_and_gradients", halved_on_the_mesh)
-    code, report, verdict = selfcheck(capsys, "--gpu_ids", "device:CPU:0", "device:CPU:1")
-    assert code == 1 and verdict.startswith("selfcheck FAILED on /device:CPU:0, /device:CPU:1 (float32): ")
-    assert "the weights differ from the CPU's" in verdict or "trained differently" in verdict
-    assert report["verdict"] == "failed" and report["problems"]
+
+
+def no_update(monkeypatch):
+    """The devices' mesh applies no update (a broken backward pass or optimizer): the weights stay as initialised.
+    tests/test_gpu.py's GPU-against-CPU comparison is this check; here it is shown to catch that in bfloat16,
+    whose loss tolerance such a run used to pass (4.6e-3 < 3e-2)."""
+    right = step.apply_gradients
+
+    def nothing_on_the_mesh(grads, variables, cfg, *args, **kwargs):
+        updates, norm = right(grads, variables, cfg, *args, **kwargs)
+        return ([] if cfg.n_devices > 1 else updates), norm
+    monkeypatch.setattr(step, "apply_gradients", nothing_on_the_mesh)
+
+
+@pytest.mark.parametrize("break_it, dtype", [(halved_gradient, "float32"), (no_update, "bfloat16")])
+def test_selfcheck_fails_with_the_reason_when_the_devices_training_is_broken(capsys, monkeypatch, break_it, dtype):
+    break_it(monkeypatch)
+    code, report, verdict = selfcheck(capsys, dtype, "--gpu_ids", "device:CPU:0", "device:CPU:1")
+    assert code == 1 and verdict.startswith(f"selfcheck FAILED on /device:CPU:0, /device:CPU:1 ({dtype}): ")
+    assert "the weights differ from the CPU's after step" in verdict
+    assert report["verdict"] == "failed" and report["weight_difference_share"] > 0.4
