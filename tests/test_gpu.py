@@ -6,7 +6,6 @@ samples with --gpu_ids device:GPU:0, printing the start-up and placement lines.
 Written without a GPU (none was lent to the session that wrote it): run it first on one with
 `python -m pytest -q tests/test_gpu.py`."""
 
-import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
