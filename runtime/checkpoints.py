@@ -65,12 +65,6 @@ def latest(model_path: str) -> Optional[str]:
     return prefix_of(model_path, found[-1]) if found else None
 
 
-def latest_step(model_path: str) -> int:
-    """The step of the newest checkpoint; 0 when there is none."""
-    found = steps(model_path)
-    return found[-1] if found else 0
-
-
 def warn(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 

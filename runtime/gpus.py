@@ -530,10 +530,6 @@ class PlacementReport:
     ops: list          # (name, op type, requested, placed) of each placed op
     fallbacks: list    # the Fallbacks among them
 
-    @property
-    def on_gpu(self) -> int:
-        return sum(_kind(placed) == "GPU" for _, _, _, placed in self.ops)
-
 
 def describe_placement(report: PlacementReport, limit: int = 6) -> str:
     """One line: every op placed on a GPU ran there, or which fell back to the CPU, grouped by op type."""

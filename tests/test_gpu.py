@@ -90,7 +90,7 @@ def test_every_op_of_the_training_step_placed_on_the_gpu_runs_there(tmp_path, gp
     report = program.placement_report
     line = capsys.readouterr().out
     assert line.count("placement: ") == 1
-    assert report is not None and report.on_gpu > 100
+    assert report is not None and sum("GPU" in placed for _, _, _, placed in report.ops) > 100
     assert not report.fallbacks, gpus.describe_placement(report)
 
 
