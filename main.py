@@ -89,7 +89,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     """The switchboard: the config read once, then the one job the flags ask for, each given its typed options."""
-    from cli import predict_flags, scale_flags, train_flags
+    from cli import gpu_flags, predict_flags, scale_flags, train_flags
     from cli.config_loading import load_config
     from data import check as data_check
     from evals.job import run_evaluation
