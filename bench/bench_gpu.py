@@ -19,8 +19,9 @@ for each prompt length, ours (the kv cache sampler) against HF generate, in each
 
 Every measurement runs in its own process, one after another (bench_train.py's pattern); each prints one JSON
 object, then a table. Exits with one `error:` line where TensorFlow sees no GPU. HF's side needs a CUDA build of
-PyTorch (`pip install -r requirements-gpu-test.txt`: torch 2.10.0, CUDA 12); without it HF is skipped with a line
-saying so (and which CUDA the installed PyTorch was built for, and the driver's version).
+PyTorch in a venv of its own (`python3 -m venv .venv-hf && .venv-hf/bin/pip install -r requirements-gpu-hf.txt`, then
+`--hf_python .venv-hf/bin/python`); without it HF is skipped with a line saying so (which CUDA the PyTorch found
+was built for, and the driver's version).
 """
 from __future__ import annotations
 
@@ -68,11 +69,12 @@ def _tensorflow_on_gpu(spec) -> tuple[list, str, str]:
 
 
 def _torch_on_gpu(spec):
+    """(torch, None) with CUDA ready, or (None, what PyTorch is: the parent turns it into the skip line). The HF
+    workers may run in a venv without TensorFlow (--hf_python): they import only PyTorch and transformers."""
     os.environ.setdefault("USE_TF", "0")  # transformers must not import TensorFlow into this process
     import torch
     if not torch.cuda.is_available():
-        from runtime.gpus import driver_version, torch_cuda_problem
-        return None, torch_cuda_problem(torch.__version__, torch.version.cuda, driver_version())
+        return None, {"torch": torch.__version__, "cuda": torch.version.cuda}
     torch.backends.cuda.matmul.allow_tf32 = spec.tf32 == "on"
     torch.backends.cudnn.allow_tf32 = spec.tf32 == "on"
     return torch, None
@@ -139,9 +141,10 @@ def no_gpu_reason():
 
 
 def run_worker(kind: str, args, precision: str = "float32") -> dict:
-    """One measurement in a fresh process (its GPU memory is freed when it ends)."""
+    """One measurement in a fresh process (its GPU memory is freed when it ends); HF's under --hf_python."""
     spec = dict(vars(args), precision=precision)
-    command = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--spec", json.dumps(spec)]
+    python = (getattr(args, "hf_python", None) or sys.executable) if kind.startswith("hf_") else sys.executable
+    command = [python, os.path.abspath(__file__), "--worker", kind, "--spec", json.dumps(spec)]
     started = time.time()
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in result.stdout.splitlines() if line.startswith(MARK)]
@@ -149,6 +152,9 @@ def run_worker(kind: str, args, precision: str = "float32") -> dict:
         raise SystemExit(f"error: the {kind} worker ({precision}) failed:\n{result.stdout[-2000:]}\n"
                          f"{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
+    if isinstance(values.get("skipped"), dict):  # PyTorch without a usable GPU: its CUDA build and the driver
+        from runtime.gpus import driver_version, torch_cuda_problem
+        values["skipped"] = torch_cuda_problem(values["skipped"]["torch"], values["skipped"]["cuda"], driver_version())
     values.update(measure=kind, precision=precision, wall_s=round(time.time() - started, 1))
     print(json.dumps(values), flush=True)
     return values
@@ -214,6 +220,8 @@ def main(argv=None) -> int:
                         "cores; HF with autocast and a GradScaler, ours with its dynamic loss scale)")
     p.add_argument("--tf32", choices=["on", "off"], default="on", help="float32 matmuls as TF32 on both sides")
     p.add_argument("--skip_hf", action="store_true", help="only this project")
+    p.add_argument("--hf_python", help="the Python of a venv with requirements-gpu-hf.txt (a CUDA 12 PyTorch cannot "
+                   "share TensorFlow's venv) for the HF side; default this Python")
     p.add_argument("--skip_decode", action="store_true")
     p.add_argument("--decode_ctx", type=int, default=2048, help="decoding's context (n_ctx of the decoding model)")
     p.add_argument("--prompt_lengths", type=int, nargs="+", default=[16, 256, 1024])

@@ -139,22 +139,24 @@ def driver_version(path: str = "/proc/driver/nvidia/version") -> Optional[str]:
 # The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility table; minor-version
 # compatibility lets any 12.x run on 525+).
 MIN_DRIVER = {12: 525, 13: 580}
-GPU_TEST_INSTALL = "pip install -r requirements-gpu-test.txt"
+HF_INSTALL = ("python3 -m venv .venv-hf && .venv-hf/bin/pip install -r requirements-gpu-hf.txt, then bench_gpu.py "
+              "--hf_python .venv-hf/bin/python")
 
 
 def torch_cuda_problem(torch_version: str, torch_cuda: Optional[str], driver: Optional[str]) -> str:
-    """Why PyTorch sees no GPU here, in one line with its CUDA build and the driver (bench_gpu's HF side)."""
+    """Why PyTorch sees no GPU here, in one line with its CUDA build and the driver (bench_gpu's HF side, whose
+    PyTorch lives in a venv of its own: requirements-gpu-hf.txt)."""
     if not torch_cuda:
         return (f"PyTorch {torch_version} is a CPU build (no CUDA); driver {driver or 'none loaded'}: "
-                f"`{GPU_TEST_INSTALL}` installs torch 2.10.0, a CUDA 12 build")
+                f"`{HF_INSTALL}` (torch 2.10.0, a CUDA 12 build)")
     if not driver:
         return (f"PyTorch {torch_version} is built for CUDA {torch_cuda}, but no NVIDIA driver is loaded "
                 f"(nvidia-smi must list the GPUs)")
     need = MIN_DRIVER.get(int(torch_cuda.split(".")[0]))
     if need and int(driver.split(".")[0]) < need:
         return (f"PyTorch {torch_version} is built for CUDA {torch_cuda}, which needs NVIDIA driver {need} or later; "
-                f"this one is {driver}: `{GPU_TEST_INSTALL}` installs torch 2.10.0 (CUDA 12, driver 525 or later), "
-                f"or update the driver")
+                f"this one is {driver}: use torch 2.10.0 (CUDA 12, driver 525 or later): `{HF_INSTALL}`; or update "
+                f"the driver")
     return (f"PyTorch {torch_version} (CUDA {torch_cuda}) sees no GPU although NVIDIA driver {driver} is loaded: "
             f"check CUDA_VISIBLE_DEVICES and that this PyTorch build supports the GPU")
 

@@ -297,7 +297,7 @@ def test_torch_and_driver_lines_say_which_cuda_and_which_driver(tmp_path):
     assert gpus.driver_version(str(version)) == "535.104.05"
     assert gpus.driver_version(str(tmp_path / "absent")) is None
     cpu_build = gpus.torch_cuda_problem("2.13.0+cpu", None, None)
-    assert "CPU build" in cpu_build and "requirements-gpu-test.txt" in cpu_build and "none loaded" in cpu_build
+    assert "CPU build" in cpu_build and "requirements-gpu-hf.txt" in cpu_build and "none loaded" in cpu_build
     cuda13 = gpus.torch_cuda_problem("2.13.0", "13.0", "535.104.05")
     assert "CUDA 13.0, which needs NVIDIA driver 580" in cuda13 and "535.104.05" in cuda13
     assert "torch 2.10.0" in cuda13
