@@ -1,6 +1,6 @@
 """python main.py --selfcheck: the verdict over two runs (selfcheck/job.py's `judge`, a pure function), the ops
-found off their device, and the whole check on logical CPU devices: a 2-way mesh passes, and the same mesh with
-a wrong gradient (injected here, in the test) fails with the reason."""
+found off their device, and the whole check on logical CPU devices: a 2-way mesh passes (float32 and bfloat16),
+and the same mesh with a wrong gradient or no update (injected here, in the test) fails with the reason."""
 import json
 
 import mesh_tensorflow as mtf
@@ -47,9 +47,10 @@ def selfcheck(capsys, *flags):
     return code, json.loads("\n".join(out[start:-1])), out[-1]
 
 
-def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys):
-    code, report, verdict = selfcheck(capsys, "--gpu_ids", "device:CPU:0", "device:CPU:1")
-    assert code == 0 and verdict.startswith("selfcheck passed on /device:CPU:0, /device:CPU:1 (2 devices, float32")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys, dtype):
+    code, report, verdict = selfcheck(capsys, dtype, "--gpu_ids", "device:CPU:0", "device:CPU:1")
+    assert code == 0 and verdict.startswith(f"selfcheck passed on /device:CPU:0, /device:CPU:1 (2 devices, {dtype}")
     assert report["verdict"] == "passed" and report["model"]["mesh_shape"] == "all:2"
     assert report["losses"]["devices"][-1] < report["losses"]["devices"][0]
     assert report["off_device_ops"] == [] and report["peak"]["flops"] > 0 and 0 < report["mfu"] < 1
@@ -57,16 +58,17 @@ def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys):
     assert "tensorflow" in report["stack"] or "tensorflow-tpu" in report["stack"]
 
 
-def halved_gradient(monkeypatch):
-    """The devices' mesh (2-way) gets half the gradient; the CPU's (one device) the right one."""
+def wrong_gradient(monkeypatch):
+    """The devices' mesh (2-way) gets every other variable's gradient with the wrong sign; the CPU's (one device)
+    the right ones. (Not a rescaled gradient: Adam's steps do not change with the gradient's scale.)"""
     right = objective.losses_and_gradients
 
-    def halved_on_the_mesh(x, y, cfg, *args, **kwargs):
+    def wrong_on_the_mesh(x, y, cfg, *args, **kwargs):
         losses, grads, variables = right(x, y, cfg, *args, **kwargs)
         if cfg.n_devices > 1:
-            grads = [None if g is None else mtf.multiply(g, 0.5) for g in grads]
+            grads = [g if g is None or i % 2 else mtf.negative(g) for i, g in enumerate(grads)]
         return losses, grads, variables
-    monkeypatch.setattr(objective, "losses_and_gradients", halved_on_the_mesh)
+    monkeypatch.setattr(objective, "losses_and_gradients", wrong_on_the_mesh)
 
 
 def no_update(monkeypatch):
@@ -81,10 +83,10 @@ def no_update(monkeypatch):
     monkeypatch.setattr(step, "apply_gradients", nothing_on_the_mesh)
 
 
-@pytest.mark.parametrize("break_it, dtype", [(halved_gradient, "float32"), (no_update, "bfloat16")])
+@pytest.mark.parametrize("break_it, dtype", [(wrong_gradient, "float32"), (no_update, "bfloat16")])
 def test_selfcheck_fails_with_the_reason_when_the_devices_training_is_broken(capsys, monkeypatch, break_it, dtype):
     break_it(monkeypatch)
     code, report, verdict = selfcheck(capsys, dtype, "--gpu_ids", "device:CPU:0", "device:CPU:1")
     assert code == 1 and verdict.startswith(f"selfcheck FAILED on /device:CPU:0, /device:CPU:1 ({dtype}): ")
     assert "the weights differ from the CPU's after step" in verdict
-    assert report["verdict"] == "failed" and report["weight_difference_share"] > 0.4
+    assert report["verdict"] == "failed" and report["weight_difference_share"] > 0.5
