@@ -41,11 +41,13 @@ def start_up(args, placement, precision: str = "float32"):
     XLA:CPU, plain kernels with one line saying why."""
     import sys
     from runtime import devices, gpus, tpu_access
+    from runtime import precision as precisions
     from runtime.mesh_session import session_config
     placement = dataclasses.replace(placement, kernels=kernels(args))
     if gpus.uses_gpus(placement):
+        trains_in = precisions.for_placement(precision, placement).precision  # "auto" as training resolves it
         placement, _ = gpus.start_up(placement, session_config(placement),
-                                     xla_autoclustering=bool(getattr(args, "xla", False)), precision=precision)
+                                     xla_autoclustering=bool(getattr(args, "xla", False)), precision=trains_in)
     elif (not placement.use_tpu and not placement.master and placement.kernels == "xla"
           and tpu_access.tensorflow_distribution()[0] == "tensorflow-tpu"):
         problem = devices.xla_cpu_problem()

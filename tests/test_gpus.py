@@ -309,3 +309,16 @@ def test_gpu_tests_skip_with_the_driver_and_tensorflows_cuda():
     import test_gpu
     if not test_gpu.GPUS:
         assert "NVIDIA driver" in test_gpu.REASON and "TensorFlow built for CUDA" in test_gpu.REASON
+
+
+def test_gpu_start_up_checks_and_probes_the_precision_training_resolves(monkeypatch):
+    """precision "auto" (the config default) trains in float32 on GPUs: the start-up checks and probes that."""
+    from cli import gpu_flags
+    asked = []
+    monkeypatch.setattr(gpus, "start_up", lambda placement, config, xla_autoclustering=False, precision="float32":
+                        asked.append(precision) or (placement, None))
+    on_gpu = Placement(devices=("/device:GPU:0",))
+    args = argparse.Namespace(plain_kernels=False)
+    for wanted in ("auto", "bfloat16", "float16", "float32"):
+        gpu_flags.start_up(args, on_gpu, wanted)
+    assert asked == ["float32", "bfloat16", "float16", "float32"]
