@@ -45,7 +45,10 @@ def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
         scalars["grad_norm"] = grad_norm
     if losses.moe_loss is not None:
         scalars["moe_loss"] = losses.moe_loss
-    lowering = mtf.Lowering(mesh.graph, {mesh: mesh_impl})
+    # float16's gated updates (train/optimizer.AssignIf) name the variables themselves: mesh-tensorflow's autostack,
+    # which on meshes of several devices combines variables and rewrites only its own Assign ops, would leave them
+    # pointing at variables that no longer exist (a KeyError at lowering).
+    lowering = mtf.Lowering(mesh.graph, {mesh: mesh_impl}, autostack=scaling is None)
     outputs = {name: tf.cast(lowering.export_to_tf_tensor(t), tf.float32) for name, t in scalars.items()}
     outputs["learning_rate"] = lr
     if "grad_norm" not in outputs:  # clipping off: the norm is not computed
