@@ -120,8 +120,12 @@ def test_two_processes_train_like_one_process_on_two_devices(tmp_path, capsys):
     assert multi.keys() == single.keys() and len(multi) > 10
     for name in multi:
         # Equal up to summation order: two processes reduce in another order than one, and Adam's m / sqrt(v)
-        # magnifies the last bit of a near-zero gradient (seen: one wte element of 131,072 off by 6.5e-5 relative).
-        np.testing.assert_allclose(multi[name], single[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        # turns the last bit of a near-zero gradient into a step of up to lr (seen: one wte element of 131,072 off
+        # by 2e-6, 2.2e-4 relative). So each tensor agrees in norm, and element-wise to a small part of its scale;
+        # a host's gradient lost or counted twice moves whole tensors far beyond both.
+        a, b = multi[name], single[name]
+        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), name
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * np.abs(b).max(), err_msg=name)
 
 
 def test_cluster_from_files_and_flags(tmp_path):
