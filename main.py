@@ -57,10 +57,12 @@ def main(argv=None) -> int:
     from runtime.devices import DeviceError
     from train.loop import Interrupted
     from config.schema import ConfigError
+    from runtime.preemption import Terminated, terminate_with_a_line
 
     tf.get_logger().setLevel("ERROR")
     try:
-        return run(args)
+        with terminate_with_a_line():  # SIGTERM (a scheduler's): one line, not a silent death
+            return run(args)
     except (ConfigError, DeviceError, DataError) as e:  # runtime/checkpoints.py's CheckpointError among them
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -79,9 +81,12 @@ def main(argv=None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except Interrupted as e:  # the first Ctrl-C: the step in progress finished and was saved
+    except Interrupted as e:  # the first Ctrl-C or SIGTERM: the step in progress finished and was saved
         print(str(e), file=sys.stderr)
-        return 130
+        return e.exit_code
+    except Terminated as e:  # SIGTERM before training started
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130

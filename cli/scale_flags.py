@@ -32,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--task_index", type=int, help="multi-host: this host's index in the cluster (0 trains)")
     p.add_argument("--worker_timeout", type=float, help="multi-host: a non-chief exits after this many seconds "
                    "without being released by the chief (default: wait)")
+    p.add_argument("--checkpoint_minutes", type=float, default=None, metavar="N",
+                   help="also save a checkpoint whenever N minutes have passed since the last save (for long steps; "
+                   "with steps_per_checkpoint, whichever comes first)")
 
 
 def config_overrides(args) -> dict:
@@ -59,6 +62,8 @@ def dispatch(args, cfg) -> Optional[int]:
                           f"{' and '.join('--' + c for c in chosen)}")
     if args.tpu and (multi_host(args) or args.task_index is not None):
         raise ConfigError("--tpu runs on the TPU's own hosts: leave out --cluster/--workers/--task_index")
+    if args.checkpoint_minutes is not None and not args.checkpoint_minutes > 0:
+        raise ConfigError(f"--checkpoint_minutes must be more than 0, got {args.checkpoint_minutes:g}")
     if args.device_memory and not args.dry_run:
         raise ConfigError("--device_memory goes with --dry_run")
     if args.write_config and not (args.auto_layout or args.auto_layout_and_mesh_shape):

@@ -25,7 +25,8 @@ def options(args):
     """train/job.py's TrainOptions of this run. (The job is imported here, not at the top: main.py's parser
     reads this module, and `--help` or a mistyped flag should not wait for TensorFlow to load.)"""
     from train.job import TrainOptions
-    return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every)
+    return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every,
+                        checkpoint_minutes=args.checkpoint_minutes)  # declared in cli/scale_flags.py
 
 
 def start_fresh(model_path: str, yes: bool) -> bool:

@@ -13,6 +13,12 @@ The other tasks serve until the chief releases them: at exit (normal or by excep
 token on a queue that each worker's own device holds, the worker's blocking dequeue returns, and it exits.
 A worker whose chief never comes or dies without releasing it gives up after --worker_timeout seconds.
 
+Preemption: SIGTERM on the chief stops training after the current step with a checkpoint (train/loop.py). A
+worker that gets SIGTERM keeps serving (the chief's save needs it: each host saves the variables it holds), asks
+the chief to stop by a token on a queue the chief's CPU holds (`ChiefStop` looks at it between steps), and
+leaves with exit code 143 once the chief has saved and released it. So SIGTERM to any task, or to all of them
+(SLURM's scancel and time limit, Kubernetes deleting the job), ends in one checkpoint and a resumable run.
+
 A cluster file is JSON: {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}, or TF_CONFIG's form
 {"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 0}} (then --task_index may be left out).
 """
@@ -22,15 +28,18 @@ import atexit
 import json
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 from runtime.devices import DeviceError, Placement, normalize
+from runtime.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
 JOB = "worker"
 RELEASE_QUEUE = "gpt_cluster_release"
+STOP_QUEUE = "gpt_cluster_stop"     # on the chief's CPU: a worker's SIGTERM (its task index) asks the chief to stop
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d+$")
 
 
@@ -137,29 +146,92 @@ def _release_queue(tf, cluster: Cluster, task: int):
                             name=f"release_{task}")
 
 
+def _stop_queue(tf, cluster_or_device):
+    device = cluster_or_device.task_device(0) if isinstance(cluster_or_device, Cluster) else cluster_or_device
+    with tf.device(device):
+        return tf.FIFOQueue(64, [tf.int32], shapes=[[]], shared_name=STOP_QUEUE, name="stop_requests")
+
+
 def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     """A non-chief task: hold this host's devices for the chief until it releases us. 0 when released,
-    3 when the timeout passed first."""
+    3 when the timeout passed first, 143 when released after a SIGTERM (which asked the chief to stop)."""
     import tensorflow.compat.v1 as tf
     log(f"worker {cluster.task_index} of {cluster.size} serving at {cluster.workers[cluster.task_index]}; "
         f"waiting for the chief ({cluster.workers[0]})", flush=True)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with tf.Graph().as_default():
+    me = f"/job:{JOB}/task:{cluster.task_index}"
+    with tf.Graph().as_default(), \
+            DeferredSignal("the chief saves a checkpoint (it was asked to stop) and then releases this worker") as term:
         dequeue = _release_queue(tf, cluster, cluster.task_index).dequeue()
         # Only this task's devices: a session over the whole cluster would first wait for every other task.
-        config = tf.ConfigProto(device_filters=[f"/job:{JOB}/task:{cluster.task_index}"])
+        config = tf.ConfigProto(device_filters=[me])
+        asked = False
         with tf.Session(server.target, config=config) as session:
             while True:
-                wait_ms = 2000 if deadline is None else int(max(1, min(2.0, deadline - time.monotonic())) * 1000)
+                if term.received and not asked:
+                    asked = True
+                    _ask_chief_to_stop(tf, cluster, server, log)
+                # Short waits: a signal's handler runs only between them (the wait itself blocks in TensorFlow).
+                wait_ms = 500 if deadline is None else int(max(0.001, min(0.5, deadline - time.monotonic())) * 1000)
                 try:
                     session.run(dequeue, options=tf.RunOptions(timeout_in_ms=wait_ms))
+                    if term.received:
+                        log(f"worker {cluster.task_index}: released by the chief after {signal_name(term.received)}; "
+                            f"exiting", flush=True)
+                        return exit_code(term.received)
                     log(f"worker {cluster.task_index}: released by the chief", flush=True)
                     return 0
                 except tf.errors.DeadlineExceededError:
                     if deadline is not None and time.monotonic() >= deadline:
                         log(f"worker {cluster.task_index}: no release from the chief within {timeout:.0f} s; "
                             f"exiting", flush=True)
-                        return 3
+                        return exit_code(term.received) if term.received else 3
+
+
+def _ask_chief_to_stop(tf, cluster: Cluster, server, log) -> None:
+    """Puts this worker's index on the chief's stop queue (skipped with a line when the chief is gone). Its own
+    graph: a session places every op of its graph, and the serving session sees this task's devices only."""
+    with tf.Graph().as_default() as graph:
+        enqueue = _stop_queue(tf, cluster).enqueue(cluster.task_index)
+    config = tf.ConfigProto(device_filters=[f"/job:{JOB}/task:0"], operation_timeout_in_ms=20000)
+    try:
+        with tf.Session(server.target, graph=graph, config=config) as session:
+            session.run(enqueue, options=tf.RunOptions(timeout_in_ms=20000))
+    except tf.errors.OpError as e:
+        log(f"worker {cluster.task_index}: could not ask the chief to stop ({type(e).__name__}); still serving",
+            flush=True)
+
+
+class ChiefStop(StopOnSignal):
+    """The chief's stop watch: its own SIGINT/SIGTERM, and a worker's SIGTERM (a token on the stop queue), looked
+    at between steps at most every `interval` seconds."""
+
+    def __init__(self, placement: Placement, interval: float = 0.2, say=print):
+        import tensorflow.compat.v1 as tf
+        super().__init__(say)
+        self._tf, self._interval, self._last = tf, interval, 0.0
+        graph = tf.Graph()
+        with graph.as_default():
+            queue = _stop_queue(tf, placement.default_device)
+            self._size, self._take = queue.size(), queue.dequeue()
+        task = placement.default_device.split("/device:")[0].replace("/replica:0", "")
+        self._session = tf.Session(placement.master, graph=graph, config=tf.ConfigProto(device_filters=[task]))
+
+    def poll(self) -> None:
+        if time.monotonic() - self._last < self._interval:
+            return
+        self._last = time.monotonic()
+        tf = self._tf
+        try:
+            if self._session.run(self._size, options=tf.RunOptions(timeout_in_ms=10000)):
+                task = self._session.run(self._take, options=tf.RunOptions(timeout_in_ms=10000))
+                self.request(signal.SIGTERM, f" on worker {task}")
+        except tf.errors.OpError:
+            pass  # the queue could not be read this time; the next step looks again
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self._session.close()
 
 
 def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:

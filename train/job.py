@@ -12,7 +12,7 @@ from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals import tasks, validation
 from models import gpt
-from runtime import checkpoints
+from runtime import checkpoints, cluster
 from runtime.devices import Placement
 from runtime.mesh_session import session_config
 from runtime.peaks import Peak, device_peak
@@ -29,6 +29,7 @@ class TrainOptions:
     the config's."""
     peak_tflops: Optional[float] = None  # one device's peak for MFU; default: datasheet or measured (runtime/peaks)
     log_every: Optional[int] = None      # progress line every N steps; default: min(iterations, 50)
+    checkpoint_minutes: Optional[float] = None  # also save whenever this many minutes passed since the last save
 
 
 def dataset_sources(cfg: GPTConfig) -> list[DatasetSource]:
@@ -46,7 +47,8 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
     reached.
 
     Which checkpoint training starts from is decided here, once (the newest that can be read); each chunk
-    then resumes from the checkpoint the previous one saved."""
+    then resumes from the checkpoint the previous one saved. SIGINT or SIGTERM (on a multi-host run: to any of its
+    tasks) stops after the current step with a checkpoint (loop.Interrupted)."""
     if not cfg.datasets:
         raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
     checkpoints.check_writable(cfg.model_path, "make it writable, or set model_path to a folder you can write in")
@@ -97,8 +99,11 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
         evaluating = cfg.eval_steps or cfg.eval_tasks
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
         log = TrainingLog(cfg, log_every, peak.flops, None)
+        # A multi-host chief also stops when one of its workers got SIGTERM (runtime/cluster.py's stop queue).
+        multi_host = placement.master and placement.hosts and not placement.use_tpu
+        stop = cluster.ChiefStop(placement) if multi_host else None
         step = loop.train(cfg, placement, batches, until=target, log=log, on_open=lambda: opened(log),
-                          checkpoint=checkpoint)
+                          checkpoint=checkpoint, checkpoint_minutes=options.checkpoint_minutes, stop=stop)
         checkpoint = checkpoints.prefix_of(cfg.model_path, step)  # loop.train saved the step it reached
         if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
             validation.report(cfg, placement)

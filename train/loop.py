@@ -5,8 +5,9 @@ checkpoint (or initialises the variables from their seeds; runtime/mesh_session.
 input pipeline, positioned at the restored step so that a resumed run sees exactly the batches an
 uninterrupted one would. It saves a checkpoint every `steps_per_checkpoint` steps and at the end
 (runtime/checkpoints.py: atomic, rotated), prints progress and writes TensorBoard scalars (train/progress.py).
-Ctrl-C stops after the current step with a checkpoint saved; a second Ctrl-C stops at once (the last
-checkpoint is intact either way).
+Ctrl-C or SIGTERM (a scheduler's preemption or time limit) stops after the current step with a checkpoint saved; a
+second one stops at once (the last checkpoint is intact either way; runtime/preemption.py). `checkpoint_minutes`
+also saves whenever that many minutes have passed since the last save (for long steps).
 
 On CPUs and GPUs (one host or several, runtime/cluster.py) the mesh is mesh-tensorflow's placement mesh and
 one session call runs one step. With --tpu it is the SIMD mesh inside a replicated TPU loop that runs
@@ -15,7 +16,7 @@ one session call runs one step. With --tpu it is the SIMD mesh inside a replicat
 from __future__ import annotations
 
 import signal
-import threading
+import time
 from typing import Callable, Optional
 
 import tensorflow.compat.v1 as tf
@@ -24,6 +25,7 @@ from config.schema import GPTConfig
 from runtime import checkpoints, gpus, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import MeshSession, open_session
+from runtime.preemption import StopOnSignal, exit_code, name as signal_name
 from train.optimizer import slot_patterns
 from train.progress import TrainingLog
 from train.step import training_step
@@ -33,11 +35,23 @@ TrainBatches = Callable[[int], tf.data.Dataset]
 
 
 class Interrupted(KeyboardInterrupt):
-    """Training stopped by Ctrl-C after `step`, with that step's checkpoint saved."""
+    """Training stopped by Ctrl-C (SIGINT) or SIGTERM after `step`, with that step's checkpoint saved."""
 
-    def __init__(self, step: int, checkpoint: str):
-        super().__init__(f"interrupted at step {step}; saved {checkpoint}")
-        self.step, self.checkpoint = step, checkpoint
+    def __init__(self, step: int, checkpoint: Optional[str], signum: int = signal.SIGINT):
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}"
+        if checkpoint:
+            super().__init__(f"{how} at step {step}; saved {checkpoint} (run the same command again to resume)")
+        else:
+            super().__init__(f"{how} before the first step; nothing was trained, nothing saved")
+        self.step, self.checkpoint, self.signum = step, checkpoint, signum
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.signum)
+
+
+# The clock of `checkpoint_minutes` (tests replace it).
+clock = time.monotonic
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -117,13 +131,17 @@ NEWEST = "newest"
 def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Optional[int] = None,
           log: Optional[TrainingLog] = None, extra_fetches: Optional[Callable] = None,
           on_step: Optional[Callable[[int, dict], None]] = None, on_open: Optional[Callable[[], None]] = None,
-          checkpoint: Optional[str] = NEWEST) -> int:
+          checkpoint: Optional[str] = NEWEST, checkpoint_minutes: Optional[float] = None,
+          stop: Optional[StopOnSignal] = None) -> int:
     """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
     train_steps), saving every steps_per_checkpoint steps and at the end. Returns the step reached.
 
     `extra_fetches(lowered)` may return more TF tensors to fetch with every step; `on_step(step, values)` sees
     each step's scalars (and those extras); `on_open()` runs once the session is open, the checkpoint restored and
     found to fit the config, before training writes anything into model_path (a job's own writes go there).
+    `checkpoint_minutes` saves also when that many minutes have passed since the last save (checked after each
+    session call). `stop` is the signal watcher to use (a multi-host chief's, which its workers can trigger too);
+    by default one of its own.
 
     `checkpoint` is the prefix to start from, as the caller decided it (train/job.py), None for the seeded
     initial weights, or NEWEST: model_path's newest that can be read (runtime/checkpoints.py's `restorable`: found
@@ -132,7 +150,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
     until = cfg.train_steps if until is None else until
     if checkpoint == NEWEST:
         checkpoint = checkpoints.restorable(cfg.model_path)
-    step = checkpoints.step_of(checkpoint) if checkpoint else 0
+    start = step = checkpoints.step_of(checkpoint) if checkpoint else 0
     if step >= until:
         return step
     graph = tf.Graph()
@@ -143,7 +161,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
         else:
             program = _PlacementTraining(cfg, placement, batches(step), extra_fetches)
     with open_session(placement, graph, program.lowered.lowering, checkpoint, slot_patterns()) as session, \
-            _StopOnInterrupt() as stop:
+            (stop or StopOnSignal()) as stop:
         # The checkpoint fits the config (open_session compared them): from here on model_path is written.
         checkpoints.remove_leftovers(cfg.model_path)
         repaired = checkpoints.repair_state(cfg.model_path, cfg.keep_checkpoint_max, step if checkpoint else None)
@@ -156,7 +174,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
         writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
                                               cfg.keep_checkpoint_every_n_hours)
         program.start(session)
-        saved = step
+        saved, saved_at = step, clock()
         try:
             while step < until and not stop.requested:
                 boundary = min(until, (step // cfg.steps_per_checkpoint + 1) * cfg.steps_per_checkpoint)
@@ -166,37 +184,17 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
                         log.step(step, values)
                     if on_step:
                         on_step(step, values)
-                if step == boundary:
+                due = checkpoint_minutes and clock() - saved_at >= checkpoint_minutes * 60
+                if step == boundary or (due and not stop.requested):
                     session.save(writer, step)
-                    saved = step
+                    saved, saved_at = step, clock()
         finally:
             if log:
                 log.close()
         if stop.requested:
             if saved != step:
                 session.save(writer, step)
-            raise Interrupted(step, checkpoints.prefix_of(cfg.model_path, step))
+                saved = step
+            trained = saved != start or checkpoint  # stopped before the first step of a new run: nothing to save
+            raise Interrupted(step, checkpoints.prefix_of(cfg.model_path, step) if trained else None, stop.signum)
     return step
-
-
-class _StopOnInterrupt:
-    """The first Ctrl-C asks training to stop after the current step (with a checkpoint); the second stops
-    at once. Only in the main thread (signal handlers cannot be installed elsewhere)."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def _handle(self, signum, frame):
-        self.requested = True
-        print("\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)", flush=True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def __enter__(self) -> "_StopOnInterrupt":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)

@@ -1,0 +1,133 @@
+"""Stopping on a signal without losing work: Ctrl-C (SIGINT) in a terminal, SIGTERM from a cluster's scheduler.
+
+SLURM (at the time limit, on `scancel`, or before preempting a job) and Kubernetes (before deleting or
+evicting a pod) send SIGTERM and, a grace period later, SIGKILL. Training treats SIGTERM like the first Ctrl-C:
+it finishes the step in progress, saves a checkpoint and exits non-zero with one line (`StopOnSignal`, used by
+train/loop.py). Outside the training loop (start-up, graph building) SIGTERM ends the run at once with one line
+(`Terminated`, raised by the handler `terminate_with_a_line` installs): nothing since the last checkpoint is
+lost there. A non-chief task of a multi-host run keeps serving on SIGTERM (`DeferredSignal`): the chief saves
+through it, so it leaves only when the chief releases it.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Optional
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def exit_code(signum: int) -> int:
+    """A shell's code for a process ended by `signum` (130 for SIGINT, 143 for SIGTERM)."""
+    return 128 + int(signum)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training loop: the run stops where it is (the last checkpoint is intact)."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(f"stopped by {name(signum)}; the last checkpoint is intact")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.signum)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def terminate_with_a_line():
+    """While open, SIGTERM raises Terminated (main.py prints its one line and exits 143) instead of killing the
+    process silently; the handler before is put back on exit. Only in the main thread (signal handlers cannot
+    be installed elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class StopOnSignal:
+    """While open, the first SIGINT or SIGTERM asks the loop to stop after the current step (`requested`, and
+    `signum` says which); a second SIGINT stops at once (KeyboardInterrupt), a second SIGTERM too (Terminated).
+    The handlers in place before are put back on exit. A subclass may also `poll` for a stop asked for elsewhere
+    (runtime/cluster.py: a worker of the cluster that got SIGTERM)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, say=print):
+        self._requested = False
+        self.signum: Optional[int] = None
+        self._previous: dict = {}
+        self._say = say
+
+    @property
+    def requested(self) -> bool:
+        if not self._requested:
+            self.poll()
+        return self._requested
+
+    def poll(self) -> None:
+        """Looks for a stop asked for outside this process (`request` it); nothing here."""
+
+    def _handle(self, signum, frame):
+        if self._requested:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated(signum)
+        self.request(signum)
+
+    def request(self, signum: int, why: str = "") -> None:
+        """Stop after this step, as if this process had received `signum` (`why` says where it came from)."""
+        if self._requested:
+            return
+        self._requested, self.signum = True, signum
+        again = "Ctrl-C again" if signum == signal.SIGINT else f"{name(signum)} again"
+        self._say(f"\n{name(signum)}{why}: stopping after this step and saving a checkpoint ({again} to stop at once)",
+                  flush=True)
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+
+class DeferredSignal:
+    """While open, SIGTERM is noted (`received`) with one line instead of ending the process: a non-chief task
+    serves until the chief, which saves through it, releases it."""
+
+    def __init__(self, note: str, signals=(signal.SIGTERM,)):
+        self.received: Optional[int] = None
+        self._note, self._signals, self._previous = note, signals, {}
+
+    def _handle(self, signum, frame):
+        if self.received is None:
+            print(f"{name(signum)}: {self._note}", file=sys.stderr, flush=True)
+        self.received = signum
+
+    def __enter__(self) -> "DeferredSignal":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self._signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
