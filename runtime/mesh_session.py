@@ -36,37 +36,63 @@ class MeshSession:
             self.saver = tf.train.Saver(tf.global_variables(), sharded=True, max_to_keep=None,
                                         save_relative_paths=True)
             initialize = tf.group(tf.global_variables_initializer(), tf.local_variables_initializer())
-            if checkpoint:  # before anything is restored or written: every job's graph against its checkpoint
-                checkpoints.check_fits(checkpoint, {v.op.name: v.shape.as_list() for v in tf.global_variables()},
-                                       {v.op.name for v in tf.get_collection(RESTORE_OPTIONAL)}, slot_patterns)
-            stored = {name for name, _ in tf.train.list_variables(checkpoint)} if checkpoint else set()
-            fresh = [v for v in tf.get_collection(RESTORE_OPTIONAL) if checkpoint and v.op.name not in stored]
+            self.copy_to_slices = lowering.copy_masters_to_slices()
+            self.copy_to_masters = lowering.copy_slices_to_masters()
+        self.session = tf.Session(target, graph=graph, config=config)
+        self.checkpoint, self._slot_patterns = checkpoint, slot_patterns
+        try:
+            if checkpoint:
+                self.checkpoint = self._restore_newest_complete(graph, checkpoint)
+            else:
+                self.session.run(initialize)
+            self.session.run(self.copy_to_slices)
+        except BaseException:
+            self.session.close()
+            raise
+        if finalize:  # nothing is added while running: a loop that grows the graph fails at once
+            graph.finalize()
+
+    def _restore_newest_complete(self, graph: tf.Graph, checkpoint: str) -> str:
+        """Restores `checkpoint`; when a trainer rotated it away meanwhile (its index gone: a reader does not take
+        the trainer's lock, runtime/lock.py), once more from the newest complete one. Returns the one restored."""
+        folder = os.path.dirname(checkpoint)
+        try:
+            self._restore(graph, checkpoint)
+            return checkpoint
+        except (checkpoints.CheckpointError, tf.errors.OpError):
+            if tf.io.gfile.exists(checkpoint + ".index"):
+                raise
+            newest = checkpoints.restorable(folder)
+            if not newest:
+                raise
+        checkpoints.warn(f"{os.path.basename(checkpoint)} in {folder} was removed while it was being read (a trainer "
+                         f"rotated it away); using {os.path.basename(newest)}, the newest checkpoint now")
+        self._restore(graph, newest)
+        return newest
+
+    def _restore(self, graph: tf.Graph, checkpoint: str) -> None:
+        with graph.as_default():
+            # before anything is restored or written: every job's graph against its checkpoint
+            checkpoints.check_fits(checkpoint, {v.op.name: v.shape.as_list() for v in tf.global_variables()},
+                                   {v.op.name for v in tf.get_collection(RESTORE_OPTIONAL)}, self._slot_patterns)
+            stored = {name for name, _ in tf.train.list_variables(checkpoint)}
+            fresh = [v for v in tf.get_collection(RESTORE_OPTIONAL) if v.op.name not in stored]
             restorer = self.saver
             if fresh:
                 names = {v.op.name for v in fresh}
                 restorer = tf.train.Saver([v for v in tf.global_variables() if v.op.name not in names], sharded=True)
             restore_locals = tf.group(tf.local_variables_initializer(), tf.variables_initializer(fresh))
-            self.copy_to_slices = lowering.copy_masters_to_slices()
-            self.copy_to_masters = lowering.copy_slices_to_masters()
-        if finalize:  # nothing is added while running: a loop that grows the graph fails at once
-            graph.finalize()
-        self.session = tf.Session(target, graph=graph, config=config)
-        with graph.as_default():  # Saver.save/restore take their eager path outside the graph
-            if checkpoint:
-                try:
-                    restorer.restore(self.session, checkpoint)
-                except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.NotFoundError,
-                        tf.errors.InvalidArgumentError) as e:  # damaged in a way its file sizes do not show
-                    self.session.close()
-                    folder, base = os.path.split(checkpoint)
-                    raise checkpoints.CheckpointError(
-                        f"{base} in {folder} cannot be restored ({checkpoints.reason(e)}): put back a good copy of "
-                        f"its files, delete them ({base}.*) to use the previous checkpoint, or pass --new to start "
-                        f"over") from e
-                self.session.run(restore_locals)
-            else:
-                self.session.run(initialize)
-            self.session.run(self.copy_to_slices)
+            # Saver.save/restore take their eager path outside the graph
+            try:
+                restorer.restore(self.session, checkpoint)
+            except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.NotFoundError,
+                    tf.errors.InvalidArgumentError, ValueError) as e:  # damaged in a way its sizes do not show, or gone
+                folder, base = os.path.split(checkpoint)
+                raise checkpoints.CheckpointError(
+                    f"{base} in {folder} cannot be restored ({checkpoints.reason(e)}): put back a good copy of "
+                    f"its files, delete them ({base}.*) to use the previous checkpoint, or pass --new to start "
+                    f"over") from e
+            self.session.run(restore_locals)
 
     def run(self, fetches, feed_dict=None):
         return self.session.run(fetches, feed_dict=feed_dict)

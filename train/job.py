@@ -14,6 +14,7 @@ from evals import tasks, validation
 from models import gpt
 from runtime import checkpoints, cluster
 from runtime.devices import Placement
+from runtime.lock import TrainerLock
 from runtime.mesh_session import session_config
 from runtime.peaks import Peak, device_peak
 from runtime import precision
@@ -52,6 +53,12 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
     if not cfg.datasets:
         raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
     checkpoints.check_writable(cfg.model_path, "make it writable, or set model_path to a folder you can write in")
+    with TrainerLock(cfg.model_path):  # one trainer per model_path (runtime/lock.py)
+        return _train_locked(cfg, placement, options, on_start)
+
+
+def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
+                  on_start: Optional[Callable[[int], None]]) -> int:
     restored = checkpoints.restorable(cfg.model_path)
     start = checkpoints.step_of(restored) if restored else 0
     if start >= cfg.train_steps:

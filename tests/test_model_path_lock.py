@@ -1,0 +1,144 @@
+"""One trainer per model_path (issue 22): the lock file, refused with one line naming the holder, stale locks taken
+over; readers (--predict, --eval, --export) take no lock and cope with a checkpoint rotated away while they open
+it."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import main
+from runtime import checkpoints
+from runtime.lock import LOCK, LockedError, TrainerLock, read
+from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
+from workspace import make_workspace
+
+
+def write_lock(model_path, **holder):
+    os.makedirs(model_path, exist_ok=True)
+    with open(os.path.join(model_path, LOCK), "w") as f:
+        json.dump(holder, f)
+
+
+def dead_pid():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_second_trainer_is_refused_naming_the_first(tmp_path):
+    model_path = str(tmp_path / "run")
+    with TrainerLock(model_path):
+        holder = read(model_path)
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        with pytest.raises(LockedError) as refused:
+            TrainerLock(model_path).acquire()
+        assert f"pid {os.getpid()} on host {socket.gethostname()}" in str(refused.value)
+        assert "one trainer per model_path" in str(refused.value)
+    assert not os.path.exists(os.path.join(model_path, LOCK))  # released
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path):
+    model_path = str(tmp_path / "run")
+    said = []
+    write_lock(model_path, host=socket.gethostname(), pid=dead_pid(), started=time.time() - 60)
+    with TrainerLock(model_path, say=said.append):
+        assert read(model_path)["pid"] == os.getpid()
+    assert len(said) == 1 and "no longer running" in said[0], said
+    # A live pid that started after the lock was written is another process that reused the number: stale too.
+    write_lock(model_path, host=socket.gethostname(), pid=os.getpid(), started=time.time() - 10 ** 7)
+    with TrainerLock(model_path, say=said.append):
+        assert read(model_path)["started"] > time.time() - 60
+    # A damaged lock file: stale once it is old (a fresh empty one is a trainer just writing it).
+    open(os.path.join(model_path, LOCK), "w").close()
+    with pytest.raises(LockedError, match="just starting"):
+        TrainerLock(model_path).acquire()
+    old = time.time() - 3600
+    os.utime(os.path.join(model_path, LOCK), (old, old))
+    with TrainerLock(model_path, say=said.append):
+        pass
+    assert "damaged" in said[-1]
+
+
+def test_a_lock_of_another_host_is_refused_saying_how_to_remove_it(tmp_path):
+    model_path = str(tmp_path / "run")
+    write_lock(model_path, host="node-017", pid=4242, started=time.time())
+    with pytest.raises(LockedError) as refused:
+        TrainerLock(model_path).acquire()
+    message = str(refused.value)
+    assert "pid 4242 on host node-017" in message and f"delete {os.path.join(model_path, LOCK)}" in message
+
+
+def test_main_refuses_to_train_a_locked_model_path_in_one_line_and_touches_nothing(tmp_path, capsys):
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]])
+    model_path = str(tmp_path / "run")
+    write_lock(model_path, host=socket.gethostname(), pid=os.getppid(), started=time.time() - 5)
+    before = sorted(os.listdir(model_path))
+    assert main.main(["--model", config, "--peak_tflops", "1"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ") and f"pid {os.getppid()}" in err[0], err
+    assert sorted(os.listdir(model_path)) == before and read(model_path)["pid"] == os.getppid()
+
+
+@pytest.fixture(scope="module")
+def three_checkpoints(tmp_path_factory):
+    cfg = tiny_config(model_path=str(tmp_path_factory.mktemp("readers") / "run"), train_steps=3, steps_per_checkpoint=1)
+    train(cfg, random_tokens([16, 17], seed=31))
+    assert checkpoints.steps(cfg.model_path) == [1, 2, 3]
+    tokens = random_tokens([2, cfg.n_ctx], seed=32)
+    return cfg, tokens, compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 3))
+
+
+def copy_of(cfg, tmp_path):
+    import shutil
+    shutil.copytree(cfg.model_path, tmp_path / "run")
+    return cfg.replace(model_path=str(tmp_path / "run"))
+
+
+def remove_checkpoint(model_path, step):
+    prefix = checkpoints.prefix_of(model_path, step)
+    os.remove(prefix + ".index")  # as rotation does: the index first
+    for name in os.listdir(model_path):
+        if name.startswith(os.path.basename(prefix) + ".data-"):
+            os.remove(os.path.join(model_path, name))
+
+
+def test_a_reader_whose_checkpoint_was_rotated_away_takes_the_newest(three_checkpoints, tmp_path, capsys):
+    cfg, tokens, newest_logits = three_checkpoints
+    cfg = copy_of(cfg, tmp_path)
+    remove_checkpoint(cfg.model_path, 2)  # chosen by the reader, then rotated away by the trainer
+    logits = compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 2))
+    np.testing.assert_array_equal(logits, newest_logits)
+    err = capsys.readouterr().err
+    assert "model.ckpt-2" in err and "removed while it was being read" in err and "model.ckpt-3" in err, err
+
+
+def test_a_checkpoint_removed_during_its_restore_is_retried_once_from_the_newest(three_checkpoints, tmp_path,
+                                                                                 monkeypatch):
+    cfg, tokens, newest_logits = three_checkpoints
+    cfg = copy_of(cfg, tmp_path)
+    restore, calls = tf.train.Saver.restore, []
+
+    def rotated_meanwhile(self, session, path):
+        calls.append(os.path.basename(path))
+        if len(calls) == 1:
+            remove_checkpoint(cfg.model_path, 2)
+        return restore(self, session, path)
+
+    monkeypatch.setattr(tf.train.Saver, "restore", rotated_meanwhile)
+    logits = compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 2))
+    assert calls == ["model.ckpt-2", "model.ckpt-3"]
+    np.testing.assert_array_equal(logits, newest_logits)
+
+    # Once only: a checkpoint that cannot be restored for another reason is still one error.
+    monkeypatch.setattr(tf.train.Saver, "restore", restore)
+    for name in os.listdir(cfg.model_path):
+        if name.startswith("model.ckpt-3.data-"):
+            os.truncate(os.path.join(cfg.model_path, name), 10)
+    with pytest.raises(checkpoints.CheckpointError, match="model.ckpt-3"):
+        compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 3))
