@@ -42,13 +42,15 @@ def frontier(pflop_days: np.ndarray) -> np.ndarray:
 def run_numbers(model_path: str, model: str | None = None) -> dict:
     """tokens_per_step and flops_per_token of a run, from its run_info.json or from --model's config."""
     info = read_run_info(model_path)
+    if info is not None and not {"tokens_per_step", "flops_per_token"} <= set(info):
+        info = None  # written by a damaged or foreign run_info.json: as good as none
     if info is None and model:
         from cli.config_loading import load_config
         from tools.runs import run_info
         info = run_info(load_config(model))
     if info is None:
-        raise PlotError(f"{model_path} has no run_info.json (main.py writes it when training starts): train it with "
-                        f"this version, or pass --model CONFIG to plot_runs.py")
+        raise PlotError(f"{model_path} has no usable run_info.json (main.py writes it when training starts): "
+                        f"train it with this version, or pass --model CONFIG to plot_runs.py")
     return {"tokens_per_step": float(info["tokens_per_step"]), "flops_per_token": float(info["flops_per_token"])}
 
 

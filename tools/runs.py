@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import struct
+import sys
 import time
 from typing import Optional
 
@@ -30,11 +31,18 @@ def run_info(cfg) -> dict:
 
 
 def write_run_info(cfg, start_step: int, sacred_id: Optional[str] = None) -> str:
-    """Writes model_path/run_info.json (keeping the history of earlier starts); returns its path."""
+    """Writes model_path/run_info.json (keeping the history of earlier starts); returns its path. A damaged one
+    (cut short, not JSON, not an object) never blocks training: it is kept as run_info.json.damaged, with a
+    warning, and a new one is written."""
     path = os.path.join(cfg.model_path, RUN_INFO)
-    previous = read_run_info(cfg.model_path) or {}
+    previous = read_run_info(cfg.model_path)
+    if previous is None and os.path.isfile(path):
+        os.replace(path, path + ".damaged")
+        _warn(f"kept it as {path}.damaged; writing a new {RUN_INFO} (the starts it listed are not carried over)")
+    previous = previous or {}
     info = run_info(cfg)
-    info["starts"] = previous.get("starts", []) + [
+    starts = previous.get("starts") if isinstance(previous.get("starts"), list) else []
+    info["starts"] = starts + [
         {"step": start_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "sacred_id": sacred_id}]
     os.makedirs(cfg.model_path, exist_ok=True)
     with open(path + ".tmp", "w") as f:
@@ -44,11 +52,24 @@ def write_run_info(cfg, start_step: int, sacred_id: Optional[str] = None) -> str
 
 
 def read_run_info(model_path: str) -> Optional[dict]:
+    """model_path/run_info.json; None when there is none, or (with a warning) when it is damaged."""
     path = os.path.join(model_path, RUN_INFO)
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # empty, cut short, garbage
+        _warn(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:80]}): ignoring it")
+        return None
+    if not isinstance(info, dict):
+        _warn(f"{path} is damaged (it holds a JSON {type(info).__name__}, not an object): ignoring it")
+        return None
+    return info
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def read_scalars(folder: str) -> dict[str, list[tuple[int, float]]]:
