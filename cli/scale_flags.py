@@ -1,6 +1,7 @@
 """main.py's planning and scale flags and what they do: --dry_run, --auto_layout, --auto_layout_and_mesh_shape,
-and multi-host (--cluster / --workers / --task_index). `add_arguments` declares them on main.py's parser, which
-hands over to `dispatch` (and, on a multi-host chief, `chief_placement`).
+and multi-host (--cluster / --workers / --task_index, or the launcher's TF_CONFIG or SLURM variables).
+`add_arguments` declares them on main.py's parser, which hands over to `dispatch` (and, on a multi-host chief,
+`chief_placement`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def add_arguments(p) -> None:
     p.add_argument("--checkpoint_minutes", type=float, default=None, metavar="N",
                    help="also save a checkpoint whenever N minutes have passed since the last save (for long steps; "
                    "with steps_per_checkpoint, whichever comes first)")
+    p.add_argument("--cluster_port", type=int, default=None, metavar="PORT",
+                   help="multi-host under SLURM's srun: the port of each node's first task (the next tasks of a node "
+                   "take the next ports; default 8888)")
 
 
 def config_overrides(args) -> dict:
@@ -45,7 +49,9 @@ def config_overrides(args) -> dict:
 
 
 def multi_host(args) -> bool:
-    return bool(getattr(args, "cluster", None) or getattr(args, "workers", None))
+    """A cluster from --cluster/--workers or from the launcher's environment (TF_CONFIG, SLURM's srun)."""
+    from runtime import cluster as cluster_lib
+    return cluster_lib.from_args(args) is not None
 
 
 def _config_path(args) -> str:
@@ -60,7 +66,7 @@ def dispatch(args, cfg) -> Optional[int]:
     if len(chosen) > 1:
         raise ConfigError(f"pass one of --dry_run, --auto_layout, --auto_layout_and_mesh_shape, not "
                           f"{' and '.join('--' + c for c in chosen)}")
-    if args.tpu and (multi_host(args) or args.task_index is not None):
+    if args.tpu and (args.cluster or args.workers or args.task_index is not None):
         raise ConfigError("--tpu runs on the TPU's own hosts: leave out --cluster/--workers/--task_index")
     if args.checkpoint_minutes is not None and not args.checkpoint_minutes > 0:
         raise ConfigError(f"--checkpoint_minutes must be more than 0, got {args.checkpoint_minutes:g}")
@@ -72,9 +78,10 @@ def dispatch(args, cfg) -> Optional[int]:
         return dry_run(args, cfg)
     if args.auto_layout or args.auto_layout_and_mesh_shape:
         return auto_layout(args, cfg)
-    if multi_host(args) or args.task_index is not None:
-        from runtime import cluster as cluster_lib
-        cluster = cluster_lib.from_args(args)
+    from runtime import cluster as cluster_lib
+    cluster = None if args.tpu else cluster_lib.from_args(args)
+    if cluster is not None:
+        print(cluster_lib.describe(cluster), flush=True)  # where the cluster came from, which task this is
         if not cluster.is_chief:
             serve(args, cfg, cluster)  # does not return
     return None

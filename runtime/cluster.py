@@ -21,6 +21,12 @@ leaves with exit code 143 once the chief has saved and released it. So SIGTERM t
 
 A cluster file is JSON: {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}, or TF_CONFIG's form
 {"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 0}} (then --task_index may be left out).
+
+Launchers set the cluster in the environment, and `from_args` reads it when no --cluster/--workers is given
+(those override it; --task_index overrides the environment's task): TF_CONFIG (Kubernetes' training operators,
+Ray's TensorflowTrainer, Vertex AI: a "chief" or "master" entry is task 0, the "worker" entries follow), or
+SLURM's variables under `srun` (the step's node list, SLURM_PROCID, the task count and tasks per node; task i of
+a node listens on --cluster_port + i).
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d+$")
 class Cluster:
     workers: tuple          # "host:port" per task, task 0 (the chief) first
     task_index: int
+    source: str = ""        # where it came from, for the start-up line: "--workers", "TF_CONFIG", "SLURM job 42"
 
     @property
     def is_chief(self) -> bool:
@@ -73,7 +80,7 @@ class Cluster:
         return [self.task_device(task) for task in range(self.size)]
 
 
-def _check(workers: list, task_index: Optional[int], source: str) -> Cluster:
+def _check(workers: list, task_index: Optional[int], source: str, origin: str = "") -> Cluster:
     if not isinstance(workers, list) or not workers or not all(isinstance(w, str) for w in workers):
         raise DeviceError(f"{source} must list the workers as \"host:port\" strings, task 0 (the chief) first")
     for w in workers:
@@ -85,7 +92,7 @@ def _check(workers: list, task_index: Optional[int], source: str) -> Cluster:
         raise DeviceError(f"which worker is this? pass --task_index (0 for the chief, up to {len(workers) - 1})")
     if not 0 <= task_index < len(workers):
         raise DeviceError(f"--task_index {task_index} is not a worker of {source} (0..{len(workers) - 1})")
-    return Cluster(tuple(workers), task_index)
+    return Cluster(tuple(workers), task_index, origin or source)
 
 
 def from_file(path: str, task_index: Optional[int] = None) -> Cluster:
@@ -114,17 +121,132 @@ def from_flags(workers: str, task_index: Optional[int]) -> Cluster:
     return _check([w.strip() for w in workers.split(",") if w.strip()], task_index, "--workers")
 
 
-def from_args(args) -> Optional[Cluster]:
-    """The cluster named by --cluster or --workers (with --task_index), or None for one host."""
+def from_tf_config(text: str, task_index: Optional[int] = None) -> Optional[Cluster]:
+    """The cluster of a TF_CONFIG value (None when it names one task: one host). Its "chief" (or "master") task is
+    task 0, its "worker" tasks follow in order."""
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise DeviceError(f"TF_CONFIG is not valid JSON ({e}): unset it, or pass --cluster FILE")
+    spec = raw.get("cluster") if isinstance(raw, dict) else None
+    if not isinstance(spec, dict):
+        raise DeviceError('TF_CONFIG has no "cluster" object: it should read {"cluster": {"worker": ["host:port", '
+                          '...]}, "task": {"type": "worker", "index": 0}}')
+    chiefs = [job for job in ("chief", "master") if spec.get(job)]
+    extra = sorted(set(job for job, tasks in spec.items() if tasks) - {"chief", "master", JOB})
+    if extra or len(chiefs) > 1:
+        raise DeviceError(f"TF_CONFIG has jobs {sorted(extra + chiefs[1:])}: training uses one chief (\"chief\" or "
+                          f"\"master\") and \"worker\" tasks only (no parameter servers or evaluators)")
+    leaders = list(spec[chiefs[0]]) if chiefs else []
+    if len(leaders) > 1:
+        raise DeviceError(f"TF_CONFIG's {chiefs[0]} lists {len(leaders)} tasks: a cluster has one chief")
+    workers = leaders + list(spec.get(JOB) or [])
+    if len(workers) < 2:
+        return None
+    if task_index is None:
+        task = raw.get("task") or {}
+        kind, index = task.get("type"), task.get("index", 0)
+        if kind not in (JOB, "chief", "master") or not isinstance(index, int):
+            raise DeviceError(f"TF_CONFIG's task {task!r} is not a task of its cluster: it needs "
+                              f"{{\"type\": \"worker\" (or \"chief\"), \"index\": N}}")
+        task_index = index + (len(leaders) if kind == JOB else 0)
+    return _check(workers, task_index, "TF_CONFIG")
+
+
+def expand_hostlist(text: str) -> list:
+    """SLURM's compressed host list -> host names: "node[01-03,07],gpu-a1,rack[1-2]-n[1-2]" -> node01, node02,
+    node03, node07, gpu-a1, rack1-n1, rack1-n2, rack2-n1, rack2-n2 (what `scontrol show hostnames` prints)."""
+    hosts, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            if text[start:i].strip():
+                hosts.extend(_expand_one(text[start:i].strip()))
+            start = i + 1
+    return hosts
+
+
+def _expand_one(pattern: str) -> list:
+    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", pattern)
+    if not match:
+        return [pattern]
+    head, ranges, tail = match.groups()
+    names = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise DeviceError(f"SLURM node list {pattern!r} has a range {part!r} that is not numbers")
+        for n in range(int(low), int(high or low) + 1):
+            names.append(f"{head}{n:0{len(low)}d}")
+    return [name + rest for name in names for rest in _expand_one(tail)] if tail else names
+
+
+def tasks_per_node(text: str) -> list:
+    """SLURM_TASKS_PER_NODE "2(x3),1" -> [2, 2, 2, 1]."""
+    counts = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise DeviceError(f"SLURM tasks per node {text!r} is not understood")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+DEFAULT_PORT = 8888  # TensorFlow's SlurmClusterResolver's first port
+
+
+def from_slurm(env, port: Optional[int] = None, task_index: Optional[int] = None) -> Optional[Cluster]:
+    """The cluster of the tasks `srun` started (None outside srun, or for one task): the step's nodes in order,
+    its tasks laid out on them as SLURM does by default (block distribution: a node's tasks are consecutive), and
+    task i of a node listening on port + i."""
+    def first(*names):
+        return next((env[n] for n in names if env.get(n)), None)
+
+    procid, ntasks = first("SLURM_PROCID"), first("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    if procid is None or ntasks is None or int(ntasks) < 2:
+        return None
+    nodes = expand_hostlist(first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") or "")
+    per_node = first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    counts = tasks_per_node(per_node) if per_node else [int(ntasks) // max(1, len(nodes))] * len(nodes)
+    if len(counts) != len(nodes) or sum(counts) != int(ntasks):
+        raise DeviceError(f"SLURM's environment does not add up: {int(ntasks)} tasks, nodes {nodes}, tasks per node "
+                          f"{per_node!r}: launch with srun, or pass --workers")
+    base = DEFAULT_PORT if port is None else port
+    workers = [f"{node}:{base + i}" for node, count in zip(nodes, counts) for i in range(count)]
+    job = first("SLURM_JOB_ID")
+    return _check(workers, int(procid) if task_index is None else task_index, "SLURM's environment",
+                  f"SLURM{' job ' + job if job else ''}")
+
+
+def from_args(args, env=None) -> Optional[Cluster]:
+    """The cluster named by --cluster or --workers (with --task_index), else by the launcher's environment
+    (TF_CONFIG, then SLURM's srun variables), or None for one host."""
+    env = os.environ if env is None else env
     if getattr(args, "cluster", None) and getattr(args, "workers", None):
         raise DeviceError("pass --cluster FILE or --workers LIST, not both")
     if getattr(args, "cluster", None):
         return from_file(args.cluster, args.task_index)
     if getattr(args, "workers", None):
         return from_flags(args.workers, args.task_index)
-    if getattr(args, "task_index", None) is not None:
+    task_index = getattr(args, "task_index", None)
+    if not getattr(args, "tpu", None):  # a TPU's own hosts (Vertex sets TF_CONFIG there too) are not this cluster
+        found = None
+        if env.get("TF_CONFIG"):
+            found = from_tf_config(env["TF_CONFIG"], task_index)
+        if found is None:
+            found = from_slurm(env, getattr(args, "cluster_port", None), task_index)
+        if found is not None:
+            return found
+    if task_index is not None:
         raise DeviceError("--task_index needs --cluster FILE or --workers LIST")
     return None
+
+
+def describe(cluster: Cluster) -> str:
+    """The start-up line's account of the cluster: where it came from and which task this is."""
+    role = "the chief" if cluster.is_chief else "a worker"
+    return (f"cluster of {cluster.size} tasks from {cluster.source}: this is task {cluster.task_index} ({role}) at "
+            f"{cluster.workers[cluster.task_index]}")
 
 
 # ----------------------------------------------------------------------------------------------------

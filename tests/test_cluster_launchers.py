@@ -1,0 +1,140 @@
+"""The cluster from the launcher's environment (issue 22): TF_CONFIG (Kubernetes' training operators, Ray, Vertex
+AI) and SLURM's srun variables, resolved by pure functions on synthetic environments, and two tasks trained on
+loopback from each; --cluster/--workers override the environment."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import types
+
+import pytest
+
+from runtime import checkpoints
+from runtime import cluster as cluster_lib
+from runtime.devices import DeviceError
+from workspace import REPO, make_workspace
+
+
+def args(**given):
+    values = dict(cluster=None, workers=None, task_index=None, tpu=None, cluster_port=None)
+    values.update(given)
+    return types.SimpleNamespace(**values)
+
+
+def tf_config(cluster, kind, index):
+    return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+
+
+def test_tf_config_chief_first_then_workers():
+    spec = {"chief": ["c:1"], "worker": ["w0:2", "w1:3"]}
+    for kind, index, task in (("chief", 0, 0), ("worker", 0, 1), ("worker", 1, 2)):
+        c = cluster_lib.from_tf_config(tf_config(spec, kind, index))
+        assert c.workers == ("c:1", "w0:2", "w1:3") and c.task_index == task and c.source == "TF_CONFIG"
+    ray = cluster_lib.from_tf_config(tf_config({"worker": ["a:1", "b:1"]}, "worker", 1))  # Ray, Vertex: workers only
+    assert ray.workers == ("a:1", "b:1") and ray.task_index == 1
+    master = cluster_lib.from_tf_config(tf_config({"master": ["m:1"], "worker": ["w:1"]}, "master", 0))
+    assert master.is_chief and master.workers == ("m:1", "w:1")
+    assert cluster_lib.from_tf_config(tf_config({"worker": ["only:1"]}, "worker", 0)) is None  # one host
+    assert cluster_lib.from_tf_config(tf_config(spec, "worker", 1), task_index=0).is_chief  # --task_index wins
+    for bad, message in (("{not json", "not valid JSON"), (json.dumps({"task": {}}), "no \"cluster\""),
+                         (tf_config({"worker": ["a:1"], "ps": ["p:1"]}, "worker", 0), "parameter servers"),
+                         (tf_config({"chief": ["a:1", "b:1"]}, "chief", 0), "one chief"),
+                         (tf_config(spec, "evaluator", 0), "not a task"),
+                         (tf_config(spec, "worker", 2), "not a worker")):
+        with pytest.raises(DeviceError, match=message):
+            cluster_lib.from_tf_config(bad)
+
+
+def test_slurm_host_lists_and_tasks_per_node():
+    assert cluster_lib.expand_hostlist("node[01-03,07],gpu-a1,rack[1-2]-n[1-2]") == [
+        "node01", "node02", "node03", "node07", "gpu-a1", "rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
+    assert cluster_lib.expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
+    assert cluster_lib.tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    with pytest.raises(DeviceError, match="not understood"):
+        cluster_lib.tasks_per_node("2(y3)")
+
+
+def test_slurm_environment_gives_each_task_its_address():
+    env = {"SLURM_JOB_ID": "42", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NODELIST": "gn[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "gn[1-9]", "SLURM_NTASKS": "18"}
+    c = cluster_lib.from_slurm(env)
+    assert c.workers == ("gn1:8888", "gn1:8889", "gn2:8888", "gn2:8889") and c.task_index == 3
+    assert c.source == "SLURM job 42"
+    assert cluster_lib.from_slurm(env, port=5000).workers[1] == "gn1:5001"
+    # Without the step's variables (an older SLURM) the job's serve.
+    job_only = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "a,b", "SLURM_TASKS_PER_NODE": "2,1"}
+    assert cluster_lib.from_slurm(job_only).workers == ("a:8888", "a:8889", "b:8888")
+    assert cluster_lib.from_slurm({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "a"}) is None
+    assert cluster_lib.from_slurm({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "a,b"}) is None  # sbatch, no srun
+    with pytest.raises(DeviceError, match="does not add up"):
+        cluster_lib.from_slurm(dict(job_only, SLURM_TASKS_PER_NODE="1,1"))
+
+
+def test_flags_override_the_environment_and_the_environment_overrides_nothing_on_a_tpu(tmp_path):
+    env = {"TF_CONFIG": tf_config({"worker": ["a:1", "b:1"]}, "worker", 1),
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "s[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    assert cluster_lib.from_args(args(), env).source == "TF_CONFIG"  # TF_CONFIG before SLURM
+    assert cluster_lib.from_args(args(), dict(env, TF_CONFIG="")).workers == ("s1:8888", "s2:8888")
+    assert cluster_lib.from_args(args(workers="x:1,y:1", task_index=0), env).workers == ("x:1", "y:1")
+    assert cluster_lib.from_args(args(task_index=0), env).is_chief
+    assert cluster_lib.from_args(args(tpu="my-tpu"), env) is None
+    assert cluster_lib.from_args(args(), {}) is None
+    with pytest.raises(DeviceError, match="needs --cluster"):
+        cluster_lib.from_args(args(task_index=1), {})
+    line = cluster_lib.describe(cluster_lib.from_args(args(), env))
+    assert line == "cluster of 2 tasks from TF_CONFIG: this is task 1 (a worker) at b:1"
+
+
+def free_port_pair():
+    """A port p with p + 1 free too (SLURM's layout: a node's tasks on consecutive ports)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    pytest.skip("no two consecutive free ports on loopback")
+
+
+@pytest.mark.parametrize("launcher", ["TF_CONFIG", "SLURM"])
+def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, launcher):
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
+                            steps_per_checkpoint=1, mesh_shape="x:2", layout="batch:x")
+    port = free_port_pair()
+    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    base.update(TF_CPP_MIN_LOG_LEVEL="3")
+    envs = []
+    for task in (0, 1):
+        if launcher == "TF_CONFIG":
+            spec = {"chief": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}"]}
+            envs.append(dict(base, TF_CONFIG=tf_config(spec, "chief" if task == 0 else "worker", 0)))
+        else:
+            envs.append(dict(base, SLURM_JOB_ID="7", SLURM_PROCID=str(task), SLURM_STEP_NUM_TASKS="2",
+                             SLURM_STEP_NODELIST="127.0.0.1", SLURM_STEP_TASKS_PER_NODE="2"))
+    extra = ["--cluster_port", str(port)] if launcher == "SLURM" else []
+    processes = [subprocess.Popen([sys.executable, os.path.join(REPO, "main.py"), "--model", config,
+                                   "--peak_tflops", "1", *extra] + (["--worker_timeout", "240"] if task else []),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                  env=envs[task]) for task in (1, 0)]
+    try:
+        worker_out, chief_out = (p.communicate(timeout=300)[0] for p in processes)
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+    worker, chief = processes
+    source = "TF_CONFIG" if launcher == "TF_CONFIG" else "SLURM job 7"
+    assert chief.returncode == 0, chief_out[-3000:]
+    assert worker.returncode == 0 and "released by the chief" in worker_out, worker_out[-3000:]
+    assert f"cluster of 2 tasks from {source}: this is task 0 (the chief) at 127.0.0.1:{port}" in chief_out
+    assert f"cluster of 2 tasks from {source}: this is task 1 (a worker) at 127.0.0.1:{port + 1}" in worker_out
+    model_path = str(tmp_path / "run")
+    assert checkpoints.steps(model_path) == [1]
+    assert os.path.exists(checkpoints.prefix_of(model_path, 1) + ".data-00001-of-00002")  # the worker's shard
+
