@@ -39,6 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--cluster_port", type=int, default=None, metavar="PORT",
                    help="multi-host under SLURM's srun: the port of each node's first task (the next tasks of a node "
                    "take the next ports; default 8888)")
+    p.add_argument("--ignore_memory_check", action="store_true",
+                   help="train even when the dry run's memory estimate exceeds the host RAM available "
+                   "(plan/memory_check.py)")
 
 
 def config_overrides(args) -> dict:
@@ -85,6 +88,15 @@ def dispatch(args, cfg) -> Optional[int]:
         if not cluster.is_chief:
             serve(args, cfg, cluster)  # does not return
     return None
+
+
+def check_memory(args, cfg, placement) -> None:
+    """Before training: refuses in one line when the dry run's estimate exceeds the host RAM available, unless
+    --ignore_memory_check."""
+    if args.ignore_memory_check:
+        return
+    from plan import memory_check
+    memory_check.check_training(cfg, placement, args.model)
 
 
 def dry_run(args, cfg) -> int:

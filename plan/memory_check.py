@@ -1,0 +1,111 @@
+"""Memory before the wait: training refuses up front when the dry run's estimate (plan/dry_run.py) exceeds what
+this host has, instead of printing its start lines and growing until the kernel's out-of-memory killer ends it.
+
+What is compared, on one host:
+* CPU devices: host RAM for the master copies of all variables plus every CPU device's per-device total (weights,
+  optimizer state, gradients, activations: the CPU's logical devices are host RAM), against the RAM available now:
+  MemAvailable from /proc/meminfo (psutil's where there is no /proc), lowered to the container's cgroup limit
+  where one is set (a Kubernetes pod's memory limit is not the machine's).
+* GPUs: host RAM for the master copies against the same. The GPUs' own memory is not compared here: the dry run's
+  `--device_memory` does that against the size you give.
+Multi-host runs and TPUs spread the master copies over their hosts and are not checked. `--ignore_memory_check`
+goes on regardless (the estimate is an estimate: TensorFlow's allocator moves the real peak both ways).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from config.schema import ConfigError, GPTConfig
+from plan import dry_run
+from plan.dry_run import human_bytes
+
+
+class DoesNotFit(ConfigError):
+    """Training would not fit in this host's memory (one line: the numbers and what would make it fit)."""
+
+
+def _meminfo_available() -> Optional[float]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil  # optional: macOS and other systems without /proc
+    except ImportError:
+        return None
+    return float(psutil.virtual_memory().available)
+
+
+def _cgroup_available() -> Optional[float]:
+    """What the container's memory limit leaves (cgroup v2, then v1); None without a limit."""
+    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_path) as f:
+                limit = f.read().strip()
+            with open(usage_path) as f:
+                usage = float(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and float(limit) < 2 ** 60:  # "max", or v1's huge number: no limit
+            return max(0.0, float(limit) - usage)
+    return None
+
+
+def available_host_bytes() -> Optional[float]:
+    """RAM this process can still take: the smaller of the machine's available memory and the cgroup's; None when
+    neither can be read."""
+    found = [b for b in (_meminfo_available(), _cgroup_available()) if b is not None]
+    return min(found) if found else None
+
+
+def host_need(plan: dry_run.Plan, on_cpu: bool, recompute: bool) -> float:
+    """Host RAM for the training step: the master copies, plus on CPU devices every device's per-device total."""
+    need = plan.facts.master_bytes
+    if on_cpu:
+        need += plan.cfg.n_devices * plan.memory[recompute].total
+    return need
+
+
+def _advice(plan: dry_run.Plan, on_cpu: bool, available: float, name: str) -> str:
+    cfg = plan.cfg
+    if on_cpu and not cfg.recompute_grad and host_need(plan, on_cpu, True) <= available:
+        return (f"set \"recompute_grad\": true in the config (then about "
+                f"{human_bytes(host_need(plan, on_cpu, True))})")
+    if on_cpu:
+        m = plan.memory[cfg.recompute_grad]
+        fixed = plan.facts.master_bytes + cfg.n_devices * (m.total - m.activations)
+        if fixed <= available:
+            return (f"lower train_batch_size or n_ctx (activations take {human_bytes(cfg.n_devices * m.activations)}"
+                    f"{'' if cfg.recompute_grad else '; recompute_grad: true also saves some'})")
+        return (f"the weights, optimizer state and gradients alone take {human_bytes(fixed)}: train a smaller model "
+                f"here, or on GPUs or TPUs (python main.py --model {name} --dry_run --device_memory 80GB finds the "
+                f"smallest mesh that fits)")
+    return (f"the master copies of the weights and {cfg.opt_name} state live in host RAM: use a host with more RAM, "
+            f"spread them over several hosts (multi-host training), or train a smaller model")
+
+
+def check_training(cfg: GPTConfig, placement, name: str, available: Optional[float] = None) -> Optional[str]:
+    """Raises DoesNotFit when training cfg on `placement` needs more host RAM than is available; returns a line
+    saying what was compared (None when nothing was: multi-host, TPU, or no way to read the available memory)."""
+    if placement.use_tpu or placement.master or placement.hosts:
+        return None
+    available = available_host_bytes() if available is None else available
+    if available is None:
+        return None
+    plan = dry_run.make_plan(cfg)
+    on_cpu = not any("GPU" in d.upper() for d in placement.devices)
+    need = host_need(plan, on_cpu, cfg.recompute_grad)
+    what = (f"the master copies plus {cfg.n_devices} CPU device{'s' if cfg.n_devices > 1 else ''} x "
+            f"{human_bytes(plan.memory[cfg.recompute_grad].total)}" if on_cpu else "the master copies of all variables")
+    if need > available:
+        raise DoesNotFit(
+            f"training {name} needs about {human_bytes(need)} of host RAM ({what}; the dry run's estimate, "
+            f"recompute_grad {'on' if cfg.recompute_grad else 'off'}) but {human_bytes(available)} is available: "
+            f"{_advice(plan, on_cpu, available, name)}; or pass --ignore_memory_check to try anyway")
+    return f"memory: about {human_bytes(need)} of host RAM needed, {human_bytes(available)} available"

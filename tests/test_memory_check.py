@@ -1,0 +1,70 @@
+"""Memory before the wait (issue 22): training compares the dry run's estimate with the host RAM available and
+refuses up front, in one line with the numbers and what would make it fit; --ignore_memory_check goes on."""
+import json
+import os
+
+import pytest
+
+import main
+from cli.config_loading import load_config
+from plan import dry_run, memory_check
+from runtime.devices import Placement
+from tiny import tiny_config
+from workspace import REPO, make_workspace
+
+GIB = 2 ** 30
+
+
+def test_gpt3_xl_on_a_16_gib_host_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):
+    model = json.loads(open(os.path.join(REPO, "configs", "gpt3_XL.json")).read())
+    model.update(model_path=str(tmp_path / "run"), mesh_shape="all:1", layout="")  # one CPU device
+    config = tmp_path / "gpt3_XL_here.json"
+    config.write_text(json.dumps(model))
+    monkeypatch.setattr(memory_check, "available_host_bytes", lambda: 16 * GIB)
+    assert main.main(["--model", str(config)]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: training "), err
+    plan = dry_run.make_plan(load_config(str(config)))
+    need = plan.facts.master_bytes + plan.memory[plan.cfg.recompute_grad].total  # from the dry run's own numbers
+    assert need > 16 * GIB
+    assert dry_run.human_bytes(need) in err[0] and "16.00 GiB is available" in err[0], err[0]
+    assert "--ignore_memory_check" in err[0] and "--dry_run --device_memory" in err[0], err[0]
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_the_advice_is_what_would_make_it_fit():
+    cfg = tiny_config(train_batch_size=64, n_ctx=64, recompute_grad=False)
+    plan = dry_run.make_plan(cfg)
+    cpu = Placement(devices=("/device:CPU:0",))
+    with_recompute = memory_check.host_need(plan, True, True)
+    without = memory_check.host_need(plan, True, False)
+    assert with_recompute < without
+    with pytest.raises(memory_check.DoesNotFit, match="recompute_grad\": true"):
+        memory_check.check_training(cfg, cpu, "tiny", available=(with_recompute + without) / 2)
+    fixed = plan.facts.master_bytes + plan.memory[False].total - plan.memory[False].activations
+    with pytest.raises(memory_check.DoesNotFit, match="lower train_batch_size"):
+        memory_check.check_training(cfg, cpu, "tiny", available=(fixed + with_recompute) / 2)
+    with pytest.raises(memory_check.DoesNotFit, match="alone take"):
+        memory_check.check_training(cfg, cpu, "tiny", available=fixed / 2)
+    assert "available" in memory_check.check_training(cfg, cpu, "tiny", available=without * 2)
+    # GPUs: only the master copies are in host RAM; multi-host and TPU runs are not checked here.
+    gpu = Placement(devices=("/device:GPU:0",))
+    assert memory_check.check_training(cfg, gpu, "tiny", available=plan.facts.master_bytes * 1.01)
+    with pytest.raises(memory_check.DoesNotFit, match="master copies"):
+        memory_check.check_training(cfg, gpu, "tiny", available=plan.facts.master_bytes * 0.99)
+    cluster = Placement(devices=("/job:worker/task:0/device:CPU:0",), master="grpc://h:1", hosts=("h",))
+    assert memory_check.check_training(cfg, cluster, "tiny", available=1.0) is None
+
+
+def test_ignore_memory_check_goes_on(tmp_path, capsys, monkeypatch):
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
+                            steps_per_checkpoint=1)
+    monkeypatch.setattr(memory_check, "available_host_bytes", lambda: 1024.0)
+    assert main.main(["--model", config, "--peak_tflops", "1"]) == 1
+    assert "error: training" in capsys.readouterr().err
+    assert main.main(["--model", config, "--peak_tflops", "1", "--ignore_memory_check"]) == 0
+
+
+def test_available_memory_is_read():
+    available = memory_check.available_host_bytes()
+    assert available is None or 0 < available < 2 ** 50
