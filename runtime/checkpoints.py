@@ -123,11 +123,26 @@ def restorable(model_path: str, say=warn) -> Optional[str]:
     """The prefix of the newest checkpoint that can be restored, found by its files (the state file is not
     needed); None when model_path has none. Newer ones that cannot be read are skipped, saying so in one line;
     when there are checkpoints and none can be read, a CheckpointError (a run never starts from scratch over
-    them)."""
+    them). A checkpoint removed while it is looked at (a trainer rotating it away: readers take no lock) is not
+    one that cannot be read: the folder is listed once more."""
+    found, vanished = _restorable(model_path, say, relist=True)
+    return _restorable(model_path, say, relist=False)[0] if vanished else found
+
+
+def _restorable(model_path: str, say, relist: bool) -> tuple:
+    """(restorable's answer, whether a checkpoint vanished while it was looked at). On a vanished one: with
+    `relist`, (None, True) at once; without, it is passed over like a checkpoint that never was."""
     skipped = []
     for step in reversed(steps(model_path)):
         prefix = prefix_of(model_path, step)
-        why = problem(prefix)
+        try:
+            why = problem(prefix)
+        except tf.errors.NotFoundError as e:  # a data file removed between the listing and its size
+            why = reason(e)
+        if why is not None and not tf.io.gfile.exists(prefix + ".index"):
+            if relist:
+                return None, True
+            continue
         if why is None:
             if skipped and say and (model_path, skipped[0][0]) not in _warned:  # once per process
                 _warned.add((model_path, skipped[0][0]))
@@ -135,14 +150,14 @@ def restorable(model_path: str, say=warn) -> Optional[str]:
                 others = f" (and {len(skipped) - 1} more between)" if len(skipped) > 1 else ""
                 say(f"{PREFIX}-{newest} in {model_path} cannot be read ({newest_why}){others}; using "
                     f"{PREFIX}-{step}, the newest checkpoint that can be read")
-            return prefix
+            return prefix, False
         skipped.append((step, why))
     if skipped:
         newest, why = skipped[0]
         others = f" (nor can the {len(skipped) - 1} older ones)" if len(skipped) > 1 else ""
         raise CheckpointError(f"no checkpoint in {model_path} can be read: {PREFIX}-{newest} {why}{others}: put back "
                               f"a good copy of its files, or pass --new to start over (it deletes {model_path})")
-    return None
+    return None, False
 
 
 def slot_of(name: str, names, slot_patterns: Mapping[str, str]) -> Optional[str]:

@@ -52,23 +52,25 @@ class MeshSession:
         if finalize:  # nothing is added while running: a loop that grows the graph fails at once
             graph.finalize()
 
-    def _restore_newest_complete(self, graph: tf.Graph, checkpoint: str) -> str:
+    def _restore_newest_complete(self, graph: tf.Graph, checkpoint: str, tries: int = 3) -> str:
         """Restores `checkpoint`; when a trainer rotated it away meanwhile (its index gone: a reader does not take
-        the trainer's lock, runtime/lock.py), once more from the newest complete one. Returns the one restored."""
-        folder = os.path.dirname(checkpoint)
-        try:
-            self._restore(graph, checkpoint)
-            return checkpoint
-        except (checkpoints.CheckpointError, tf.errors.OpError):
-            if tf.io.gfile.exists(checkpoint + ".index"):
-                raise
-            newest = checkpoints.restorable(folder)
-            if not newest:
-                raise
-        checkpoints.warn(f"{os.path.basename(checkpoint)} in {folder} was removed while it was being read (a trainer "
-                         f"rotated it away); using {os.path.basename(newest)}, the newest checkpoint now")
-        self._restore(graph, newest)
-        return newest
+        the trainer's lock, runtime/lock.py), from the newest complete one then, up to `tries` times in all (a
+        trainer that saves every few seconds and keeps few checkpoints can rotate the next one away too). Returns
+        the one restored."""
+        folder, first = os.path.dirname(checkpoint), checkpoint
+        for attempt in range(tries):
+            try:
+                self._restore(graph, checkpoint)
+                break
+            except (checkpoints.CheckpointError, tf.errors.OpError):
+                newest = None if tf.io.gfile.exists(checkpoint + ".index") else checkpoints.restorable(folder)
+                if attempt + 1 == tries or not newest:
+                    raise
+                checkpoint = newest
+        if checkpoint != first:
+            checkpoints.warn(f"{os.path.basename(first)} in {folder} was removed while it was being read (a "
+                             f"trainer rotated it away); using {os.path.basename(checkpoint)}, the newest then")
+        return checkpoint
 
     def _restore(self, graph: tf.Graph, checkpoint: str) -> None:
         with graph.as_default():

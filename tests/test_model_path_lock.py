@@ -3,9 +3,11 @@ over; readers (--predict, --eval, --export) take no lock and cope with a checkpo
 it."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -142,3 +144,34 @@ def test_a_checkpoint_removed_during_its_restore_is_retried_once_from_the_newest
             os.truncate(os.path.join(cfg.model_path, name), 10)
     with pytest.raises(checkpoints.CheckpointError, match="model.ckpt-3"):
         compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 3))
+
+
+def test_while_one_trainer_runs_a_second_is_refused_and_predict_reads_the_rotating_checkpoints(tmp_path):
+    """The issue's scenario with real processes: a trainer saving every 10 steps (about a second here) and keeping
+    two checkpoints, so that the one --predict chose is rotated away while it builds its graph; a second trainer
+    started on the same model_path meanwhile."""
+    from test_preemption import start_main, wait_for_line
+    from workspace import run_main
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
+                            steps_per_checkpoint=10, keep_checkpoint_max=2, max_new_tokens=2)
+    (tmp_path / "prompt.txt").write_text("import json\n")
+    first = start_main("--model", config, "--log_every", "1", "--peak_tflops", "1")
+    try:
+        wait_for_line(first, r"step +11/100000 \| loss")
+        drain = threading.Thread(target=first.stdout.read, daemon=True)  # the trainer never waits on its pipe
+        drain.start()
+        second = run_main("--model", config, "--peak_tflops", "1", timeout=300)
+        reader = run_main("--model", config, "--predict", "--prompt", str(tmp_path / "prompt.txt"), timeout=300)
+        assert first.poll() is None  # still training through both
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+        drain.join(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    errors = [line for line in second.stderr.splitlines() if line.strip()]
+    assert second.returncode == 1 and len(errors) == 1, second.stderr[-3000:]
+    assert errors[0].startswith("error: ") and f"pid {first.pid} on host {socket.gethostname()}" in errors[0]
+    assert reader.returncode == 0 and "======== sample" in reader.stdout, reader.stderr[-3000:]
+    assert first.returncode == 143
+    assert not os.path.exists(os.path.join(tmp_path, "run", LOCK))
