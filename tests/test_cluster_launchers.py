@@ -3,6 +3,7 @@ AI) and SLURM's srun variables, resolved by pure functions on synthetic environm
 loopback from each; --cluster/--workers override the environment."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -138,3 +139,35 @@ def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, la
     assert checkpoints.steps(model_path) == [1]
     assert os.path.exists(checkpoints.prefix_of(model_path, 1) + ".data-00001-of-00002")  # the worker's shard
 
+
+
+def _srun_problem():
+    """Why the srun test cannot run here, or None."""
+    if shutil.which("srun") is None:
+        return "srun is not installed (tools/slurm_localhost.sh sets up a one-node SLURM on Debian/Ubuntu)"
+    try:
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"sinfo does not answer ({type(e).__name__})"
+    if not any(state.strip() in ("idle", "mixed") for state in states.splitlines()):
+        return f"no idle SLURM node (sinfo: {states.strip() or 'nothing'}): start one with tools/slurm_localhost.sh"
+    return None
+
+
+@pytest.mark.skipif(_srun_problem() is not None, reason=str(_srun_problem()))
+def test_srun_two_tasks_train_like_the_loopback_ones(tmp_path):
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
+                            steps_per_checkpoint=1, mesh_shape="x:2", layout="batch:x")
+    port = free_port_pair()
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3")
+    run = subprocess.run(["srun", "-n", "2", "--nodes", "1", "--time", "10", "--label", sys.executable,
+                          os.path.join(REPO, "main.py"), "--model", config, "--peak_tflops", "1", "--cluster_port",
+                          str(port), "--worker_timeout", "240"], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=400)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert "0: cluster of 2 tasks from SLURM job" in out and "this is task 0 (the chief)" in out, out[-3000:]
+    assert "1: cluster of 2 tasks from SLURM job" in out and "this is task 1 (a worker)" in out, out[-3000:]
+    assert checkpoints.steps(str(tmp_path / "run")) == [1]
+    assert os.path.exists(checkpoints.prefix_of(str(tmp_path / "run"), 1) + ".data-00001-of-00002")
