@@ -146,7 +146,7 @@ def _srun_problem():
     if shutil.which("srun") is None:
         return "srun is not installed (tools/slurm_localhost.sh sets up a one-node SLURM on Debian/Ubuntu)"
     try:
-        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=15).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"sinfo does not answer ({type(e).__name__})"
     if not any(state.strip() in ("idle", "mixed") for state in states.splitlines()):
@@ -154,8 +154,10 @@ def _srun_problem():
     return None
 
 
-@pytest.mark.skipif(_srun_problem() is not None, reason=str(_srun_problem()))
 def test_srun_two_tasks_train_like_the_loopback_ones(tmp_path):
+    problem = _srun_problem()  # here, not at collection: sinfo may wait for a controller that is not running
+    if problem:
+        pytest.skip(problem)
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
                             steps_per_checkpoint=1, mesh_shape="x:2", layout="batch:x")
     port = free_port_pair()
