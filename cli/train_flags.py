@@ -41,6 +41,8 @@ def start_fresh(model_path: str, yes: bool) -> bool:
         if answer.strip().lower() not in ("y", "yes"):
             print("kept it; nothing was deleted")
             return False
-    shutil.rmtree(model_path)
+    from runtime.lock import TrainerLock  # here: the parser reads this module before TensorFlow loads
+    with TrainerLock(model_path):  # never under a trainer that is running (one error line naming it)
+        shutil.rmtree(model_path)
     print(f"deleted {model_path}")
     return True

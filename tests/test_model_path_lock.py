@@ -85,6 +85,11 @@ def test_main_refuses_to_train_a_locked_model_path_in_one_line_and_touches_nothi
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: ") and f"pid {os.getppid()}" in err[0], err
     assert sorted(os.listdir(model_path)) == before and read(model_path)["pid"] == os.getppid()
+    # --new deletes nothing under a running trainer either
+    assert main.main(["--model", config, "--peak_tflops", "1", "--new", "--yes"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ") and f"pid {os.getppid()}" in err[0], err
+    assert sorted(os.listdir(model_path)) == before
 
 
 @pytest.fixture(scope="module")
