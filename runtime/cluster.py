@@ -293,8 +293,8 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
                 if term.received and not asked:
                     asked = True
                     _ask_chief_to_stop(tf, cluster, server, log)
-                # Short waits: a signal's handler runs only between them (the wait itself blocks in TensorFlow).
-                wait_ms = 500 if deadline is None else int(max(0.001, min(0.5, deadline - time.monotonic())) * 1000)
+                # A signal's handler runs between waits (the wait itself blocks in TensorFlow): within 2 s.
+                wait_ms = 2000 if deadline is None else int(max(1, min(2.0, deadline - time.monotonic())) * 1000)
                 try:
                     session.run(dequeue, options=tf.RunOptions(timeout_in_ms=wait_ms))
                     if term.received:
