@@ -58,7 +58,7 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
 
 
 def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
-                  on_start: Optional[Callable[[int], None]]) -> int:
+                  on_start: Optional[Callable[[int, GPTConfig], None]]) -> int:
     restored = checkpoints.restorable(cfg.model_path)
     start = checkpoints.step_of(restored) if restored else 0
     if start >= cfg.train_steps:
