@@ -57,18 +57,39 @@ def terminate_with_a_line():
         signal.signal(signal.SIGTERM, previous)
 
 
-class StopOnSignal:
+class _SignalHandlers:
+    """A context that, while open, routes `signals` to `self._handle` and puts the handlers in place before back
+    on exit. Only in the main thread (signal handlers cannot be installed elsewhere)."""
+
+    signals: tuple = ()
+
+    def _handle(self, signum, frame) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+
+class StopOnSignal(_SignalHandlers):
     """While open, the first SIGINT or SIGTERM asks the loop to stop after the current step (`requested`, and
     `signum` says which); a second SIGINT stops at once (KeyboardInterrupt), a second SIGTERM too (Terminated).
     The handlers in place before are put back on exit. A subclass may also `poll` for a stop asked for elsewhere
     (runtime/cluster.py: a worker of the cluster that got SIGTERM)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    signals = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, say=print):
         self._requested = False
         self.signum: Optional[int] = None
-        self._previous: dict = {}
         self._say = say
 
     @property
@@ -96,38 +117,16 @@ class StopOnSignal:
         self._say(f"\n{name(signum)}{why}: stopping after this step and saving a checkpoint ({again} to stop at once)",
                   flush=True)
 
-    def __enter__(self) -> "StopOnSignal":
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
 
-    def __exit__(self, *exc) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
-
-
-class DeferredSignal:
+class DeferredSignal(_SignalHandlers):
     """While open, SIGTERM is noted (`received`) with one line instead of ending the process: a non-chief task
     serves until the chief, which saves through it, releases it."""
 
     def __init__(self, note: str, signals=(signal.SIGTERM,)):
         self.received: Optional[int] = None
-        self._note, self._signals, self._previous = note, signals, {}
+        self._note, self.signals = note, signals
 
     def _handle(self, signum, frame):
         if self.received is None:
             print(f"{name(signum)}: {self._note}", file=sys.stderr, flush=True)
         self.received = signum
-
-    def __enter__(self) -> "DeferredSignal":
-        if threading.current_thread() is threading.main_thread():
-            for signum in self._signals:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
