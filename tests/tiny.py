@@ -1,5 +1,5 @@
 """Tiny models and data for tests: a config builder, random token batches, and one-call runs through the
-project's runner (train/loop.py): training, logits, and the losses of one forward pass."""
+project's runner (train/loop.py): training, logits, and the losses and gradients of one batch."""
 from __future__ import annotations
 
 import tempfile
@@ -17,6 +17,7 @@ from runtime import checkpoints, meshes
 from runtime.devices import Placement
 from runtime.mesh_session import MeshSession, session_config
 from train import loop, objective
+from train.optimizer import slot_patterns
 
 from conftest import CPU_DEVICES
 
@@ -73,13 +74,14 @@ class TrainingRun:
     losses: list = field(default_factory=list)        # cross-entropy, as training logs it
     objectives: list = field(default_factory=list)    # what was minimised (with z-loss and MoE loss)
     moe_losses: list = field(default_factory=list)    # the MoE load-balancing loss (empty without MoE)
-    gradients: dict = field(default_factory=dict)     # name -> unclipped gradient of the last step
-    weights: dict = field(default_factory=dict)       # name -> value after the last step
+    # name -> the norm of the last step's unclipped gradient, as training logs it with log_grads (else empty)
+    gradient_norms: dict = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)       # model variable's name -> value after the last step
 
 
 def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) -> TrainingRun:
     """`steps` training steps from the seeded initial weights on the batches [(inputs, labels), ...] (cycled),
-    through the runner, in a throwaway model_path; also fetches every gradient."""
+    through the runner, in a throwaway model_path."""
     inputs = np.stack([b[0] for b in batches]).reshape(-1, cfg.n_ctx)
     labels = np.stack([b[1] for b in batches]).reshape(-1, cfg.n_ctx)
     batch_size = len(batches[0][0])
@@ -89,22 +91,21 @@ def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) 
         ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
         return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
 
-    def gradients(lowered: meshes.Lowered) -> dict:
-        return {"gradients": {v.name: lowered.lowering.export_to_tf_tensor(g) for v, g in lowered.gradients}}
-
     def record(step, values):
         run.losses.append(float(values["loss"]))
         run.objectives.append(float(values["objective"]))
         if "moe_loss" in values:
             run.moe_losses.append(float(values["moe_loss"]))
-        run.gradients = values["gradients"]
+        run.gradient_norms = {name[len("grad_norm/"):]: float(norm) for name, norm in values.items()
+                              if name.startswith("grad_norm/")}
 
     with tempfile.TemporaryDirectory() as folder:
         cfg = cfg.replace(model_path=folder, train_steps=steps, steps_per_checkpoint=steps)
-        loop.train(cfg, Placement(devices=tuple(devices)), dataset, extra_fetches=gradients, on_step=record)
+        loop.train(cfg, Placement(devices=tuple(devices)), dataset, on_step=record)
         checkpoint = checkpoints.latest(folder)
         names = [name for name, _ in tf.train.list_variables(checkpoint)]
-        run.weights = {name: tf.train.load_variable(checkpoint, name) for name in run.gradients if name in names}
+        run.weights = {name: tf.train.load_variable(checkpoint, name) for name in names
+                       if name.startswith("gpt2/") and checkpoints.slot_of(name, names, slot_patterns()) is None}
     return run
 
 
@@ -116,11 +117,8 @@ def compute_logits(cfg: GPTConfig, tokens: np.ndarray, devices: list[str], check
                           checkpoint)["logits"]
 
 
-def compute_losses(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devices: list[str],
-                   train: bool = True) -> dict[str, float]:
-    """The losses of one batch at the seeded initial weights, without a backward pass: "loss" (cross-entropy),
-    "objective" and, with MoE layers, "moe_loss". train=True builds the model as a training step does (MoE
-    capacity and dropout of training)."""
+def _at_initial_weights(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devices: list[str], build) -> dict:
+    """The values of `build(x, y, dims)`'s mtf tensors (a dict) on one batch, at the seeded initial weights."""
     inputs, labels = np.asarray(inputs, np.int32), np.asarray(labels, np.int32)
     placement = Placement(devices=tuple(devices))
     graph = tf.Graph()
@@ -129,14 +127,35 @@ def compute_losses(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devic
         dims = gpt.Dims.of(cfg, inputs.shape[0])
         x, y = (mtf.import_fully_replicated(mesh, tf.constant(t), mtf.Shape([dims.batch, dims.sequence]))
                 for t in (inputs, labels))
+        named = build(x, y, dims)
+        lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+        fetches = {name: lowering.export_to_tf_tensor(t) for name, t in named.items()}
+    with MeshSession(graph, lowering, "", session_config(placement), checkpoint=None) as session:
+        return session.run(fetches)
+
+
+def compute_losses(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devices: list[str],
+                   train: bool = True) -> dict[str, float]:
+    """The losses of one batch at the seeded initial weights, without a backward pass: "loss" (cross-entropy),
+    "objective" and, with MoE layers, "moe_loss". train=True builds the model as a training step does (MoE
+    capacity and dropout of training)."""
+    def build(x, y, dims):
         losses = objective.losses(x, y, cfg, dims, train=train, weights=gpt.loss_weights(y, cfg))
         named = {"loss": losses.cross_entropy, "objective": losses.objective}
         if losses.moe_loss is not None:
             named["moe_loss"] = losses.moe_loss
-        lowering = mtf.Lowering(mesh.graph, {mesh: impl})
-        fetches = {name: lowering.export_to_tf_tensor(t) for name, t in named.items()}
-    with MeshSession(graph, lowering, "", session_config(placement), checkpoint=None) as session:
-        return {name: float(value) for name, value in session.run(fetches).items()}
+        return named
+    return {name: float(value) for name, value in _at_initial_weights(cfg, inputs, labels, devices, build).items()}
+
+
+def compute_gradients(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devices: list[str]) -> dict:
+    """Variable name -> the unclipped gradient of the objective on one batch at the seeded initial weights, as the
+    training step computes it (train/objective.py's losses_and_gradients: micro-batched with
+    tokens_per_mb_per_replica, recomputed with recompute_grad); variables without a gradient are left out."""
+    def build(x, y, dims):
+        _, grads, variables = objective.losses_and_gradients(x, y, cfg, dims)
+        return {v.name: g for v, g in zip(variables, grads) if g is not None}
+    return _at_initial_weights(cfg, inputs, labels, devices, build)
 
 
 def run_predict(cfg: GPTConfig, features: dict, devices: list[str], checkpoint: str | None = None,
