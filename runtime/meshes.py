@@ -9,7 +9,7 @@ infer/outputs.py's PREDICT outputs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import mesh_tensorflow as mtf
@@ -29,8 +29,6 @@ class Lowered:
     lowering: mtf.Lowering
     outputs: dict
     train_op: Optional[tf.Operation] = None
-    # mtf (variable, gradient) pairs of the training step, for callers that fetch gradients (tests).
-    gradients: list = field(default_factory=list)
 
 
 def new_mesh(variable_placer=None) -> mtf.Mesh:

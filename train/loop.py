@@ -62,14 +62,13 @@ class _PlacementTraining:
     """The training step on a placement mesh, one step per session call."""
     steps_per_call = 1
 
-    def __init__(self, cfg: GPTConfig, placement: Placement, dataset: tf.data.Dataset, extra_fetches=None):
+    def __init__(self, cfg: GPTConfig, placement: Placement, dataset: tf.data.Dataset):
         with tf.device(placement.device_function()):
             self.iterator = tf.data.make_initializable_iterator(dataset)
             inputs, labels = self.iterator.get_next()
             mesh, impl = meshes.placement_mesh(cfg, placement)
             self.lowered = training_step(cfg, mesh, impl, inputs, labels)
-            extra = extra_fetches(self.lowered) if extra_fetches else {}
-        self.fetches = {"train": self.lowered.train_op, "scalars": self.lowered.outputs, "extra": extra}
+        self.fetches = {"train": self.lowered.train_op, "scalars": self.lowered.outputs}
         self._list_placement = gpus.uses_gpus(placement)  # on GPUs: the first step lists ops that ran on the CPU
         self.placement_report = None  # runtime.gpus.PlacementReport of that step
 
@@ -83,7 +82,7 @@ class _PlacementTraining:
             values, self.placement_report = gpus.run_listing_placement(session, self.fetches)
         else:
             values = session.run(self.fetches)
-        return [dict(values["scalars"], **values["extra"])]
+        return [values["scalars"]]
 
 
 class TpuTraining:
@@ -129,16 +128,16 @@ NEWEST = "newest"
 
 
 def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Optional[int] = None,
-          log: Optional[TrainingLog] = None, extra_fetches: Optional[Callable] = None,
-          on_step: Optional[Callable[[int, dict], None]] = None, on_open: Optional[Callable[[], None]] = None,
+          log: Optional[TrainingLog] = None, on_step: Optional[Callable[[int, dict], None]] = None,
+          on_open: Optional[Callable[[], None]] = None,
           checkpoint: Optional[str] = NEWEST, checkpoint_minutes: Optional[float] = None,
           stop: Optional[StopOnSignal] = None) -> int:
     """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
     train_steps), saving every steps_per_checkpoint steps and at the end. Returns the step reached.
 
-    `extra_fetches(lowered)` may return more TF tensors to fetch with every step; `on_step(step, values)` sees
-    each step's scalars (and those extras); `on_open()` runs once the session is open, the checkpoint restored and
-    found to fit the config, before training writes anything into model_path (a job's own writes go there).
+    `on_step(step, values)` sees each step's scalars (train/step.py's outputs); `on_open()` runs once the session
+    is open, the checkpoint restored and found to fit the config, before training writes anything into model_path
+    (a job's own writes go there).
     `checkpoint_minutes` saves also when that many minutes have passed since the last save (checked after each
     session call). `stop` is the signal watcher to use (a multi-host chief's, which its workers can trigger too);
     by default one of its own.
@@ -159,7 +158,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
         if placement.use_tpu:
             program = TpuTraining(cfg, placement, batches, step)
         else:
-            program = _PlacementTraining(cfg, placement, batches(step), extra_fetches)
+            program = _PlacementTraining(cfg, placement, batches(step))
     with open_session(placement, graph, program.lowered.lowering, checkpoint, slot_patterns()) as session, \
             (stop or StopOnSignal()) as stop:
         # The checkpoint fits the config (open_session compared them): from here on model_path is written.

@@ -57,6 +57,4 @@ def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
     if scaling is not None:
         outputs["loss_scale"] = scaling.value
         lowered_updates.append(scaling.update(lowering.export_to_tf_tensor(finite)))
-    train_op = updates_then_step(lowered_updates, global_step)
-    gradients = [(v, g) for v, g in zip(variables, grads) if g is not None]
-    return meshes.Lowered(lowering, outputs, train_op, gradients)
+    return meshes.Lowered(lowering, outputs, updates_then_step(lowered_updates, global_step))
