@@ -123,11 +123,11 @@ def run(args) -> int:
         return 1
     if args.export:
         return run_export(cfg, predict_flags.export_options(args))
+    scale_flags.check_memory(args, cfg, placement)  # the dry run's estimate against host RAM and GPUs' free memory
     if args.predict:
         return run_prediction(cfg, placement, predict_flags.predict_options(args))
     if args.eval:
         return run_evaluation(cfg, placement)
-    scale_flags.check_memory(args, cfg, placement)  # the dry run's estimate against the host RAM available
     # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
     run_training(cfg, placement, train_flags.options(args),
                  on_start=lambda step, trained: write_run_info(trained, step, args.sacred_id))

@@ -40,8 +40,8 @@ def add_arguments(p) -> None:
                    help="multi-host under SLURM's srun: the port of each node's first task (the next tasks of a node "
                    "take the next ports; default 8888)")
     p.add_argument("--ignore_memory_check", action="store_true",
-                   help="train even when the dry run's memory estimate exceeds the host RAM available "
-                   "(plan/memory_check.py)")
+                   help="train (or --eval, --predict) even when the dry run's memory estimate exceeds the host RAM "
+                   "available (plan/memory_check.py)")
 
 
 def config_overrides(args) -> dict:
@@ -91,12 +91,15 @@ def dispatch(args, cfg) -> Optional[int]:
 
 
 def check_memory(args, cfg, placement) -> None:
-    """Before training: refuses in one line when the dry run's estimate exceeds the host RAM available, unless
-    --ignore_memory_check."""
+    """Before training, --eval or --predict: refuses in one line when the dry run's estimate exceeds the host RAM
+    available, unless --ignore_memory_check."""
     if args.ignore_memory_check:
         return
     from plan import memory_check
-    memory_check.check_training(cfg, placement, args.model)
+    if args.predict or args.eval:
+        memory_check.check_inference(cfg, placement, args.model, "predict" if args.predict else "eval")
+    else:
+        memory_check.check_training(cfg, placement, args.model)
 
 
 def dry_run(args, cfg) -> int:

@@ -33,6 +33,7 @@ import mesh_tensorflow as mtf
 
 from models import flops
 from models.layout import with_layout
+from models.sampling import incremental_unsupported
 from plan import model_graph
 from config.schema import ConfigError, GPTConfig, batch_split, num_microbatches
 
@@ -106,24 +107,30 @@ class GraphFacts:
     master_bytes: float           # host memory of the master copies (all variables, master dtype)
     optimizer_name: str
     all_tensors: TensorSet        # every tensor of both graphs: a layout must split each of them evenly
+    master_weight_bytes: float = 0.0  # the master copies of the trainable variables alone (what inference restores)
+    activation_itemsize: int = 4      # bytes per element of the activations (the kv cache's dtype)
 
 
 def _itemsize(dtype) -> int:
     return int(dtype.size)
 
 
-def collect(cfg: GPTConfig) -> GraphFacts:
-    """Builds the training graph with and without recompute_grad and reads what planning needs."""
-    graphs = {flag: model_graph.build(cfg.replace(recompute_grad=flag), train=True) for flag in (False, True)}
+def collect(cfg: GPTConfig, recompute_flags: tuple = (False, True)) -> GraphFacts:
+    """Builds the training graph with and without recompute_grad and reads what planning needs (inference
+    estimates need only the graph without: recompute_flags=(False,), half the time)."""
+    graphs = {flag: model_graph.build(cfg.replace(recompute_grad=flag), train=True) for flag in recompute_flags}
     plain = graphs[False]
     weights, optimizer, gradients, casts = TensorSet(), TensorSet(), TensorSet(), TensorSet()
     master = 0.0
+    activation_itemsize = 4
     for v in plain.trainable_variables:
+        activation_itemsize = _itemsize(v.activation_dtype)
         weights.add(v.shape, _itemsize(v.slice_dtype))
         gradients.add(v.shape, 4)
         if v.activation_dtype != v.slice_dtype:
             casts.add(v.shape, _itemsize(v.activation_dtype))
         master += v.shape.size * _itemsize(v.master_dtype)
+    master_weights = master
     for v in plain.optimizer_variables:
         optimizer.add(v.shape, _itemsize(v.slice_dtype))
         master += v.shape.size * _itemsize(v.master_dtype)
@@ -156,7 +163,7 @@ def collect(cfg: GPTConfig) -> GraphFacts:
                     for t in op.outputs:
                         largest.add(t.shape, _itemsize(t.dtype))
     return GraphFacts(plain.parameter_count(), weights, optimizer, gradients, casts, saved, layer_saved, largest,
-                      master, cfg.opt_name, every)
+                      master, cfg.opt_name, every, master_weights, activation_itemsize)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -222,6 +229,43 @@ def memory(facts: GraphFacts, cfg: GPTConfig, recompute: bool) -> Memory:
     gradients = facts.gradients.bytes(sizer)
     return Memory(facts.weights.bytes(sizer), facts.optimizer.bytes(sizer), gradients, gradients if k > 1 else 0.0,
                   facts.weight_casts.bytes(sizer), facts.saved[recompute].bytes(sizer, batch), working, k)
+
+
+@dataclass
+class InferenceMemory:
+    """Bytes per device for --eval or --predict: the weights and what one batch holds, no optimizer state and no
+    gradients."""
+    job: str                     # "eval" or "predict"
+    batch_size: int
+    weights: float
+    weight_casts: float
+    kv_cache: float              # predict with the kv cache: keys and values of every layer at n_ctx
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.weight_casts + self.kv_cache + self.activations
+
+
+def inference_memory(facts: GraphFacts, cfg: GPTConfig, job: str) -> InferenceMemory:
+    """Per-device memory of `job` ("eval": one eval_batch_size batch; "predict": predict_batch_size sequences
+    of n_ctx) under cfg's mesh and layout, from the same per-tensor facts as training. A forward pass keeps
+    nothing for a backward one: its peak is an op's input and output alive together, counted as twice the
+    largest forward tensor at that batch. Raises ConfigError if the layout cannot split the batch."""
+    if job not in ("eval", "predict"):
+        raise ValueError(f"job must be 'eval' or 'predict', got {job!r}")
+    sizer = Sizer(cfg.mesh_shape, cfg.layout)
+    batch = cfg.eval_batch_size if job == "eval" else cfg.predict_batch_size
+    activations = 2 * facts.largest_forward.largest(sizer, batch)
+    kv_cache = 0.0
+    if job == "predict" and cfg.kv_cache and incremental_unsupported(cfg) is None:
+        cache = TensorSet()  # models/kv_cache.py: a key and a value tensor per layer
+        cache.add(mtf.Shape([mtf.Dimension("batch", batch), mtf.Dimension("memory_length", cfg.n_ctx),
+                             mtf.Dimension("heads", cfg.n_head), mtf.Dimension("features_per_head", cfg.head_size)]),
+                  facts.activation_itemsize, 2 * cfg.n_layer)
+        kv_cache = cache.bytes(sizer)
+    return InferenceMemory(job, batch, facts.weights.bytes(sizer), facts.weight_casts.bytes(sizer), kv_cache,
+                           activations)
 
 
 # ----------------------------------------------------------------------------------------------------

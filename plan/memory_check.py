@@ -1,9 +1,11 @@
-"""Memory before the wait: training refuses up front when the dry run's estimate (plan/dry_run.py) exceeds what
-this host has, instead of printing its start lines and growing until the kernel's out-of-memory killer ends it.
+"""Memory before the wait: training, --eval and --predict refuse up front when the dry run's estimate
+(plan/dry_run.py) exceeds what this host has, instead of printing their start lines and growing until the kernel's
+out-of-memory killer ends them.
 
-What is compared, on one host:
-* CPU devices: host RAM for the master copies of all variables plus every CPU device's per-device total (weights,
-  optimizer state, gradients, activations: the CPU's logical devices are host RAM), against the RAM available now:
+What is compared, on one host (training: weights, optimizer state, gradients, activations; eval and predict: the
+dry run's inference estimate, weights plus one batch's activations and predict's kv cache, no optimizer state):
+* CPU devices: host RAM for the master copies (training: all variables; eval/predict: the weights) plus every
+  CPU device's per-device total (the CPU's logical devices are host RAM), against the RAM available now:
   MemAvailable from /proc/meminfo (psutil's where there is no /proc), lowered to the container's cgroup limit
   where one is set (a Kubernetes pod's memory limit is not the machine's).
 * GPUs: host RAM for the master copies against the same. The GPUs' own memory is not compared here: the dry run's
@@ -108,4 +110,42 @@ def check_training(cfg: GPTConfig, placement, name: str, available: Optional[flo
             f"training {name} needs about {human_bytes(need)} of host RAM ({what}; the dry run's estimate, "
             f"recompute_grad {'on' if cfg.recompute_grad else 'off'}) but {human_bytes(available)} is available: "
             f"{_advice(plan, on_cpu, available, name)}; or pass --ignore_memory_check to try anyway")
+    return f"memory: about {human_bytes(need)} of host RAM needed, {human_bytes(available)} available"
+
+
+def inference_host_need(plan_facts: dry_run.GraphFacts, per_device: dry_run.InferenceMemory, n_devices: int,
+                        on_cpu: bool) -> float:
+    """Host RAM for --eval/--predict: the master copies of the weights, plus on CPU devices every device's total."""
+    return plan_facts.master_weight_bytes + (n_devices * per_device.total if on_cpu else 0.0)
+
+
+def check_inference(cfg: GPTConfig, placement, name: str, job: str,
+                    available: Optional[float] = None) -> Optional[str]:
+    """check_training for --eval (job "eval") and --predict ("predict"), with the dry run's inference estimate:
+    weights, one batch's activations and predict's kv cache; no optimizer state, no gradients."""
+    if placement.use_tpu or placement.master or placement.hosts:
+        return None
+    available = available_host_bytes() if available is None else available
+    if available is None:
+        return None
+    facts = dry_run.collect(cfg, recompute_flags=(False,))
+    try:
+        per_device = dry_run.inference_memory(facts, cfg, job)
+    except ConfigError:
+        return None  # a batch the layout cannot split: the job itself says so, in its own words
+    on_cpu = not any("GPU" in d.upper() for d in placement.devices)
+    need = inference_host_need(facts, per_device, cfg.n_devices, on_cpu)
+    batch_key = "eval_batch_size" if job == "eval" else "predict_batch_size"
+    doing = "evaluating" if job == "eval" else "predicting with"
+    if need > available:
+        weights = inference_host_need(facts, dry_run.InferenceMemory(job, 0, per_device.weights,
+                                                                     per_device.weight_casts, 0.0, 0.0),
+                                      cfg.n_devices, on_cpu)
+        advice = (f"lower {batch_key}{' or n_ctx' if job == 'predict' else ''} (the weights take "
+                  f"{human_bytes(weights)})" if weights <= available else
+                  f"the weights alone take {human_bytes(weights)}: use a host with more RAM, or GPUs")
+        raise DoesNotFit(
+            f"{doing} {name} needs about {human_bytes(need)} of host RAM (the dry run's inference estimate: weights"
+            f"{', kv cache' if per_device.kv_cache else ''} and activations at {batch_key} {per_device.batch_size}) "
+            f"but {human_bytes(available)} is available: {advice}; or pass --ignore_memory_check to try anyway")
     return f"memory: about {human_bytes(need)} of host RAM needed, {human_bytes(available)} available"

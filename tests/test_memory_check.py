@@ -68,3 +68,51 @@ def test_ignore_memory_check_goes_on(tmp_path, capsys, monkeypatch):
 def test_available_memory_is_read():
     available = memory_check.available_host_bytes()
     assert available is None or 0 < available < 2 ** 50
+
+
+def _gpt3_xl_here(tmp_path):
+    model = json.loads(open(os.path.join(REPO, "configs", "gpt3_XL.json")).read())
+    model.update(model_path=str(tmp_path / "run"), mesh_shape="all:1", layout="")  # one CPU device
+    config = tmp_path / "gpt3_XL_here.json"
+    config.write_text(json.dumps(model))
+    return str(config)
+
+
+def test_gpt3_xl_predict_on_an_8_gib_host_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys,
+                                                                                         monkeypatch):
+    config = _gpt3_xl_here(tmp_path)
+    monkeypatch.setattr(memory_check, "available_host_bytes", lambda: 8 * GIB)
+    assert main.main(["--model", config, "--predict"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: predicting with "), err
+    cfg = load_config(config)
+    facts = dry_run.collect(cfg, recompute_flags=(False,))
+    per_device = dry_run.inference_memory(facts, cfg, "predict")
+    need = facts.master_weight_bytes + per_device.total  # the dry run's own numbers: weights, kv cache, activations
+    assert need > 8 * GIB and dry_run.human_bytes(need) in err[0] and "8.00 GiB is available" in err[0], err[0]
+    assert "kv cache" in err[0] and "--ignore_memory_check" in err[0], err[0]
+    assert not os.path.exists(tmp_path / "run")
+    # --ignore_memory_check goes on to the job, which then finds no checkpoint to predict from
+    main.main(["--model", config, "--predict", "--ignore_memory_check"])
+    assert "memory" not in capsys.readouterr().err
+
+
+def test_the_inference_estimate_has_no_optimizer_state_and_counts_the_kv_cache():
+    cfg = tiny_config(train_batch_size=8, eval_batch_size=4, predict_batch_size=4, n_ctx=64)
+    facts = dry_run.collect(cfg, recompute_flags=(False,))
+    predict = dry_run.inference_memory(facts, cfg, "predict")
+    evaluate = dry_run.inference_memory(facts, cfg, "eval")
+    training = dry_run.make_plan(cfg).memory[False]
+    assert predict.weights == evaluate.weights == training.weights and evaluate.kv_cache == 0
+    # keys and values of every layer for predict_batch_size sequences of n_ctx, at the activations' dtype
+    assert predict.kv_cache == 2 * cfg.n_layer * 4 * cfg.n_ctx * cfg.n_embd * facts.activation_itemsize
+    assert predict.total < training.total and evaluate.total < training.total
+    assert dry_run.inference_memory(facts, cfg.replace(kv_cache=False), "predict").kv_cache == 0
+    cpu = Placement(devices=("/device:CPU:0",))
+    need = facts.master_weight_bytes + predict.total
+    assert "available" in memory_check.check_inference(cfg, cpu, "tiny", "predict", available=need * 1.01)
+    with pytest.raises(memory_check.DoesNotFit, match="lower predict_batch_size"):
+        memory_check.check_inference(cfg, cpu, "tiny", "predict", available=need * 0.99)
+    with pytest.raises(memory_check.DoesNotFit, match="weights alone"):
+        memory_check.check_inference(cfg, cpu, "tiny", "eval", available=facts.master_weight_bytes)
+
