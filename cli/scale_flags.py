@@ -41,7 +41,8 @@ def add_arguments(p) -> None:
                    "take the next ports; default 8888)")
     p.add_argument("--ignore_memory_check", action="store_true",
                    help="train (or --eval, --predict) even when the dry run's memory estimate exceeds the host RAM "
-                   "available (plan/memory_check.py)")
+                   "available or a GPU's free memory "
+                   "(plan/memory_check.py)")
 
 
 def config_overrides(args) -> dict:
@@ -92,7 +93,7 @@ def dispatch(args, cfg) -> Optional[int]:
 
 def check_memory(args, cfg, placement) -> None:
     """Before training, --eval or --predict: refuses in one line when the dry run's estimate exceeds the host RAM
-    available, unless --ignore_memory_check."""
+    available (or a GPU's free memory), unless --ignore_memory_check."""
     if args.ignore_memory_check:
         return
     from plan import memory_check

@@ -116,3 +116,50 @@ def test_the_inference_estimate_has_no_optimizer_state_and_counts_the_kv_cache()
     with pytest.raises(memory_check.DoesNotFit, match="weights alone"):
         memory_check.check_inference(cfg, cpu, "tiny", "eval", available=facts.master_weight_bytes)
 
+
+def test_gpus_are_compared_with_their_free_memory(monkeypatch):
+    assert memory_check.devices_short(10.0, {"a": 9.0, "b": 10.0, "c": 11.0}) == {"a": 9.0}
+    assert memory_check.devices_short(10.0, {}) == {}
+    cfg = tiny_config(train_batch_size=8, n_ctx=64, recompute_grad=True)
+    plan = dry_run.make_plan(cfg)
+    two = Placement(devices=("/device:GPU:0", "/device:GPU:1"))
+    cfg2 = cfg.replace(mesh_shape="x:2", layout="batch:x")
+    per_device2 = dry_run.make_plan(cfg2).memory[True].total
+    host = plan.facts.master_bytes * 2
+    fits = memory_check.check_training(cfg2, two, "tiny", available=host,
+                                       gpu_free={"/device:GPU:0": per_device2 * 1.5, "/device:GPU:1": per_device2})
+    assert "per GPU" in fits
+    with pytest.raises(memory_check.DoesNotFit, match=r"/device:GPU:1 has .* free \(1 of 2 GPUs short\)"):
+        memory_check.check_training(cfg2, two, "tiny", available=host,
+                                    gpu_free={"/device:GPU:0": per_device2 * 1.5, "/device:GPU:1": per_device2 * 0.9})
+    one = Placement(devices=("/device:GPU:0",))
+    with pytest.raises(memory_check.DoesNotFit, match="per GPU"):
+        memory_check.check_inference(cfg, one, "tiny", "predict", available=host, gpu_free={"/device:GPU:0": 1.0})
+    # unknown free memory: only the host is compared
+    assert "per GPU" not in memory_check.check_training(cfg, one, "tiny", available=host, gpu_free={})
+
+    # nvidia-smi's indices through CUDA_VISIBLE_DEVICES; with --gpu_memory FRACTION that share of the total (this
+    # process reserved it), else the free memory plus what this process holds already
+    from runtime import gpus
+    smi = {0: (80 * GIB, 70 * GIB, 1 * GIB), 3: (40 * GIB, 10 * GIB, 2 * GIB)}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,0")
+    names = ("/device:GPU:0", "/device:GPU:1")
+    grown = Placement(devices=names, gpu=gpus.GpuSetting(names, (0, 1), gpus.GpuMemory()))
+    assert memory_check.gpu_free_bytes(grown, read=lambda: smi) == {names[0]: 12 * GIB, names[1]: 71 * GIB}
+    reserved = Placement(devices=names, gpu=gpus.GpuSetting(names, (0, 1), gpus.GpuMemory(False, 0.5)))
+    assert memory_check.gpu_free_bytes(reserved, read=lambda: smi) == {names[0]: 20 * GIB, names[1]: 40 * GIB}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert memory_check.gpu_free_bytes(Placement(devices=names[:1]), read=lambda: smi) == {names[0]: 71 * GIB}
+
+
+def test_nvidia_smi_is_read(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"  # answers the two queries as the real one does with csv,noheader,nounits
+    fake.write_text("#!/bin/sh\ncase \"$1\" in\n"
+                    f"  --query-compute-apps=*) echo '{os.getpid()}, 00000000:3B:00.0, 2048'\n"
+                    "    echo '1, 00000000:3B:00.0, 9' ;;\n"
+                    "  --query-gpu=*) echo '0, 00000000:3B:00.0, 81559, 10240'\n"
+                    "    echo '1, 00000000:5E:00.0, 81559, [N/A]' ;;\n"
+                    "esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert memory_check._nvidia_smi_memory() == {0: (81559 * 2 ** 20, 10240 * 2 ** 20, 2048 * 2 ** 20)}
