@@ -23,7 +23,8 @@ from models.activations import ACTIVATIONS
 from models.attention import check_attention_types
 from models.layout import check_layout
 from models.moe import check_moe_params
-from train.optimizer import LR_DECAYS, OPTIMIZERS
+from models.optimizers import OPTIMIZERS
+from train.optimizer import LR_DECAYS
 
 
 def resolve_config_path(name_or_path: str) -> str:

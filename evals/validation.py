@@ -20,7 +20,7 @@ from runtime import checkpoints, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import open_session
 from runtime.summaries import summary_writer, write_scalars
-from train.optimizer import slot_patterns
+from models.optimizers import slot_patterns
 
 
 def evaluation_loss(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,

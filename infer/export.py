@@ -33,7 +33,7 @@ from runtime.devices import Placement
 from runtime.mesh_session import MeshSession
 from models import gpt
 from config.schema import ConfigError, GPTConfig
-from train.optimizer import slot_patterns
+from models.optimizers import slot_patterns
 
 
 def _config_json(cfg: GPTConfig) -> dict:

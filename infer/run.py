@@ -13,7 +13,7 @@ from infer import outputs
 from runtime import checkpoints, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import open_session, padded_batch
-from train.optimizer import slot_patterns
+from models.optimizers import slot_patterns
 
 
 def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,

@@ -161,7 +161,7 @@ def _restorable(model_path: str, say, relist: bool) -> tuple:
 
 
 def slot_of(name: str, names, slot_patterns: Mapping[str, str]) -> Optional[str]:
-    """The optimizer (a key of `slot_patterns`: opt_name -> the pattern of its slot names, train/optimizer.py's)
+    """The optimizer (a key of `slot_patterns`: opt_name -> the pattern of its slot names, models/optimizers.py's)
     whose slot `name` is, its variable being one of `names`; None for a variable of the model."""
     for opt_name, pattern in slot_patterns.items():
         match = re.fullmatch(pattern, name)

@@ -27,7 +27,7 @@ class MeshSession:
     checkpoint of every global variable (weights, optimizer slots, global step) into model_path. The checkpoint's
     variables and shapes are compared with the graph's first (checkpoints.check_fits): a checkpoint of another
     model is one CheckpointError, before anything is restored or written. `slot_patterns` (opt_name -> the
-    pattern of its slot names, train/optimizer.slot_patterns()) tells optimizer state in the checkpoint apart from
+    pattern of its slot names, models/optimizers.slot_patterns()) tells optimizer state in the checkpoint apart from
     model variables."""
 
     def __init__(self, graph: tf.Graph, lowering: mtf.Lowering, target: str, config: tf.ConfigProto,

@@ -1,4 +1,4 @@
-"""train/optimizer.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer; which weights
+"""models/optimizers.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer; which weights
 weight decay shrinks on the real model."""
 import shutil
 
@@ -11,7 +11,7 @@ from conftest import CPU_DEVICES
 from models.kernels import common
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config
 from train import loop
-from train.optimizer import NO_DECAY, AdamWeightDecay
+from models.optimizers import NO_DECAY, AdamWeightDecay
 
 
 def two_steps(optimizer_class, mesh_shape, layout):
@@ -58,7 +58,7 @@ def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
 
 
 def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_path):
-    """On the real tiny model, independent of train/optimizer.NO_DECAY (the test above hands NO_DECAY to both
+    """On the real tiny model, independent of models/optimizers.NO_DECAY (the test above hands NO_DECAY to both
     optimizers, so it never tests the list): two runs resume from one checkpoint with nonzero biases and norm
     gains away from 1 and take one step on the same batch, one with weight decay and one without. Adam's update
     is the same in both; the decayed run's weights are lower by exactly lr * weight_decay * w where w is decayed.

@@ -11,6 +11,7 @@ from models import gpt
 from runtime import checkpoints
 from runtime.checkpoints import CheckpointError
 from tiny import random_tokens, tiny_config, train
+from models import optimizers
 from train import optimizer
 
 
@@ -24,10 +25,10 @@ def test_an_unknown_optimizer_decay_or_sampling_mode_lists_the_registered_ones()
 
 
 def test_a_registered_optimizer_decay_and_sampling_mode_are_accepted_and_used(monkeypatch):
-    monkeypatch.setitem(optimizer.OPTIMIZERS, "sgd", optimizer.Optimizer(lambda cfg, lr: ("sgd", cfg.lr)))
+    monkeypatch.setitem(optimizers.OPTIMIZERS, "sgd", optimizers.Optimizer(lambda cfg, lr: ("sgd", cfg.lr)))
     monkeypatch.setitem(optimizer.LR_DECAYS, "constant", lambda progress: 1.0 + 0.0 * progress)
     cfg = tiny_config(opt_name="sgd", lr_decay="constant", lr=0.5, warmup_steps=0)
-    assert optimizer.make_optimizer(cfg, None) == ("sgd", 0.5)
+    assert optimizers.make_optimizer(cfg, None) == ("sgd", 0.5)
     with tf.Graph().as_default(), tf.Session() as session:
         assert session.run(optimizer.learning_rate(cfg, tf.constant(3))) == 0.5
 
@@ -42,7 +43,7 @@ def test_a_checkpoint_of_one_optimizer_opened_for_another_is_one_line_from_the_s
     train(adam, random_tokens([adam.train_batch_size, adam.n_ctx + 1]))
     checkpoint = checkpoints.latest(str(tmp_path))
     # Sampling and evaluation graphs hold no slots: Adam's in the checkpoint are known by its entry's pattern.
-    checkpoints.check_fits(checkpoint, gpt.variable_shapes(adam), slot_patterns=optimizer.slot_patterns())
+    checkpoints.check_fits(checkpoint, gpt.variable_shapes(adam), slot_patterns=optimizers.slot_patterns())
     with pytest.raises(CheckpointError, match=r"gpt2/\S+/adam_[mv] \[.*\] is in the checkpoint but not in this"):
         checkpoints.check_fits(checkpoint, gpt.variable_shapes(adam))  # without the patterns: unknown variables
     adafactor = adam.replace(opt_name="adafactor", beta1=0.0, train_steps=2)

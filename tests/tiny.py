@@ -17,7 +17,7 @@ from runtime import checkpoints, meshes
 from runtime.devices import Placement
 from runtime.mesh_session import MeshSession, session_config
 from train import loop, objective
-from train.optimizer import slot_patterns
+from models.optimizers import slot_patterns
 
 from conftest import CPU_DEVICES
 

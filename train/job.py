@@ -19,7 +19,7 @@ from runtime.mesh_session import session_config
 from runtime.peaks import Peak, device_peak
 from runtime import precision
 from train import loop
-from train.optimizer import slot_patterns
+from models.optimizers import slot_patterns
 from runtime.summaries import summary_writer
 from train.progress import TrainingLog
 

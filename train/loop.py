@@ -26,7 +26,7 @@ from runtime import checkpoints, gpus, meshes, tpu
 from runtime.devices import Placement
 from runtime.mesh_session import MeshSession, open_session
 from runtime.preemption import StopOnSignal, exit_code, name as signal_name
-from train.optimizer import slot_patterns
+from models.optimizers import slot_patterns
 from train.progress import TrainingLog
 from train.step import training_step
 
