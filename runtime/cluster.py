@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+import tensorflow.compat.v1 as tf
+
 from runtime.devices import DeviceError, Placement, normalize
 from runtime.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
@@ -64,7 +66,6 @@ class Cluster:
         return len(self.workers)
 
     def cluster_def(self):
-        import tensorflow.compat.v1 as tf
         return tf.train.ClusterSpec({JOB: list(self.workers)}).as_cluster_def()
 
     def task_device(self, task: int, local: str = "device:CPU:0") -> str:
@@ -255,20 +256,19 @@ def describe(cluster: Cluster) -> str:
 
 def start_server(cluster: Cluster, local_devices: list):
     """This host's server, with as many CPU devices as local_devices names (device:CPU:i splits the CPU)."""
-    import tensorflow.compat.v1 as tf
     cpus = max([normalize(d)[1] + 1 for d in local_devices if normalize(d)[0] == "CPU"] or [1])
     config = tf.ConfigProto(device_count={"CPU": cpus}, allow_soft_placement=True)
     return tf.distribute.Server(cluster.cluster_def(), job_name=JOB, task_index=cluster.task_index, config=config,
                                 start=True)
 
 
-def _release_queue(tf, cluster: Cluster, task: int):
+def _release_queue(cluster: Cluster, task: int):
     with tf.device(cluster.task_device(task)):
         return tf.FIFOQueue(cluster.size, [tf.int32], shapes=[[]], shared_name=RELEASE_QUEUE,
                             name=f"release_{task}")
 
 
-def _stop_queue(tf, cluster_or_device):
+def _stop_queue(cluster_or_device):
     device = cluster_or_device.task_device(0) if isinstance(cluster_or_device, Cluster) else cluster_or_device
     with tf.device(device):
         return tf.FIFOQueue(64, [tf.int32], shapes=[[]], shared_name=STOP_QUEUE, name="stop_requests")
@@ -277,14 +277,13 @@ def _stop_queue(tf, cluster_or_device):
 def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     """A non-chief task: hold this host's devices for the chief until it releases us. 0 when released,
     3 when the timeout passed first, 143 when released after a SIGTERM (which asked the chief to stop)."""
-    import tensorflow.compat.v1 as tf
     log(f"worker {cluster.task_index} of {cluster.size} serving at {cluster.workers[cluster.task_index]}; "
         f"waiting for the chief ({cluster.workers[0]})", flush=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     me = f"/job:{JOB}/task:{cluster.task_index}"
     with tf.Graph().as_default(), \
             DeferredSignal("the chief saves a checkpoint (it was asked to stop) and then releases this worker") as term:
-        dequeue = _release_queue(tf, cluster, cluster.task_index).dequeue()
+        dequeue = _release_queue(cluster, cluster.task_index).dequeue()
         # Only this task's devices: a session over the whole cluster would first wait for every other task.
         config = tf.ConfigProto(device_filters=[me])
         asked = False
@@ -292,7 +291,7 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
             while True:
                 if term.received and not asked:
                     asked = True
-                    _ask_chief_to_stop(tf, cluster, server, log)
+                    _ask_chief_to_stop(cluster, server, log)
                 # A signal's handler runs between waits (the wait itself blocks in TensorFlow): within 2 s.
                 wait_ms = 2000 if deadline is None else int(max(1, min(2.0, deadline - time.monotonic())) * 1000)
                 try:
@@ -310,11 +309,11 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
                         return exit_code(term.received) if term.received else 3
 
 
-def _ask_chief_to_stop(tf, cluster: Cluster, server, log) -> None:
+def _ask_chief_to_stop(cluster: Cluster, server, log) -> None:
     """Puts this worker's index on the chief's stop queue (skipped with a line when the chief is gone). Its own
     graph: a session places every op of its graph, and the serving session sees this task's devices only."""
     with tf.Graph().as_default() as graph:
-        enqueue = _stop_queue(tf, cluster).enqueue(cluster.task_index)
+        enqueue = _stop_queue(cluster).enqueue(cluster.task_index)
     config = tf.ConfigProto(device_filters=[f"/job:{JOB}/task:0"], operation_timeout_in_ms=20000)
     try:
         with tf.Session(server.target, graph=graph, config=config) as session:
@@ -329,12 +328,11 @@ class ChiefStop(StopOnSignal):
     at between steps at most every `interval` seconds."""
 
     def __init__(self, placement: Placement, interval: float = 0.2, say=print):
-        import tensorflow.compat.v1 as tf
         super().__init__(say)
-        self._tf, self._interval, self._last = tf, interval, 0.0
+        self._interval, self._last = interval, 0.0
         graph = tf.Graph()
         with graph.as_default():
-            queue = _stop_queue(tf, placement.default_device)
+            queue = _stop_queue(placement.default_device)
             self._size, self._take = queue.size(), queue.dequeue()
         task = placement.default_device.split("/device:")[0].replace("/replica:0", "")
         self._session = tf.Session(placement.master, graph=graph, config=tf.ConfigProto(device_filters=[task]))
@@ -343,7 +341,6 @@ class ChiefStop(StopOnSignal):
         if time.monotonic() - self._last < self._interval:
             return
         self._last = time.monotonic()
-        tf = self._tf
         try:
             if self._session.run(self._size, options=tf.RunOptions(timeout_in_ms=10000)):
                 task = self._session.run(self._take, options=tf.RunOptions(timeout_in_ms=10000))
@@ -358,11 +355,10 @@ class ChiefStop(StopOnSignal):
 
 def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
     """The chief: tell every other task it may exit (skips tasks that are gone)."""
-    import tensorflow.compat.v1 as tf
     if cluster.size < 2:
         return
     with tf.Graph().as_default():
-        enqueues = [_release_queue(tf, cluster, task).enqueue(0) for task in range(1, cluster.size)]
+        enqueues = [_release_queue(cluster, task).enqueue(0) for task in range(1, cluster.size)]
         config = tf.ConfigProto(allow_soft_placement=True)
         with tf.Session(server.target, config=config) as session:
             for task, op in enumerate(enqueues, start=1):
