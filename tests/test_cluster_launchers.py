@@ -14,7 +14,7 @@ import pytest
 from runtime import checkpoints
 from runtime import cluster as cluster_lib
 from runtime.devices import DeviceError
-from workspace import REPO, make_workspace
+from workspace import REPO, make_workspace, start_main
 
 
 def args(**given):
@@ -119,10 +119,9 @@ def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, la
             envs.append(dict(base, SLURM_JOB_ID="7", SLURM_PROCID=str(task), SLURM_STEP_NUM_TASKS="2",
                              SLURM_STEP_NODELIST="127.0.0.1", SLURM_STEP_TASKS_PER_NODE="2"))
     extra = ["--cluster_port", str(port)] if launcher == "SLURM" else []
-    processes = [subprocess.Popen([sys.executable, os.path.join(REPO, "main.py"), "--model", config,
-                                   "--peak_tflops", "1", *extra] + (["--worker_timeout", "240"] if task else []),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                                  env=envs[task]) for task in (1, 0)]
+    processes = [start_main("--model", config, "--peak_tflops", "1", *extra,
+                            *(["--worker_timeout", "240"] if task else []), env=envs[task], merge_stderr=True)
+                 for task in (1, 0)]
     try:
         worker_out, chief_out = (p.communicate(timeout=300)[0] for p in processes)
     finally:

@@ -6,7 +6,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import types
 
 import numpy as np
@@ -16,9 +15,8 @@ import tensorflow.compat.v1 as tf
 import main
 from runtime import cluster as cluster_lib
 from runtime.devices import DeviceError, Placement
-from workspace import make_workspace
+from workspace import make_workspace, start_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
             local_attention_radius=4, train_batch_size=4, eval_batch_size=4, train_steps=3, steps_per_checkpoint=3,
             lr=0.003, datasets=[["tiny", 2, "documents_random", 1.0]], mesh_shape="x:2", layout="batch:x")
@@ -33,12 +31,6 @@ def free_ports(n):
     for s in sockets:
         s.close()
     return ports
-
-
-def main_process(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.Popen([sys.executable, os.path.join(REPO, "main.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
 
 
 def finish(processes: dict, timeouts: dict) -> dict:
@@ -84,12 +76,12 @@ def test_two_processes_train_like_one_process_on_two_devices(tmp_path, capsys):
     lonely_file = tmp_path / "lonely.json"  # a worker whose chief never comes
     lonely_file.write_text(json.dumps({"worker": [f"127.0.0.1:{p}" for p in ports[2:]]}))
 
-    lonely = main_process("--model", str(config), "--cluster", str(lonely_file), "--task_index", "1",
-                          "--worker_timeout", "2")
-    worker = main_process("--model", str(config), "--cluster", str(cluster_file), "--task_index", "1",
-                          "--worker_timeout", "240")
-    chief = main_process("--model", str(config), "--cluster", str(cluster_file), "--task_index", "0",
-                         "--log_every", "1", "--peak_tflops", "1")
+    lonely = start_main("--model", str(config), "--cluster", str(lonely_file), "--task_index", "1",
+                        "--worker_timeout", "2", merge_stderr=True)
+    worker = start_main("--model", str(config), "--cluster", str(cluster_file), "--task_index", "1",
+                        "--worker_timeout", "240", merge_stderr=True)
+    chief = start_main("--model", str(config), "--cluster", str(cluster_file), "--task_index", "0",
+                       "--log_every", "1", "--peak_tflops", "1", merge_stderr=True)
     results = finish({"chief": chief, "worker": worker, "lonely worker": lonely},
                      {"chief": 300, "worker": 60, "lonely worker": 120})
     (chief_code, chief_out), (worker_code, worker_out) = results["chief"], results["worker"]

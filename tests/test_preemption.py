@@ -5,8 +5,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,18 +15,12 @@ from runtime import checkpoints
 from runtime.preemption import StopOnSignal
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
 from train import loop
-from workspace import REPO, make_workspace
+from workspace import make_workspace, start_main
 
 LOSS = re.compile(r"step +(\d+)/\d+ \| loss ([0-9.]+)")
 # lr independent of train_steps (lr_decay_end fixed), so a run cut short and a shorter run schedule alike
 MODEL = dict(n_layer=1, attention_types=[[["global"], 1]], train_steps=400, steps_per_checkpoint=1000,
              lr_decay_end=1000)
-
-
-def start_main(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, os.path.join(REPO, "main.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
 
 
 def wait_for_line(process, pattern, timeout=240):

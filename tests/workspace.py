@@ -47,6 +47,14 @@ def run_main(*args, timeout=600):
                           env=env, cwd=REPO, timeout=timeout)
 
 
+def start_main(*args, env=None, merge_stderr=False):
+    """main.py started in a subprocess and not waited for, its output unbuffered: stdout, and stderr apart or
+    merged into stdout, as text pipes. `env`: the environment to start from (default: this process's)."""
+    env = dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, os.path.join(REPO, "main.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True, cwd=REPO, env=env)
+
+
 def run_python(code: str, *args, timeout=600):
     """Runs `code` in a fresh Python process (no state shared with the test process)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
