@@ -18,7 +18,7 @@ import main
 from runtime import checkpoints
 from runtime.lock import LOCK, LockedError, TrainerLock, read
 from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
-from workspace import make_workspace, run_main, start_main
+from workspace import make_workspace, run_main, start_main, wait_for_line
 
 
 def write_lock(model_path, **holder):
@@ -155,7 +155,6 @@ def test_while_one_trainer_runs_a_second_is_refused_and_predict_reads_the_rotati
     """The issue's scenario with real processes: a trainer saving every 10 steps (about a second here) and keeping
     two checkpoints, so that the one --predict chose is rotated away while it builds its graph; a second trainer
     started on the same model_path meanwhile."""
-    from test_preemption import wait_for_line
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
                             steps_per_checkpoint=10, keep_checkpoint_max=2, max_new_tokens=2)
     (tmp_path / "prompt.txt").write_text("import json\n")

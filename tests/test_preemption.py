@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -15,26 +14,12 @@ from runtime import checkpoints
 from runtime.preemption import StopOnSignal
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
 from train import loop
-from workspace import make_workspace, start_main
+from workspace import make_workspace, start_main, wait_for_line
 
 LOSS = re.compile(r"step +(\d+)/\d+ \| loss ([0-9.]+)")
 # lr independent of train_steps (lr_decay_end fixed), so a run cut short and a shorter run schedule alike
 MODEL = dict(n_layer=1, attention_types=[[["global"], 1]], train_steps=400, steps_per_checkpoint=1000,
              lr_decay_end=1000)
-
-
-def wait_for_line(process, pattern, timeout=240):
-    """Reads the process's stdout until a line matches; returns what it read."""
-    seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if re.search(pattern, line):
-            return "".join(seen)
-    process.kill()
-    pytest.fail(f"no line matching {pattern!r}; output:\n{''.join(seen)[-3000:]}\n{process.stderr.read()[-3000:]}")
 
 
 def with_train_steps(config, steps, model_path):

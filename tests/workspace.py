@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+
+import pytest
 
 import corpus
 
@@ -53,6 +57,20 @@ def start_main(*args, env=None, merge_stderr=False):
     env = dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, os.path.join(REPO, "main.py"), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True, cwd=REPO, env=env)
+
+
+def wait_for_line(process, pattern, timeout=240):
+    """Reads the process's stdout until a line matches; returns what it read."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return "".join(seen)
+    process.kill()
+    pytest.fail(f"no line matching {pattern!r}; output:\n{''.join(seen)[-3000:]}\n{process.stderr.read()[-3000:]}")
 
 
 def run_python(code: str, *args, timeout=600):
