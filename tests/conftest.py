@@ -12,6 +12,10 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from console import runtime_defaults  # noqa: E402
+
+runtime_defaults()  # TensorFlow's kernels as every entry point sets them up (oneDNN on x86-64), before it loads
+
 import models  # noqa: E402,F401  (compatibility alias before mesh_tensorflow)
 from runtime import devices  # noqa: E402  # noqa: E402
 
