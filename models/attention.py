@@ -322,11 +322,13 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
         wv = variable(x.mesh, "v", [embd, combined], dtype, stddev=embd.size ** -0.5, seed=cfg.seed)
         wo = variable(x.mesh, "o", [combined, embd], dtype, stddev=combined.size ** -0.5, seed=cfg.seed)
 
-        def project(w):
-            y = matmul(x, w, [d for d in x.shape.dims if d != embd] + [combined])
-            return mtf.replace_dimensions(y, combined, [heads, kv])
-
-        q, k, v = project(wq), project(wk), project(wv)
+        # q, k and v in one product with the three weights side by side (stacked here, in the graph; the
+        # checkpoint keeps GPT-Neo's three variables): a 3x wider matmul runs nearer the CPU's peak than three,
+        # above all the weights' gradient, x^T dy (oneDNN on AVX2: 111 GFLOP/s at 512 columns, 173 at 1536).
+        qkv = mtf.Dimension("qkv", 3)
+        y = matmul(x, mtf.stack([wq, wk, wv], qkv.name, axis=1),
+                   [d for d in x.shape.dims if d != embd] + [qkv, combined])
+        q, k, v = (mtf.replace_dimensions(t, combined, [heads, kv]) for t in mtf.unstack(y, qkv))
         if cache is not None and cache.incremental:
             with tf.variable_scope("attention"):
                 a = kv_cache.attend_step(q, k, v, ATTENTION[attention_type].decode_window(cfg), cfg, cache, kv)
