@@ -165,6 +165,11 @@ def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     if n_mem:
         k, v = _with_memory_key_values(k, v, ctx)
         memory_length = k.shape.get_dim_by_name(ctx.memory_length.name)
+    sequence_split = dimension_is_split(ctx.cfg, ctx.sequence.name) or dimension_is_split(ctx.cfg, memory_length.name)
+    if ctx.causal and not n_mem and not sequence_split and not _mtf_attention_kwargs(ctx)["dropout_rate"] and \
+            attention_kernels.causal_blocks_pay(ctx.sequence.size):
+        # blocks of queries against the keys up to their own end: the masked half of the square is skipped
+        return attention_kernels.causal_attention(q, k, v, ctx.sequence, memory_length, ctx.kv, ctx.kv)
     bias = None
     if ctx.causal:
         query_pos = mtf.range(q.mesh, ctx.sequence, tf.int32)

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from models.kernels.attention import causal_blocks_pay
 from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
 
 
@@ -9,11 +10,13 @@ def logits_of(cfg, tokens, checkpoint=None):
     return compute_logits(cfg, tokens, devices_for(cfg), checkpoint)
 
 
-@pytest.mark.parametrize("kind", ["global", "local"])
-def test_future_tokens_do_not_change_past_logits(kind):
-    cfg = tiny_config(attention_types=[[[kind], 2]])
+# Context 256: global layers run in two blocks of 128 queries (models/kernels/attention.causal_attention); the
+# change at t = 140 is in the second block, seen by the first block's keys only through the carried gradient.
+@pytest.mark.parametrize("kind,n_ctx,t", [("global", 16, 7), ("local", 16, 7), ("global", 256, 140)])
+def test_future_tokens_do_not_change_past_logits(kind, n_ctx, t):
+    cfg = tiny_config(attention_types=[[[kind], 2]], n_ctx=n_ctx)
+    assert causal_blocks_pay(n_ctx) == (n_ctx == 256)
     tokens = random_tokens([2, cfg.n_ctx], seed=1)
-    t = 7
     changed = tokens.copy()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % cfg.n_vocab
     before, after = logits_of(cfg, tokens), logits_of(cfg, changed)
@@ -47,14 +50,16 @@ def test_global_attention_sees_the_first_token():
     assert np.abs(logits_of(cfg, tokens)[0, -1] - logits_of(cfg, changed)[0, -1]).max() > 1e-4
 
 
-def test_logits_match_hf_gpt_neo_loading_our_checkpoint(tmp_path):
-    """The external oracle: transformers' own reader of GPT-Neo mesh-tf checkpoints, on weights we trained."""
+@pytest.mark.parametrize("n_ctx", [16, 256], ids=["ctx16", "ctx256-causal-blocks"])
+def test_logits_match_hf_gpt_neo_loading_our_checkpoint(tmp_path, n_ctx):
+    """The external oracle: transformers' own reader of GPT-Neo mesh-tf checkpoints, on weights we trained. At
+    context 256 the global layers attend in blocks of queries (models/kernels/attention.causal_attention)."""
     torch = pytest.importorskip("torch")
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
     from transformers.models.gpt_neo.modeling_gpt_neo import load_tf_weights_in_gpt_neo
 
     cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], model_path=str(tmp_path / "run"),
-                      train_steps=3, scale_by_depth=True)
+                      train_steps=3, scale_by_depth=True, n_ctx=n_ctx)
     train(cfg, random_tokens([12, cfg.n_ctx + 1], seed=4))
     tokens = random_tokens([3, cfg.n_ctx], seed=5)
     ours = logits_of(cfg, tokens, cfg.model_path)
