@@ -26,7 +26,7 @@ from config.schema import ConfigError, GPTConfig, closest, dimension_is_split
 from models.embeddings import rotary
 from models.kernels import attention as attention_kernels
 from models.kernels.attention import local_attention_blocks
-from models.kernels.matmul import matmul
+from models.kernels.matmul import matmul, stacked_matmul
 from models.layers import dropout, variable
 
 FULL_RECOMPUTE = "full recompute"  # decode_window of a type without an incremental (kv-cache) path
@@ -327,12 +327,12 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
         wv = variable(x.mesh, "v", [embd, combined], dtype, stddev=embd.size ** -0.5, seed=cfg.seed)
         wo = variable(x.mesh, "o", [combined, embd], dtype, stddev=combined.size ** -0.5, seed=cfg.seed)
 
-        # q, k and v in one product with the three weights side by side (stacked here, in the graph; the
-        # checkpoint keeps GPT-Neo's three variables): a 3x wider matmul runs nearer the CPU's peak than three,
-        # above all the weights' gradient, x^T dy (oneDNN on AVX2: 111 GFLOP/s at 512 columns, 173 at 1536).
+        # q, k and v in one product with the three weights side by side (stacked in the graph, for the forward
+        # and again for the backward pass; the checkpoint keeps GPT-Neo's three variables): a 3x wider matmul runs
+        # nearer the CPU's peak than three, above all the weights' gradient, x^T dy (oneDNN on AVX2: 111 GFLOP/s
+        # at 512 columns, 173 at 1536).
         qkv = mtf.Dimension("qkv", 3)
-        y = matmul(x, mtf.stack([wq, wk, wv], qkv.name, axis=1),
-                   [d for d in x.shape.dims if d != embd] + [qkv, combined])
+        y = stacked_matmul(x, [wq, wk, wv], qkv, [d for d in x.shape.dims if d != embd] + [qkv, combined])
         q, k, v = (mtf.replace_dimensions(t, combined, [heads, kv]) for t in mtf.unstack(y, qkv))
         if cache is not None and cache.incremental:
             with tf.variable_scope("attention"):

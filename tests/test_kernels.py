@@ -75,6 +75,38 @@ def test_matmul_equals_mtf_einsum_with_gradients(mesh_shape, layout):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS + [("x:2,y:2", "vocab:x,embd:y")])
+def test_stacked_matmul_equals_one_einsum_per_weight_with_gradients(mesh_shape, layout):
+    """The fused q/k/v projection: x [batch, seq, embd] times three kernels [embd, vocab] stacked in the graph,
+    against one mtf.einsum per kernel: the values and the gradients of x and of each kernel."""
+    rng = np.random.RandomState(4)
+    batch, seq, vocab, embd = dims(v=12)
+    stacked = mtf.Dimension("qkv", 3)
+    x_value = rng.randn(batch.size, seq.size, embd.size).astype(np.float32)
+    kernel_values = rng.randn(3, embd.size, vocab.size).astype(np.float32)
+    upstream = rng.randn(batch.size, seq.size, 3, vocab.size).astype(np.float32)
+
+    def build(fast):
+        def graph(mesh):
+            x = mtf.import_tf_tensor(mesh, tf.constant(x_value), mtf.Shape([batch, seq, embd]))
+            kernels = [mtf.import_tf_tensor(mesh, tf.constant(k), mtf.Shape([embd, vocab])) for k in kernel_values]
+            if fast:
+                y = matmul.stacked_matmul(x, kernels, stacked, [batch, seq, stacked, vocab])
+                outputs = mtf.unstack(y, stacked)
+            else:
+                outputs = [mtf.einsum([x, k], output_shape=[batch, seq, vocab]) for k in kernels]
+            loss = mtf.add_n([mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(upstream[:, :, i]), y.shape))
+                              for i, y in enumerate(outputs)])
+            return outputs + mtf.gradients([loss], [x] + kernels)
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    np.testing.assert_allclose(got[1], x_value @ kernel_values[1], rtol=1e-5, atol=1e-5)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_falls_back_to_einsum_where_it_is_not_one_matrix_product():
     mesh = mtf.Mesh(mtf.Graph(), "m")
     batch, heads, kv = mtf.Dimension("batch", 2), mtf.Dimension("heads", 3), mtf.Dimension("kv", 4)

@@ -54,26 +54,71 @@ class MatmulOperation(mtf.Operation):
         return [matmul(dy, b, a.shape), matmul(a, dy, b.shape)]
 
     def lower(self, lowering):
-        mesh_impl = lowering.mesh_impl(self)
-        swap, transpose_a, transpose_b, n_free_a, n_free_b = self._plan
-        out_shape = mesh_impl.slice_shape(self.outputs[0].shape)
-
-        def product(a, b):
-            if swap:
-                a, b = b, a
-            a_shape, b_shape = a.shape.as_list(), b.shape.as_list()
-            m = math.prod(a_shape[len(a_shape) - n_free_a:] if transpose_a else a_shape[:n_free_a])
-            n = math.prod(b_shape[:n_free_b] if transpose_b else b_shape[len(b_shape) - n_free_b:])
-            a2 = tf.reshape(a, [-1, m] if transpose_a else [m, -1])
-            b2 = tf.reshape(b, [n, -1] if transpose_b else [-1, n])
-            return tf.reshape(tf.matmul(a2, b2, transpose_a=transpose_a, transpose_b=transpose_b), out_shape)
-
         a, b = self.inputs
-        y = mesh_impl.slicewise(product, lowering.tensors[a], lowering.tensors[b])
-        axes = reduced_mesh_axes(mesh_impl, [d for d in a.shape.dims if d in b.shape.dims])
-        if axes:
-            y = mtf.LazyAllreduceSum(mesh_impl, y, axes)
-        lowering.set_tensor_lowering(self.outputs[0], y)
+        _lower_product(self, lowering, self._plan, a.shape, b.shape, lowering.tensors[a], lowering.tensors[b])
+
+
+def _lower_product(op: mtf.Operation, lowering, plan, a_shape: mtf.Shape, b_shape: mtf.Shape, a_laid_out,
+                   b_laid_out) -> None:
+    """Lowers op's output as the product `plan` of two laid-out tensors: one tf.matmul per device on 2-D
+    reshapes, summed over the mesh axes that split the contracted dimensions."""
+    mesh_impl = lowering.mesh_impl(op)
+    swap, transpose_a, transpose_b, n_free_a, n_free_b = plan
+    out_shape = mesh_impl.slice_shape(op.outputs[0].shape)
+
+    def product(a, b):
+        if swap:
+            a, b = b, a
+        a_dims, b_dims = a.shape.as_list(), b.shape.as_list()
+        m = math.prod(a_dims[len(a_dims) - n_free_a:] if transpose_a else a_dims[:n_free_a])
+        n = math.prod(b_dims[:n_free_b] if transpose_b else b_dims[len(b_dims) - n_free_b:])
+        a2 = tf.reshape(a, [-1, m] if transpose_a else [m, -1])
+        b2 = tf.reshape(b, [n, -1] if transpose_b else [-1, n])
+        return tf.reshape(tf.matmul(a2, b2, transpose_a=transpose_a, transpose_b=transpose_b), out_shape)
+
+    y = mesh_impl.slicewise(product, a_laid_out, b_laid_out)
+    axes = reduced_mesh_axes(mesh_impl, [d for d in a_shape.dims if d in b_shape.dims])
+    if axes:
+        y = mtf.LazyAllreduceSum(mesh_impl, y, axes)
+    lowering.set_tensor_lowering(op.outputs[0], y)
+
+
+class StackedMatmulOperation(mtf.Operation):
+    """matmul(x, stack(weights, stacked_dim, axis=1)): several projections of x in one product against their
+    weights side by side ([contracted, stacked_dim, free...]), stacked per device while lowering. The stacked
+    copy is not an mtf tensor, so the forward pass does not keep it for the backward one (a weight-sized copy
+    per layer, held through the step): the gradient stacks the weights again, and its weight gradient is one
+    product, unstacked."""
+
+    def __init__(self, x: mtf.Tensor, weights: list, stacked_dim: mtf.Dimension, output_shape: mtf.Shape,
+                 name=None):
+        super().__init__([x] + list(weights), name=name or "stacked_matmul")
+        w = weights[0]
+        self._stacked_shape = mtf.Shape(w.shape.dims[:1] + [stacked_dim] + w.shape.dims[1:])
+        self._stacked_dim = stacked_dim
+        self._plan = _matmul_plan(x.shape.dims, self._stacked_shape.dims, output_shape.dims)
+        if self._plan is None or any(t.dtype != x.dtype or t.shape != w.shape for t in weights):
+            raise ValueError(f"{x.shape} x {len(weights)} stacked {w.shape} -> {output_shape} is not one matrix "
+                             f"product of equal shapes and dtypes")
+        self._outputs = [mtf.Tensor(self, output_shape, x.dtype)]
+
+    def gradient(self, grad_ys):
+        dy = grad_ys[0]
+        x, weights = self.inputs[0], self.inputs[1:]
+        d_x = matmul(dy, mtf.stack(weights, self._stacked_dim.name, axis=1), x.shape)
+        return [d_x] + mtf.unstack(matmul(x, dy, self._stacked_shape), self._stacked_dim)
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        x, weights = self.inputs[0], self.inputs[1:]
+        stacked = mesh_impl.slicewise(lambda *ws: tf.stack(ws, axis=1), *[lowering.tensors[w] for w in weights])
+        _lower_product(self, lowering, self._plan, x.shape, self._stacked_shape, lowering.tensors[x], stacked)
+
+
+def stacked_matmul(x: mtf.Tensor, weights: list, stacked_dim: mtf.Dimension, output_shape) -> mtf.Tensor:
+    """x times each of `weights` (equal shapes [contracted, free...]) as one product: the output has
+    `stacked_dim` (len(weights)) where the weights' free dimensions begin (StackedMatmulOperation)."""
+    return StackedMatmulOperation(x, weights, stacked_dim, mtf.convert_to_shape(output_shape)).outputs[0]
 
 
 def matmul(a: mtf.Tensor, b: mtf.Tensor, output_shape) -> mtf.Tensor:
