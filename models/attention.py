@@ -152,6 +152,13 @@ def _mtf_attention_kwargs(ctx: AttentionContext) -> dict:
     return {"dropout_rate": rate, "context": context}
 
 
+def _blocked_causal_attention_fits(ctx: AttentionContext, memory_length: mtf.Dimension) -> bool:
+    """Whether models/kernels/attention.causal_attention can run here: it needs each device to hold whole
+    sequences (neither length split over the mesh), and it has no attention dropout."""
+    split = dimension_is_split(ctx.cfg, ctx.sequence.name) or dimension_is_split(ctx.cfg, memory_length.name)
+    return not split and not _mtf_attention_kwargs(ctx)["dropout_rate"]
+
+
 @register("global", keys_per_query=_global_keys,
           # memory key/values are not in the cache: such models decode by full recompute
           decode_window=lambda cfg: FULL_RECOMPUTE if cfg.num_mem_kv else None,
@@ -165,8 +172,7 @@ def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
     if n_mem:
         k, v = _with_memory_key_values(k, v, ctx)
         memory_length = k.shape.get_dim_by_name(ctx.memory_length.name)
-    sequence_split = dimension_is_split(ctx.cfg, ctx.sequence.name) or dimension_is_split(ctx.cfg, memory_length.name)
-    if ctx.causal and not n_mem and not sequence_split and not _mtf_attention_kwargs(ctx)["dropout_rate"] and \
+    if ctx.causal and not n_mem and _blocked_causal_attention_fits(ctx, memory_length) and \
             attention_kernels.causal_blocks_pay(ctx.sequence.size):
         # blocks of queries against the keys up to their own end: the masked half of the square is skipped
         return attention_kernels.causal_attention(q, k, v, ctx.sequence, memory_length, ctx.kv, ctx.kv)
@@ -205,8 +211,14 @@ def _with_memory_key_values(k: mtf.Tensor, v: mtf.Tensor, ctx: AttentionContext)
 @register("local", keys_per_query=_local_keys, decode_window=lambda cfg: cfg.local_attention_radius,
           check_layout=_check_local)
 def local_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
-    """Sliding-window attention, mesh-tensorflow's blocked implementation (cost linear in sequence length).
-    Causal: position t sees t - radius + 1 .. t. Bidirectional: t - radius + 1 .. t + radius."""
+    """Sliding-window attention (cost linear in sequence length). Causal: position t sees t - radius + 1 .. t,
+    in blocks of queries against only the keys they see where neither the sequence is split nor attention
+    dropped out (models/kernels/attention.causal_attention); else, and bidirectional (t - radius + 1 .. t + radius),
+    mesh-tensorflow's blocked implementation with its halo exchange."""
+    radius = ctx.cfg.local_attention_radius
+    if ctx.causal and _blocked_causal_attention_fits(ctx, ctx.sequence) and \
+            attention_kernels.causal_blocks_pay(ctx.sequence.size, radius):
+        return attention_kernels.causal_attention(q, k, v, ctx.sequence, ctx.sequence, ctx.kv, ctx.kv, radius)
     return attention_kernels.local_attention_1d(q, k, v, length_dim=ctx.sequence, key_dim=ctx.kv, value_dim=ctx.kv,
                                                 radius=ctx.cfg.local_attention_radius,
                                                 fully_autoregressive=ctx.causal,

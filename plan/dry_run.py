@@ -150,12 +150,18 @@ def collect(cfg: GPTConfig, recompute_flags: tuple = (False, True)) -> GraphFact
                 if id(t.operation) in forward_ids and not isinstance(t.operation, mtf.Variable):
                     read_by_backward[id(t)] = t
         tensors = TensorSet()
-        for t in read_by_backward.values():
-            tensors.add(t.shape, _itemsize(t.dtype))
+        kept = [(shape, itemsize, op) for op in forward for shape, itemsize in getattr(op, "kept_for_backward", ())]
+        if flag:  # recomputed layers keep their ops' internal tensors only while one layer's backward runs
+            kept = []
+        kept += [(t.shape, _itemsize(t.dtype), t.operation) for t in read_by_backward.values()]
+        # (an op that keeps tensors of its own for its backward pass, such as models/kernels/attention.py's
+        # blocked attention with its softmax weights, lists their shapes as `kept_for_backward`)
+        for shape, itemsize, op in kept:
+            tensors.add(shape, itemsize)
             if not flag:
-                match = _LAYER.search(t.operation.name)
+                match = _LAYER.search(op.name)
                 if match and int(match.group(1)) < cfg.n_layer:
-                    layer_saved[int(match.group(1))].add(t.shape, _itemsize(t.dtype))
+                    layer_saved[int(match.group(1))].add(shape, itemsize)
         saved[flag] = tensors
         if not flag:
             for op in forward:

@@ -194,12 +194,14 @@ ATTENTION_LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,hea
 @pytest.mark.parametrize("mesh_shape,layout", ATTENTION_LAYOUTS)
 @pytest.mark.parametrize("kind,length", [("global", 16), ("local_causal", 16), ("local_bidirectional", 16),
                                          ("local_causal", 512), ("local_bidirectional", 512),
-                                         ("global_causal_blocks", 512)])
+                                         ("global_causal_blocks", 512), ("local_causal_blocks", 512),
+                                         ("local_causal_blocks_radius_100", 512)])
 def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind, length):
-    """global_causal_blocks: `causal_attention` (4 blocks of 128 queries, each against the keys up to its end)
-    against mtf's attention over the whole square with the causal bias."""
+    """*_causal_blocks: `causal_attention`, global (4 blocks of 128 queries, each against the keys up to its
+    end) against mtf's attention over the whole square with the causal bias; local (8 blocks of 64 queries, each
+    against the keys its queries' windows reach, radius 4 and 100) against mtf's local_attention_1d."""
     import mesh_tensorflow.transformer.attention as mtf_attention
-    if kind == "global_causal_blocks" and ("sequence" in layout or "memory_length" in layout):
+    if "causal_blocks" in kind and ("sequence" in layout or "memory_length" in layout):
         pytest.skip("the blocked causal attention runs where neither length is split (models/attention.py)")
     if kind != "global" and "sequence" in layout and length < 256:
         pytest.skip("blocks are max(radius, 128) long: 16 positions are one block, which cannot be split")
@@ -208,7 +210,7 @@ def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind
                              mtf.Dimension("features_per_head", 8))
     memory = mtf.Dimension("memory_length", seq.size)
     values = [rng.randn(batch.size, seq.size, heads.size, kv.size).astype(np.float32) for _ in range(4)]
-    radius = 4
+    radius = 100 if kind.endswith("radius_100") else 4
     from types import SimpleNamespace
     context = SimpleNamespace(train=False, model=SimpleNamespace(layout=None, mesh_shape=None))
 
@@ -228,8 +230,11 @@ def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind
                 else:
                     out = mtf_attention.attention(q, km, vm, memory, kv, kv, bias, context=context)
             else:
-                causal = kind == "local_causal"
-                if fast:
+                causal = kind.startswith("local_causal")
+                if fast and "blocks" in kind:
+                    assert attention.causal_blocks_pay(length, radius)
+                    out = attention.causal_attention(q, k, v, seq, seq, kv, kv, radius)
+                elif fast:
                     out = attention.local_attention_1d(q, k, v, seq, kv, kv, radius, fully_autoregressive=causal)
                 else:
                     out = mtf_attention.local_attention_1d(q, k, v, seq, kv, kv, radius=radius,

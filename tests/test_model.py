@@ -10,12 +10,14 @@ def logits_of(cfg, tokens, checkpoint=None):
     return compute_logits(cfg, tokens, devices_for(cfg), checkpoint)
 
 
-# Context 256: global layers run in two blocks of 128 queries (models/kernels/attention.causal_attention); the
-# change at t = 140 is in the second block, seen by the first block's keys only through the carried gradient.
-@pytest.mark.parametrize("kind,n_ctx,t", [("global", 16, 7), ("local", 16, 7), ("global", 256, 140)])
+# Context 256: attention runs in blocks of queries (models/kernels/attention.causal_attention: global 2 of 128,
+# local 4 of 64); the change at t = 140 is inside a block, past its first query.
+@pytest.mark.parametrize("kind,n_ctx,t", [("global", 16, 7), ("local", 16, 7), ("global", 256, 140),
+                                          ("local", 256, 140)])
 def test_future_tokens_do_not_change_past_logits(kind, n_ctx, t):
     cfg = tiny_config(attention_types=[[[kind], 2]], n_ctx=n_ctx)
-    assert causal_blocks_pay(n_ctx) == (n_ctx == 256)
+    radius = cfg.local_attention_radius if kind == "local" else None
+    assert causal_blocks_pay(n_ctx, radius) == (n_ctx == 256)
     tokens = random_tokens([2, cfg.n_ctx], seed=1)
     changed = tokens.copy()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % cfg.n_vocab
@@ -25,11 +27,10 @@ def test_future_tokens_do_not_change_past_logits(kind, n_ctx, t):
     assert np.abs(before[:, t + 1:] - after[:, t + 1:]).max() > 1e-3
 
 
-def test_local_attention_sees_exactly_radius_positions():
-    radius = 4
-    cfg = tiny_config(n_layer=1, attention_types=[[["local"], 1]], local_attention_radius=radius)
+@pytest.mark.parametrize("n_ctx,radius,t", [(16, 4, 12), (256, 100, 200)])  # 256: 4 blocks of 64 queries
+def test_local_attention_sees_exactly_radius_positions(n_ctx, radius, t):
+    cfg = tiny_config(n_layer=1, attention_types=[[["local"], 1]], local_attention_radius=radius, n_ctx=n_ctx)
     tokens = random_tokens([1, cfg.n_ctx], seed=2)
-    t = 12
     base = logits_of(cfg, tokens)[0, t]
 
     def logits_at_t_after_changing(position):

@@ -81,61 +81,76 @@ def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout
     return mtf.transpose(out, output_shape)
 
 
-def causal_block_length(n_ctx: int) -> int:
+def causal_block_length(n_ctx: int, radius: int | None = None) -> int:
     """The query block length of `causal_attention`: the largest divisor of n_ctx not above max(128, n_ctx / 8)
-    (256 at GPT-Neo's 2048: 8 blocks, 36 of the square's 64 block pairs computed)."""
-    block_length = max(128, n_ctx // 8)
+    for global attention (256 at GPT-Neo's 2048: 8 blocks, 36 of the square's 64 block pairs computed), not above
+    max(64, radius / 2) for a window of `radius` (128 at GPT-Neo's 256: each block reads 383 keys, not mtf's 512)."""
+    block_length = max(128, n_ctx // 8) if radius is None else max(64, radius // 2)
+    block_length = min(block_length, n_ctx)
     while n_ctx % block_length:
         block_length -= 1
     return block_length
 
 
-def causal_blocks_pay(n_ctx: int) -> bool:
+def causal_blocks_pay(n_ctx: int, radius: int | None = None) -> bool:
     """Whether `causal_attention` has at least two blocks of at least 64 queries (a prime length has none)."""
-    block_length = causal_block_length(n_ctx)
+    block_length = causal_block_length(n_ctx, radius)
     return block_length >= 64 and n_ctx >= 2 * block_length
 
 
-def _causal_blocks(q, k, v, block_length: int):
-    """One device's causal attention: q, k [..., length, key] (fp32), v [..., length, value]; each block of
-    queries against the keys up to its own last position, the diagonal block masked.
+def _visible_keys(start: int, end: int, radius: int | None) -> int:
+    """The first key any query in [start, end) sees: 0, or the window's start for the first of them."""
+    return 0 if radius is None else max(0, start - radius + 1)
+
+
+def _causal_blocks(q, k, v, block_length: int, radius: int | None):
+    """One device's causal attention: q, k [..., length, key] (fp32), v [..., length, value]. Each block of
+    queries against only the keys some query of it sees: from 0 (global) or the window's start (`radius`) to
+    the block's own end, masked where a query does not see a key.
 
     The gradient is written out (TF's own would pad every block's key and value gradients to the whole length
     and add them up: at context 2048 that cost a tenth of the step). Going back from the last block, the key and
-    value gradients of the keys up to block i's end are carried and summed; each block's own keys are final once
-    block i is done, since no earlier query block sees them."""
+    value gradients of the keys block i reads are carried and summed; the keys from block i's start on are final
+    once block i is done (no earlier query block sees them), and the rest is carried on to block i - 1, whose
+    keys begin at the same place or earlier."""
     length = q.shape.as_list()[-2]
-    starts = list(range(0, length, block_length))
+    spans = [(start, start + block_length, _visible_keys(start, start + block_length, radius))
+             for start in range(0, length, block_length)]
+
+    def mask(start, end, first):  # [block, end - first]: 0 where the query sees the key, -1e10 elsewhere
+        offset = tf.range(first, end)[None, :] - tf.range(start, end)[:, None]
+        seen = offset <= 0 if radius is None else tf.logical_and(offset <= 0, offset > -radius)
+        return tf.where(seen, tf.zeros(tf.shape(offset)), tf.fill(tf.shape(offset), -1e10))
 
     @tf.custom_gradient
     def blocks(q, k, v):
-        key_after_query = tf.constant(np.triu(np.full([block_length, block_length], -1e10, np.float32), 1))
-        keys, values, weights, outputs = [], [], [], []
-        for start in starts:
-            end = start + block_length
-            keys.append(k[..., :end, :])
-            values.append(v[..., :end, :])
-            logits = tf.matmul(q[..., start:end, :], keys[-1], transpose_b=True)  # [..., block, end]
-            mask = tf.pad(key_after_query, [[0, 0], [start, 0]])  # made in the graph: no big constants in it
-            weights.append(tf.nn.softmax(logits + mask, axis=-1))
-            outputs.append(tf.matmul(tf.cast(weights[-1], v.dtype), values[-1]))
+        weights, outputs = [], []  # the softmax weights are kept for the backward pass (kept_for_backward)
+        for start, end, first in spans:
+            logits = tf.matmul(q[..., start:end, :], k[..., first:end, :], transpose_b=True)  # [..., block, keys]
+            weights.append(tf.nn.softmax(logits + mask(start, end, first), axis=-1))
+            outputs.append(tf.matmul(tf.cast(weights[-1], v.dtype), v[..., first:end, :]))
 
         def gradient(d_out):
             d_q, d_k, d_v = [], [], []
-            carry_k = carry_v = None
-            for i in reversed(range(len(starts))):
-                start, end = starts[i], starts[i] + block_length
+            carry_k = carry_v = None  # over the keys from `carried_from` to the current block's start
+            for i in reversed(range(len(spans))):
+                start, end, first = spans[i]
+                keys, values = k[..., first:end, :], v[..., first:end, :]  # sliced again: not kept meanwhile
                 d_out_i = d_out[..., start:end, :]
-                d_weights = tf.matmul(d_out_i, values[i], transpose_b=True)
+                d_weights = tf.matmul(d_out_i, values, transpose_b=True)
                 d_logits = compiled(_softmax_backward, weights[i], f32(d_weights))
-                d_q.append(tf.matmul(d_logits, keys[i]))
-                part_k = tf.matmul(d_logits, q[..., start:end, :], transpose_a=True)  # [..., end, key]
+                d_q.append(tf.matmul(d_logits, keys))
+                part_k = tf.matmul(d_logits, q[..., start:end, :], transpose_a=True)  # [..., end - first, key]
                 part_v = tf.matmul(tf.cast(weights[i], v.dtype), d_out_i, transpose_a=True)
-                carry_k = part_k if carry_k is None else carry_k + part_k
-                carry_v = part_v if carry_v is None else carry_v + part_v
-                d_k.append(carry_k[..., start:, :])
-                d_v.append(carry_v[..., start:, :])
-                carry_k, carry_v = carry_k[..., :start, :], carry_v[..., :start, :]
+                if carry_k is not None:  # the carry covers [carried_from, start): pad its front to `first`
+                    before = [[0, 0]] * (len(part_k.shape) - 2) + [[carried_from - first, 0], [0, 0]]
+                    carry_k = part_k + tf.pad(carry_k, before) if carried_from > first else part_k + carry_k
+                    carry_v = part_v + tf.pad(carry_v, before) if carried_from > first else part_v + carry_v
+                else:
+                    carry_k, carry_v = part_k, part_v
+                d_k.append(carry_k[..., start - first:, :])
+                d_v.append(carry_v[..., start - first:, :])
+                carry_k, carry_v, carried_from = carry_k[..., :start - first, :], carry_v[..., :start - first, :], first
             return [tf.concat(d[::-1], axis=-2) for d in (d_q, d_k, d_v)]
 
         return tf.concat(outputs, axis=-2), gradient
@@ -143,22 +158,32 @@ def _causal_blocks(q, k, v, block_length: int):
     return blocks(q, k, v)
 
 
-def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim) -> mtf.Tensor:
-    """Causal self-attention (query t sees keys 0..t; q over `length_dim`, k and v over `memory_length_dim`,
-    the same positions) in blocks of queries (`causal_block_length`), each against the keys up to its own end
-    only: the masked half of the square above the diagonal blocks is never computed (at context 2048, 36 of 64
-    block pairs; the same result as `attention` with the causal bias, tests/test_kernels.py). Forward and backward
-    (TF's gradient of each device's blocks, the softmax's fused) are batched matmuls on [..., length, features]
-    slices. The caller makes sure that neither length is split over the mesh and that there is no dropout."""
+def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim, radius: int | None = None
+                     ) -> mtf.Tensor:
+    """Causal self-attention, global (query t sees keys 0..t) or local (`radius`: keys t - radius + 1..t; q over
+    `length_dim`, k and v over `memory_length_dim`, the same positions), in blocks of queries
+    (`causal_block_length`), each against only the keys its queries see: the masked half of the square above
+    the diagonal is never computed (global, context 2048: 36 of 64 block pairs), nor the window's padding and
+    far side (local). The same result as `attention` with the causal bias and as `local_attention_1d`
+    (tests/test_kernels.py). Forward and backward (written out, the softmax's fused) are batched matmuls on
+    [..., length, features] slices. The caller makes sure that neither length is split over the mesh and that
+    there is no dropout."""
     output_shape = q.shape - key_dim + value_dim
-    shared = [d for d in q.shape.dims if d in k.shape.dims and d != key_dim]
+    shared = [d for d in q.shape.dims if d in k.shape.dims and d not in (key_dim, length_dim, memory_length_dim)]
     q = mtf.transpose(mtf.cast(q, tf.float32), shared + [length_dim, key_dim])
     k = mtf.transpose(mtf.cast(k, tf.float32), shared + [memory_length_dim, key_dim])
     v = mtf.transpose(v, shared + [memory_length_dim, value_dim])
-    block_length = causal_block_length(length_dim.size)
-    out = mtf.slicewise(lambda q_, k_, v_: _causal_blocks(q_, k_, v_, block_length), [q, k, v],
+    block_length = causal_block_length(length_dim.size, radius)
+    out = mtf.slicewise(lambda q_, k_, v_: _causal_blocks(q_, k_, v_, block_length, radius), [q, k, v],
                         output_shape=mtf.Shape(shared + [length_dim, value_dim]), output_dtype=v.dtype,
                         splittable_dims=shared, name="causal_attention")
+    # What the op keeps for its backward pass beyond its inputs and output, which the mtf graph does not show:
+    # every block's fp32 softmax weights (and their cast for a 16-bit v). The memory plan (plan/dry_run.py)
+    # counts it with the activations the backward pass reads.
+    pairs = sum(block_length * (start + block_length - _visible_keys(start, start + block_length, radius))
+                for start in range(0, length_dim.size, block_length))
+    out.operation.kept_for_backward = [(mtf.Shape(shared + [mtf.Dimension("causal_attention_weights", pairs)]),
+                                        4 + (v.dtype.size if v.dtype != tf.float32 else 0))]
     return mtf.transpose(out, output_shape)
 
 
