@@ -247,7 +247,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: prompts of {max(args.prompt_lengths)} + {max(args.new_tokens)} new tokens do not fit "
                          f"n_ctx {args.n_ctx}")
 
-    print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {[round(x, 2) for x in os.getloadavg()]} at start", flush=True)
+    print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {[round(x, 2) for x in os.getloadavg()]} at start; TF_ENABLE_ONEDNN_OPTS="
+          f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: TensorFlow decides by the CPU)')}", flush=True)
     if bool(args.peer_python) != bool(args.peer_repo):
         raise SystemExit("error: --peer_python and --peer_repo go together")
     if args.repeats < 1:

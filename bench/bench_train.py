@@ -86,7 +86,8 @@ def best_matmul_rate(run, size: int, seconds: float) -> float:
 
 def matmul_peak(dtype_name: str, size: int, seconds: float) -> float:
     """The best square-matmul FLOP/s TensorFlow reaches here, over both of its CPU matmul paths: a tf.function
-    (Eigen for fp32) and a v1 graph session (oneDNN, as the model's einsums run), each timed for half of
+    (Eigen for fp32) and a v1 graph session (oneDNN's kernels where they are on, as the entry points set them on
+    x86-64: console.runtime_defaults; the model's matmuls run this way), each timed for half of
     `seconds`. The highest is the denominator: MFU is never flattered."""
     import numpy as np
     import tensorflow as tf
@@ -306,7 +307,8 @@ def main(argv=None) -> int:
     if args.variants is None:
         args.variants = ["float32"] + (["bfloat16"] if precision.units(flags) else [])
     print(f"# {precision.cpu_kind(cpu_name, flags)}; precision auto trains in "
-          f"{precision.choose('auto', 'CPU', flags).precision} here", flush=True)
+          f"{precision.choose('auto', 'CPU', flags).precision} here; TF_ENABLE_ONEDNN_OPTS="
+          f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: TensorFlow decides by the CPU)')}", flush=True)
     print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {load()} at start", flush=True)
     peaks, ours, hf, peer = [], {v: [] for v in args.variants}, [], {v: [] for v in args.variants}
     for _ in range(args.repeats):

@@ -33,7 +33,9 @@ def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
 
 
 def clip_by_global_norm(grads: list, clip_norm: float) -> tuple[list, mtf.Tensor]:
-    squares = [mtf.reduce_sum(mtf.square(g)) for g in grads if g is not None]
+    # each gradient's sum of squares as its dot product with itself: one pass over it, where square-then-sum
+    # writes a squared copy of every gradient first
+    squares = [mtf.einsum([g, g], output_shape=mtf.Shape([])) for g in grads if g is not None]
     norm = mtf.sqrt(mtf.add_n(squares))
     scale = clip_norm / mtf.maximum(norm, clip_norm)
     return [None if g is None else g * scale for g in grads], norm
