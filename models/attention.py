@@ -339,20 +339,21 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
         wv = variable(x.mesh, "v", [embd, combined], dtype, stddev=embd.size ** -0.5, seed=cfg.seed)
         wo = variable(x.mesh, "o", [combined, embd], dtype, stddev=combined.size ** -0.5, seed=cfg.seed)
 
+        # q, k and v in one product with the three weights side by side (the checkpoint keeps GPT-Neo's three
+        # variables): a 3x wider matmul runs nearer the CPU's peak than three, above all the weights' gradient,
+        # x^T dy (oneDNN on AVX2: 111 GFLOP/s at 512 columns, 173 at 1536), and decoding launches one
+        # matrix-vector product where it launched three (each ~60 us of overhead on a 2-core CPU).
+        qkv = mtf.Dimension("qkv", 3)
         free = [d for d in x.shape.dims if d != embd]
-        if cache is not None and cache.incremental:
-            # one token: three matrix-vector products read each weight once; stacking them would copy all three
-            # on every decoding step
-            q, k, v = (mtf.replace_dimensions(matmul(x, w, free + [combined]), combined, [heads, kv])
-                       for w in (wq, wk, wv))
-        else:
-            # q, k and v in one product with the three weights side by side (stacked in the graph, for the forward
-            # and again for the backward pass; the checkpoint keeps GPT-Neo's three variables): a 3x wider matmul
-            # runs nearer the CPU's peak than three, above all the weights' gradient, x^T dy (oneDNN on AVX2:
-            # 111 GFLOP/s at 512 columns, 173 at 1536).
-            qkv = mtf.Dimension("qkv", 3)
+        if cache is not None and cache.incremental:  # a step: the weights as prefill stacked them, once
+            (stacked,) = cache.take(1)
+            cache.record(stacked)
+            y = matmul(x, stacked, free + [qkv, combined])
+        else:  # stacked in the graph, for the forward and again for the backward pass (StackedMatmulOperation)
             y = stacked_matmul(x, [wq, wk, wv], qkv, free + [qkv, combined])
-            q, k, v = (mtf.replace_dimensions(t, combined, [heads, kv]) for t in mtf.unstack(y, qkv))
+            if cache is not None:  # prefill: stacked once more, kept for the steps with the key/value caches
+                cache.record(mtf.stack([wq, wk, wv], qkv.name, axis=1))
+        q, k, v = (mtf.replace_dimensions(t, combined, [heads, kv]) for t in mtf.unstack(y, qkv))
         if cache is not None and cache.incremental:
             with tf.variable_scope("attention"):
                 a = kv_cache.attend_step(q, k, v, ATTENTION[attention_type].decode_window(cfg), cfg, cache, kv)

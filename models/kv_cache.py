@@ -10,6 +10,10 @@ Sampling runs the model twice over:
   attention layer takes its (k, v) cache from `state.states` in layer order, writes this token's key and value
   at `position - 1`, attends from this one query over the cache and records the updated cache.
 
+Each attention layer also keeps its q, k and v weights stacked (`[embd, qkv, heads]`, recorded in prefill before
+its caches, taken and passed on unchanged by every step) so that a step's three projections are one
+matrix-vector product without stacking the weights anew on every token.
+
 A step costs one token's projections and MLPs plus one query against a fixed-size `n_ctx` cache, so the cost
 per new token does not grow with the prompt (a full recompute costs the whole context per token).
 

@@ -245,7 +245,8 @@ class InferenceMemory:
     batch_size: int
     weights: float
     weight_casts: float
-    kv_cache: float              # predict with the kv cache: keys and values of every layer at n_ctx
+    kv_cache: float              # predict with the kv cache: keys and values of every layer at n_ctx, and
+                                 # its q/k/v weights stacked for the steps
     activations: float
 
     @property
@@ -265,10 +266,13 @@ def inference_memory(facts: GraphFacts, cfg: GPTConfig, job: str) -> InferenceMe
     activations = 2 * facts.largest_forward.largest(sizer, batch)
     kv_cache = 0.0
     if job == "predict" and cfg.kv_cache and incremental_unsupported(cfg) is None:
-        cache = TensorSet()  # models/kv_cache.py: a key and a value tensor per layer
+        cache = TensorSet()  # models/kv_cache.py: a key and a value tensor per layer, and its stacked q/k/v weights
         cache.add(mtf.Shape([mtf.Dimension("batch", batch), mtf.Dimension("memory_length", cfg.n_ctx),
                              mtf.Dimension("heads", cfg.n_head), mtf.Dimension("features_per_head", cfg.head_size)]),
                   facts.activation_itemsize, 2 * cfg.n_layer)
+        cache.add(mtf.Shape([mtf.Dimension("embd", cfg.n_embd), mtf.Dimension("qkv", 3),
+                             mtf.Dimension("heads", cfg.n_head * cfg.head_size)]), facts.activation_itemsize,
+                  cfg.n_layer)
         kv_cache = cache.bytes(sizer)
     return InferenceMemory(job, batch, facts.weights.bytes(sizer), facts.weight_casts.bytes(sizer), kv_cache,
                            activations)

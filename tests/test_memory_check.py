@@ -104,8 +104,10 @@ def test_the_inference_estimate_has_no_optimizer_state_and_counts_the_kv_cache()
     evaluate = dry_run.inference_memory(facts, cfg, "eval")
     training = dry_run.make_plan(cfg).memory[False]
     assert predict.weights == evaluate.weights == training.weights and evaluate.kv_cache == 0
-    # keys and values of every layer for predict_batch_size sequences of n_ctx, at the activations' dtype
-    assert predict.kv_cache == 2 * cfg.n_layer * 4 * cfg.n_ctx * cfg.n_embd * facts.activation_itemsize
+    # keys and values of every layer for predict_batch_size (4) sequences of n_ctx, and each layer's q/k/v
+    # weights stacked for the steps, at the activations' dtype
+    assert predict.kv_cache == (2 * cfg.n_layer * 4 * cfg.n_ctx * cfg.n_embd
+                                + cfg.n_layer * 3 * cfg.n_embd ** 2) * facts.activation_itemsize
     assert predict.total < training.total and evaluate.total < training.total
     assert dry_run.inference_memory(facts, cfg.replace(kv_cache=False), "predict").kv_cache == 0
     cpu = Placement(devices=("/device:CPU:0",))
