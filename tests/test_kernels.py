@@ -107,6 +107,32 @@ def test_stacked_matmul_equals_one_einsum_per_weight_with_gradients(mesh_shape, 
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS + [("x:2,y:2", "batch:x,vocab:y")])
+def test_bias_add_equals_mtf_add_with_gradients(mesh_shape, layout):
+    """The projections' bias: y [batch, seq, vocab] + b [vocab], the bias gradient summed over batch and sequence
+    as a product with ones (all-reduced where the layout splits them), against mtf's broadcasting add."""
+    rng = np.random.RandomState(5)
+    batch, seq, vocab, _ = dims(v=12)
+    y_value = rng.randn(batch.size, seq.size, vocab.size).astype(np.float32)
+    b_value = rng.randn(vocab.size).astype(np.float32)
+    upstream = rng.randn(batch.size, seq.size, vocab.size).astype(np.float32)
+
+    def build(fast):
+        def graph(mesh):
+            y = mtf.import_tf_tensor(mesh, tf.constant(y_value), mtf.Shape([batch, seq, vocab]))
+            b = mtf.import_tf_tensor(mesh, tf.constant(b_value), mtf.Shape([vocab]))
+            out = matmul.bias_add(y, b) if fast else y + b
+            loss = mtf.reduce_sum(out * mtf.import_tf_tensor(mesh, tf.constant(upstream), out.shape))
+            return [out] + mtf.gradients([loss], [y, b])
+        return graph
+
+    expected = run(build(False), "all:1", "")
+    got = run(build(True), mesh_shape, layout)
+    np.testing.assert_allclose(got[2], upstream.sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_falls_back_to_einsum_where_it_is_not_one_matrix_product():
     mesh = mtf.Mesh(mtf.Graph(), "m")
     batch, heads, kv = mtf.Dimension("batch", 2), mtf.Dimension("heads", 3), mtf.Dimension("kv", 4)

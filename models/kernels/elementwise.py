@@ -10,7 +10,7 @@ import math
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models.kernels.common import f32, fused, reduced_mesh_axes
+from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -73,10 +73,10 @@ def _layer_norm_backward_fused(x, g, dy, epsilon):
 
 def _layer_norm_backward(x, g, dy, epsilon):
     """dx, and dg / db summed over this slice's rows (the caller all-reduces them over the other devices). The
-    row sums run outside XLA: its column reductions are slower on CPU than TF's own."""
+    row sums run outside XLA, as products with a row of ones (common.row_sums): XLA's and TF's own column
+    reductions are slower on CPU."""
     dx, dy_x_hat = fused(_layer_norm_backward_fused, x, g, dy, epsilon)
-    rows = list(range(len(x.shape) - 1))
-    return dx, tf.reduce_sum(dy_x_hat, axis=rows), tf.reduce_sum(dy, axis=rows)
+    return dx, tf.cast(row_sums(dy_x_hat), g.dtype), tf.cast(row_sums(dy), g.dtype)
 
 
 def _split_moments(mesh_impl, x, axis: int, size: int, epsilon: float):
