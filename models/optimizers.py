@@ -20,30 +20,38 @@ from models.kernels.common import compiled
 NO_DECAY = [r"norm", r"ln_f", r"/b$", r"bias", r"o_b"]
 
 
-def _adam_update(m, v, g, lr, beta_1, beta_2, epsilon):
+def _adam_update(m, v, g, scale, beta_1, beta_2, epsilon):
+    g = g * scale  # the gradient clipping's factor, applied here rather than in a pass of its own
     next_m = beta_1 * m + (1.0 - beta_1) * g
     next_v = beta_2 * v + (1.0 - beta_2) * (g * g)
     return next_m, next_v, next_m / (tf.sqrt(next_v) + epsilon)
 
 
 @tf.function(jit_compile=True)
-def _adam_step(m, v, g, lr, beta_1, beta_2, epsilon):
-    next_m, next_v, update = _adam_update(m, v, g, lr, beta_1, beta_2, epsilon)
-    return lr * update, next_m, next_v
+def _adam_step(m, v, g, w, scale, lr, beta_1, beta_2, epsilon):
+    next_m, next_v, update = _adam_update(m, v, g, scale, beta_1, beta_2, epsilon)
+    return w - lr * update, next_m, next_v
 
 
 @tf.function(jit_compile=True)
-def _adam_step_decayed(m, v, g, w, lr, beta_1, beta_2, epsilon, decay):
-    next_m, next_v, update = _adam_update(m, v, g, lr, beta_1, beta_2, epsilon)
-    return lr * (update + decay * w), next_m, next_v
+def _adam_step_decayed(m, v, g, w, scale, lr, beta_1, beta_2, epsilon, decay):
+    next_m, next_v, update = _adam_update(m, v, g, scale, beta_1, beta_2, epsilon)
+    return w - lr * (update + decay * w), next_m, next_v
 
 
 class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
     """mesh-tensorflow's Adam with decoupled weight decay (same slots, names and formula: m, v, m / (sqrt(v) +
     eps) + decay * w, times lr; tests/test_optimizer.py compares the two), computed for each variable in one
-    XLA-fused pass that yields the step and the new m and v, instead of a dozen element-wise ops over every
-    parameter (a fifth of the non-matmul time of a step on the benchmark model). The decay term is in float32:
-    mesh-tensorflow's adds a bfloat16 variable value to the float32 update, which fails."""
+    XLA-fused pass that reads the gradient, the weight and the slots once and yields the new weight, m and v,
+    instead of a dozen element-wise ops over every parameter. It takes the gradient clipping's factor
+    (`gradient_scale`, a scalar set by train/optimizer.py) into the same pass. The weight is updated in float32
+    (and stored in its slice dtype)."""
+
+    takes_gradient_scale = True  # train/optimizer.py: the clipping factor goes to `gradient_scale`, not the grads
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gradient_scale = None  # an mtf scalar, or None: 1
 
     def apply_grad(self, grad, var):
         if grad is None:
@@ -54,18 +62,18 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
                              trainable=False)
         v = mtf.get_variable(var.mesh, var.name + "/adam_v", var.shape, initializer=tf.zeros_initializer(),
                              trainable=False)
+        scale = self.gradient_scale if self.gradient_scale is not None else \
+            mtf.ones(var.mesh, mtf.Shape([]), tf.float32)
+        inputs = [m, v, grad, mtf.to_float(var.value), scale, self.learning_rate]
         hyper = [self.beta_1, self.beta_2, self.epsilon]
         if self._do_use_weight_decay(var.name):
-            inputs = [m, v, grad, mtf.to_float(var.value), self.learning_rate]
-            fn = lambda m_, v_, g_, w_, lr_: compiled(  # noqa: E731
-                _adam_step_decayed, m_, v_, g_, w_, lr_, *hyper, self.weight_decay_rate)
+            fn = lambda *a: compiled(_adam_step_decayed, *a, *hyper, self.weight_decay_rate)  # noqa: E731
         else:
-            inputs = [m, v, grad, self.learning_rate]
-            fn = lambda m_, v_, g_, lr_: compiled(_adam_step, m_, v_, g_, lr_, *hyper)  # noqa: E731
-        step, next_m, next_v = mtf.slicewise(fn, inputs, output_shape=[var.shape] * 3,
-                                             output_dtype=[tf.float32] * 3, splittable_dims=var.shape.dims,
-                                             grad_function=0, name="adam")
-        return [mtf.assign_sub(var, step), mtf.assign(m, next_m), mtf.assign(v, next_v)]
+            fn = lambda *a: compiled(_adam_step, *a, *hyper)  # noqa: E731
+        next_w, next_m, next_v = mtf.slicewise(fn, inputs, output_shape=[var.shape] * 3,
+                                               output_dtype=[tf.float32] * 3, splittable_dims=var.shape.dims,
+                                               grad_function=0, name="adam")
+        return [mtf.assign(var, next_w), mtf.assign(m, next_m), mtf.assign(v, next_v)]
 
 
 def _adam(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:

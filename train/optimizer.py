@@ -10,6 +10,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
+from models.kernels.matmul import matmul
 from models.optimizers import make_optimizer
 
 
@@ -32,13 +33,13 @@ def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
     return decayed
 
 
-def clip_by_global_norm(grads: list, clip_norm: float) -> tuple[list, mtf.Tensor]:
-    # each gradient's sum of squares as its dot product with itself: one pass over it, where square-then-sum
-    # writes a squared copy of every gradient first
-    squares = [mtf.einsum([g, g], output_shape=mtf.Shape([])) for g in grads if g is not None]
+def clipping_scale(grads: list, clip_norm: float) -> tuple[mtf.Tensor, mtf.Tensor]:
+    """(the factor that clips `grads` to a global norm of at most clip_norm, their global norm)."""
+    # each gradient's sum of squares as its dot product with itself (one matrix product: one read of it, where
+    # square-then-sum writes a squared copy of every gradient first)
+    squares = [matmul(g, g, mtf.Shape([])) for g in grads if g is not None]
     norm = mtf.sqrt(mtf.add_n(squares))
-    scale = clip_norm / mtf.maximum(norm, clip_norm)
-    return [None if g is None else g * scale for g in grads], norm
+    return clip_norm / mtf.maximum(norm, clip_norm), norm
 
 
 class AssignIf(mtf.Operation):
@@ -86,9 +87,14 @@ def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor
     no variable (weights, optimizer slots) when it is false."""
     grads = [None if g is None else mtf.to_float(g) for g in grads]  # bf16 activations give bf16 gradients
     grad_norm = None
+    optimizer = make_optimizer(cfg, lr)
     if cfg.gradient_clipping:
-        grads, grad_norm = clip_by_global_norm(grads, cfg.gradient_clipping)
-    updates = make_optimizer(cfg, lr).apply_grads(grads, variables)
+        scale, grad_norm = clipping_scale(grads, cfg.gradient_clipping)
+        if getattr(optimizer, "takes_gradient_scale", False):  # applied in the optimizer's own pass
+            optimizer.gradient_scale = scale
+        else:
+            grads = [None if g is None else g * scale for g in grads]
+    updates = optimizer.apply_grads(grads, variables)
     if apply_if is not None:
         updates = assign_if(updates, apply_if)
     return updates, grad_norm
