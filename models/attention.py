@@ -353,7 +353,12 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
             y = stacked_matmul(x, [wq, wk, wv], qkv, free + [qkv, combined])
             if cache is not None:  # prefill: stacked once more, kept for the steps with the key/value caches
                 cache.record(mtf.stack([wq, wk, wv], qkv.name, axis=1))
-        q, k, v = (mtf.replace_dimensions(t, combined, [heads, kv]) for t in mtf.unstack(y, qkv))
+        y = mtf.replace_dimensions(y, combined, [heads, kv])
+        if len(free) == 2:  # [batch, sequence]: one transpose to [qkv, batch, heads, sequence, kv], the layout
+            # attention's batched matmuls take, whose split along qkv is free (TF unstacks a leading axis without
+            # copying); three transposes of q, k and v otherwise
+            y = mtf.transpose(y, [qkv, free[0], heads, free[1], kv])
+        q, k, v = mtf.unstack(y, qkv)
         if cache is not None and cache.incremental:
             with tf.variable_scope("attention"):
                 a = kv_cache.attend_step(q, k, v, ATTENTION[attention_type].decode_window(cfg), cfg, cache, kv)
@@ -367,7 +372,8 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
                 kv_cache.record_prefill(cache, k, v, ctx.sequence, ctx.memory_length)
             with tf.variable_scope("attention"):
                 a = ATTENTION[attention_type].fn(q, k, v, ctx)
-        a = mtf.replace_dimensions(a, [heads, kv], combined)
+        a = mtf.replace_dimensions(attention_kernels.laid_out(a, [d for d in a.shape.dims if d not in (heads, kv)]
+                                                             + [heads, kv]), [heads, kv], combined)
         out = matmul(a, wo, [d for d in a.shape.dims if d != combined] + [embd])
         with tf.variable_scope("compute_output_bias"):
             out = bias_add(out, variable(x.mesh, "o_b", [embd], dtype, constant=0.0))

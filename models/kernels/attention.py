@@ -53,6 +53,12 @@ def softmax(logits: mtf.Tensor, dim: mtf.Dimension, split: bool) -> mtf.Tensor:
                          name="softmax")
 
 
+def laid_out(x: mtf.Tensor, dims: list) -> mtf.Tensor:
+    """x with its dimensions in the order `dims`: transposed, unless they already are (models/attention.py
+    projects q, k and v in this layout)."""
+    return x if x.shape.dims == dims else mtf.transpose(x, dims)
+
+
 def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout_rate=0.0, context=None,
               memory_split: bool = False) -> mtf.Tensor:
     """mesh-tensorflow's `transformer.attention.attention` (fp32 logits, bias, softmax over memory, dropout,
@@ -68,9 +74,9 @@ def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout
     # Explicit transposes, once: [shared..., length, features] for q and k, [shared..., features, memory] for v.
     # Then each einsum here and in mtf's gradients (which put the output gradient first) is a batched matmul
     # whose result needs no transpose; TF's einsum would otherwise transpose inside every call, slower.
-    q = mtf.transpose(mtf.cast(q, tf.float32), shared + query_only + [key_dim])
-    k = mtf.transpose(mtf.cast(k, tf.float32), shared + [memory_length_dim, key_dim])
-    v = mtf.transpose(v, shared + [value_dim, memory_length_dim])
+    q = laid_out(mtf.cast(q, tf.float32), shared + query_only + [key_dim])
+    k = laid_out(mtf.cast(k, tf.float32), shared + [memory_length_dim, key_dim])
+    v = laid_out(v, shared + [value_dim, memory_length_dim])
     logits = mtf.einsum([q, k], output_shape=mtf.Shape(shared + query_only + [memory_length_dim]))
     if bias is not None:
         logits += mtf.cast(bias, logits.dtype)
@@ -78,7 +84,7 @@ def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout
     if context is not None and context.train and dropout_rate > 0:
         weights = mtf.dropout(weights, is_training=True, rate=dropout_rate)
     out = mtf.einsum([weights, v], output_shape=mtf.Shape(shared + query_only + [value_dim]))
-    return mtf.transpose(out, output_shape)
+    return laid_out(out, output_shape.dims)
 
 
 def causal_block_length(n_ctx: int, radius: int | None = None) -> int:
@@ -170,9 +176,9 @@ def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim,
     there is no dropout."""
     output_shape = q.shape - key_dim + value_dim
     shared = [d for d in q.shape.dims if d in k.shape.dims and d not in (key_dim, length_dim, memory_length_dim)]
-    q = mtf.transpose(mtf.cast(q, tf.float32), shared + [length_dim, key_dim])
-    k = mtf.transpose(mtf.cast(k, tf.float32), shared + [memory_length_dim, key_dim])
-    v = mtf.transpose(v, shared + [memory_length_dim, value_dim])
+    q = laid_out(mtf.cast(q, tf.float32), shared + [length_dim, key_dim])
+    k = laid_out(mtf.cast(k, tf.float32), shared + [memory_length_dim, key_dim])
+    v = laid_out(v, shared + [memory_length_dim, value_dim])
     block_length = causal_block_length(length_dim.size, radius)
     out = mtf.slicewise(lambda q_, k_, v_: _causal_blocks(q_, k_, v_, block_length, radius), [q, k, v],
                         output_shape=mtf.Shape(shared + [length_dim, value_dim]), output_dtype=v.dtype,
@@ -184,7 +190,7 @@ def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim,
                 for start in range(0, length_dim.size, block_length))
     out.operation.kept_for_backward = [(mtf.Shape(shared + [mtf.Dimension("causal_attention_weights", pairs)]),
                                         4 + (v.dtype.size if v.dtype != tf.float32 else 0))]
-    return mtf.transpose(out, output_shape)
+    return laid_out(out, output_shape.dims)
 
 
 def local_attention_1d(q, k, v, length_dim, key_dim, value_dim, radius: int, fully_autoregressive: bool = True,
