@@ -223,7 +223,7 @@ ATTENTION_LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,hea
                                          ("global_causal_blocks", 512), ("local_causal_blocks", 512),
                                          ("local_causal_blocks_radius_100", 512)])
 def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind, length):
-    """*_causal_blocks: `causal_attention`, global (4 blocks of 128 queries, each against the keys up to its
+    """*_causal_blocks: `causal_attention`, global (8 blocks of 64 queries, each against the keys up to its
     end) against mtf's attention over the whole square with the causal bias; local (8 blocks of 64 queries, each
     against the keys its queries' windows reach, radius 4 and 100) against mtf's local_attention_1d."""
     import mesh_tensorflow.transformer.attention as mtf_attention

@@ -10,8 +10,8 @@ def logits_of(cfg, tokens, checkpoint=None):
     return compute_logits(cfg, tokens, devices_for(cfg), checkpoint)
 
 
-# Context 256: attention runs in blocks of queries (models/kernels/attention.causal_attention: global 2 of 128,
-# local 4 of 64); the change at t = 140 is inside a block, past its first query.
+# Context 256: attention runs in blocks of queries (models/kernels/attention.causal_attention: 4 blocks of 64,
+# global and local); the change at t = 140 is inside a block, past its first query.
 @pytest.mark.parametrize("kind,n_ctx,t", [("global", 16, 7), ("local", 16, 7), ("global", 256, 140),
                                           ("local", 256, 140)])
 def test_future_tokens_do_not_change_past_logits(kind, n_ctx, t):

@@ -133,9 +133,9 @@ def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps():
     one op, where the mtf graph does not show them: the plan counts them from the op's kept_for_backward."""
     cfg = tiny_config(n_layer=2, attention_types=[[["global", "local"], 1]], n_ctx=256, train_batch_size=2)
     facts = plan.collect(cfg, recompute_flags=(False,))
-    # global: 2 blocks of 128 queries over 128 and 256 keys; local (radius 4): 4 blocks of 64 queries, the first
-    # over its own 64 keys, the others over 3 more before them
-    expected = {"global": 128 * 128 + 128 * 256, "local": 64 * 64 + 3 * 64 * (64 + 3)}
+    # global: 4 blocks of 64 queries over 64, 128, 192 and 256 keys; local (radius 4): 4 blocks of 64 queries,
+    # the first over its own 64 keys, the others over 3 more before them
+    expected = {"global": 64 * (64 + 128 + 192 + 256), "local": 64 * 64 + 3 * 64 * (64 + 3)}
     kept = [(dict(key), itemsize, count) for (key, itemsize), count in facts.saved[False].groups.items()
             if "causal_attention_weights" in dict(key)]
     assert sorted(k["causal_attention_weights"] for k, _, _ in kept) == sorted(expected.values())
