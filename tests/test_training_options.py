@@ -50,10 +50,11 @@ def test_a_step_in_micro_batches_equals_a_step_on_the_whole_batch(overrides):
         np.testing.assert_allclose(grads_b[name], grads_a[name], rtol=0, atol=1e-5, err_msg=name)
 
 
-def test_bfloat16_trains_close_to_float32():
-    fp32 = tiny_config(lr=1e-2)
+@pytest.mark.parametrize("n_ctx", [16, 256], ids=["ctx16", "ctx256-causal-blocks"])  # 256: blocked attention
+def test_bfloat16_trains_close_to_float32(n_ctx):
+    fp32 = tiny_config(lr=1e-2, n_ctx=n_ctx)
     bf16 = fp32.replace(precision="bfloat16")
-    pattern = (np.arange(2 * 4 * 17).reshape(2, 4, 17) % 7 + 1).astype(np.int32)
+    pattern = (np.arange(2 * 4 * (n_ctx + 1)).reshape(2, 4, n_ctx + 1) % 7 + 1).astype(np.int32)
     batches = [(w[:, :-1], w[:, 1:]) for w in pattern]
     a = run_training(fp32, batches, devices_for(fp32), steps=6)
     b = run_training(bf16, batches, devices_for(bf16), steps=6)
