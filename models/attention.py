@@ -220,8 +220,7 @@ def local_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
             attention_kernels.causal_blocks_pay(ctx.sequence.size, radius):
         return attention_kernels.causal_attention(q, k, v, ctx.sequence, ctx.sequence, ctx.kv, ctx.kv, radius)
     return attention_kernels.local_attention_1d(q, k, v, length_dim=ctx.sequence, key_dim=ctx.kv, value_dim=ctx.kv,
-                                                radius=ctx.cfg.local_attention_radius,
-                                                fully_autoregressive=ctx.causal,
+                                                radius=radius, fully_autoregressive=ctx.causal,
                                                 attention_kwargs=_mtf_attention_kwargs(ctx))
 
 

@@ -150,12 +150,12 @@ def collect(cfg: GPTConfig, recompute_flags: tuple = (False, True)) -> GraphFact
                 if id(t.operation) in forward_ids and not isinstance(t.operation, mtf.Variable):
                     read_by_backward[id(t)] = t
         tensors = TensorSet()
-        kept = [(shape, itemsize, op) for op in forward for shape, itemsize in getattr(op, "kept_for_backward", ())]
-        if flag:  # recomputed layers keep their ops' internal tensors only while one layer's backward runs
-            kept = []
+        # An op that keeps tensors of its own for its backward pass (models/kernels/attention.py's blocked attention:
+        # its softmax weights) lists their shapes as `kept_for_backward`; recomputed layers keep them only while
+        # one layer's backward runs, so only the graph without recompute counts them.
+        kept = [] if flag else [(shape, itemsize, op) for op in forward
+                                for shape, itemsize in getattr(op, "kept_for_backward", ())]
         kept += [(t.shape, _itemsize(t.dtype), t.operation) for t in read_by_backward.values()]
-        # (an op that keeps tensors of its own for its backward pass, such as models/kernels/attention.py's
-        # blocked attention with its softmax weights, lists their shapes as `kept_for_backward`)
         for shape, itemsize, op in kept:
             tensors.add(shape, itemsize)
             if not flag:
