@@ -33,12 +33,15 @@ def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
     return decayed
 
 
+def sum_of_squares(g: mtf.Tensor) -> mtf.Tensor:
+    """g's sum of squares as its dot product with itself: one matrix product, one read of g, where
+    square-then-sum writes a squared copy of it first."""
+    return matmul(g, g, mtf.Shape([]))
+
+
 def clipping_scale(grads: list, clip_norm: float) -> tuple[mtf.Tensor, mtf.Tensor]:
     """(the factor that clips `grads` to a global norm of at most clip_norm, their global norm)."""
-    # each gradient's sum of squares as its dot product with itself (one matrix product: one read of it, where
-    # square-then-sum writes a squared copy of every gradient first)
-    squares = [matmul(g, g, mtf.Shape([])) for g in grads if g is not None]
-    norm = mtf.sqrt(mtf.add_n(squares))
+    norm = mtf.sqrt(mtf.add_n([sum_of_squares(g) for g in grads if g is not None]))
     return clip_norm / mtf.maximum(norm, clip_norm), norm
 
 

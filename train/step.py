@@ -10,7 +10,7 @@ from config.schema import GPTConfig
 from models import gpt
 from runtime import meshes
 from train import loss_scale, objective
-from train.optimizer import apply_gradients, learning_rate, updates_then_step
+from train.optimizer import apply_gradients, learning_rate, sum_of_squares, updates_then_step
 
 
 def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
@@ -36,7 +36,7 @@ def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
                                         apply_if=finite)
     scalars = {"loss": losses.cross_entropy, "objective": losses.objective}
     if cfg.log_grads:  # the norms of the unclipped gradients, whose global norm is grad_norm
-        norms = {v.name: mtf.sqrt(mtf.reduce_sum(mtf.square(mtf.to_float(g)))) for v, g in zip(variables, grads)
+        norms = {v.name: mtf.sqrt(sum_of_squares(mtf.to_float(g))) for v, g in zip(variables, grads)
                  if g is not None}
         scalars.update({f"grad_norm/{name}": norm for name, norm in norms.items()})
         if grad_norm is None:  # clipping off: computed here
