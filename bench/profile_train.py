@@ -44,7 +44,7 @@ CATEGORIES = ("matmul: projections", "matmul: output logits (tied embedding)", "
               "optimizer (Adam, clipping)", "embedding gradient", "copies (transpose, reshape, cast, concat)",
               "other")
 MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "_MklMatMul", "_FusedMatMul",
-           "_MklBatchMatMulV2", "_MklEinsum", "_MklFusedBatchMatMulV2")
+           "_MklFusedMatMul", "_MklNativeFusedMatMul", "_MklBatchMatMulV2", "_MklEinsum", "_MklFusedBatchMatMulV2")
 COPIES = ("Transpose", "Reshape", "Cast", "ConcatV2", "Concat", "Slice", "StridedSlice", "Identity", "Pad", "_Send",
           "_Recv", "Pack", "Unpack", "Split", "SplitV", "Tile", "ExpandDims", "Squeeze")
 
