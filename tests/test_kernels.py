@@ -369,6 +369,32 @@ def test_layer_norm_matches_the_mtf_formula_with_gradients(mesh_shape, layout, l
         np.testing.assert_allclose(g, e, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,embd:y")])
+def test_layer_norm_in_bfloat16_computes_in_float32_on_whole_and_split_rows(mesh_shape, layout):
+    """bf16 activations and parameters: the statistics are fp32 on both paths (the fused kernel, and the
+    all-reduced moments where the layout splits embd), so values and gradients are fp32's rounded to bf16."""
+    rng = np.random.RandomState(6)
+    batch, seq, _, embd = dims(s=512)
+    values = [(2 * rng.randn(batch.size, seq.size, embd.size) + 1), rng.randn(embd.size), rng.randn(embd.size),
+              rng.randn(batch.size, seq.size, embd.size)]
+
+    def build(dtype):
+        def graph(mesh):
+            x, g, b, u = (mtf.import_tf_tensor(mesh, tf.constant(v.astype(np.float32)), shape)
+                          for v, shape in zip(values, [[batch, seq, embd], [embd], [embd], [batch, seq, embd]]))
+            x, g, b, u = (mtf.cast(t, dtype) for t in (x, g, b, u))
+            y = elementwise.layer_norm(x, g, b, 1e-5)
+            grads = mtf.gradients([mtf.reduce_sum(mtf.cast(y * u, tf.float32))], [x, g, b])
+            return [mtf.cast(t, tf.float32) for t in [y] + grads]
+        return graph
+
+    expected = run(build(tf.float32), "all:1", "")
+    got = run(build(tf.bfloat16), mesh_shape, layout)
+    for g, e in zip(got, expected):
+        scale = np.abs(e).max()
+        np.testing.assert_allclose(g / scale, e / scale, atol=2e-2)
+
+
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y")])
 def test_write_at_position_in_a_cache_laid_out_for_decoding(mesh_shape, layout):
     """The decoding cache is [batch, heads, memory, kv]: the write is at axis 2, one row per (batch, head)."""

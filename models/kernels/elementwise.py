@@ -54,52 +54,62 @@ def gelu(x: mtf.Tensor) -> mtf.Tensor:
 
 @tf.function(jit_compile=True)
 def _layer_norm_forward(x, g, b, epsilon):
+    """y, and each row's mean and 1/sqrt(var + eps) for the backward pass (which then reads x once instead of
+    three times: its moments were two more passes over x)."""
     dtype, x, g, b = x.dtype, f32(x), f32(g), f32(b)
-    xc = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-    return tf.cast(xc * tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon) * g + b, dtype)
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    xc = x - mean
+    r = tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon)
+    return tf.cast(xc * r * g + b, dtype), mean[..., 0], r[..., 0]
 
 
 @tf.function(jit_compile=True)
-def _layer_norm_backward_fused(x, g, dy, epsilon):
+def _layer_norm_backward_fused(x, g, dy, mean, r):
     dtype, x, g, dy = x.dtype, f32(x), f32(g), f32(dy)
-    xc = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-    r = tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon)
-    x_hat = xc * r
+    r = r[..., None]
+    x_hat = (x - mean[..., None]) * r
     d_hat = dy * g
     dx = r * (d_hat - tf.reduce_mean(d_hat, axis=-1, keepdims=True)
               - x_hat * tf.reduce_mean(d_hat * x_hat, axis=-1, keepdims=True))
     return tf.cast(dx, dtype), tf.cast(dy * x_hat, dtype)
 
 
-def _layer_norm_backward(x, g, dy, epsilon):
+def _layer_norm_backward(x, g, dy, mean, r):
     """dx, and dg / db summed over this slice's rows (the caller all-reduces them over the other devices). The
     row sums run outside XLA, as products with a row of ones (common.row_sums): XLA's and TF's own column
     reductions are slower on CPU."""
-    dx, dy_x_hat = fused(_layer_norm_backward_fused, x, g, dy, epsilon)
+    dx, dy_x_hat = fused(_layer_norm_backward_fused, x, g, dy, mean, r)
     return dx, tf.cast(row_sums(dy_x_hat), g.dtype), tf.cast(row_sums(dy), g.dtype)
 
 
 def _split_moments(mesh_impl, x, axis: int, size: int, epsilon: float):
-    """(x - mean, 1/sqrt(var + eps)) over a last dimension split along mesh axis `axis`, as laid-out tensors."""
-    total = mesh_impl.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_sum(t, -1, keepdims=True), x), [axis], "SUM")
-    xc = mesh_impl.slicewise(lambda t, s: t - s / size, x, total)
-    squares = mesh_impl.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_sum(t * t, -1, keepdims=True), xc), [axis],
-                                  "SUM")
-    return xc, mesh_impl.slicewise(lambda s: tf.math.rsqrt(s / size + epsilon), squares)
+    """Each row's mean and 1/sqrt(var + eps) over a last dimension split along mesh axis `axis`, as laid-out
+    tensors without that dimension."""
+    total = mesh_impl.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_sum(f32(t), -1), x), [axis], "SUM")
+    mean = mesh_impl.slicewise(lambda s: s / size, total)
+    squares = mesh_impl.allreduce(
+        mesh_impl.slicewise(lambda t, m: tf.reduce_sum(tf.square(f32(t) - m[..., None]), -1), x, mean), [axis],
+        "SUM")
+    return mean, mesh_impl.slicewise(lambda s: tf.math.rsqrt(s / size + epsilon), squares)
 
 
 class LayerNormOperation(mtf.Operation):
     """(x - mean) / sqrt(var + eps) * g + b over x's last dimension, as one XLA-fused pass per slice; when the
-    layout splits that dimension, the means are all-reduced across it."""
+    layout splits that dimension, the means are all-reduced across it. Its second and third outputs are each
+    row's mean and 1/sqrt(var + eps), which the gradient reads instead of recomputing them (tiny: one value per
+    row)."""
 
     def __init__(self, x: mtf.Tensor, g: mtf.Tensor, b: mtf.Tensor, epsilon: float):
         super().__init__([x, g, b], name="layer_norm")
         self._epsilon = epsilon
-        self._outputs = [mtf.Tensor(self, x.shape, x.dtype)]
+        rows = x.shape - x.shape.dims[-1]
+        self._outputs = [mtf.Tensor(self, x.shape, x.dtype), mtf.Tensor(self, rows, tf.float32),
+                         mtf.Tensor(self, rows, tf.float32)]
 
     def gradient(self, grad_ys):
         x, g, _ = self.inputs
-        dx, dg, db = LayerNormGradOperation(x, g, grad_ys[0], self._epsilon).outputs
+        _, mean, r = self.outputs
+        dx, dg, db = LayerNormGradOperation(x, g, grad_ys[0], mean, r).outputs
         return [dx, dg, db]
 
     def lower(self, lowering):
@@ -109,43 +119,45 @@ class LayerNormOperation(mtf.Operation):
         axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
         eps = self._epsilon
         if axis is None:
-            y = mesh_impl.slicewise(lambda x_, g_, b_: fused(_layer_norm_forward, x_, g_, b_, eps), x, g, b)
+            y, mean, r = mesh_impl.slicewise(lambda x_, g_, b_: fused(_layer_norm_forward, x_, g_, b_, eps), x, g, b)
         else:
-            xc, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
-            y = mesh_impl.slicewise(lambda c, r_, g_, b_: c * r_ * g_ + b_, xc, r, g, b)
-        lowering.set_tensor_lowering(self.outputs[0], y)
+            mean, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
+            def normalized(x_, m, r_, g_, b_):
+                return tf.cast((f32(x_) - m[..., None]) * r_[..., None] * f32(g_) + f32(b_), x_.dtype)
+
+            y = mesh_impl.slicewise(normalized, x, mean, r, g, b)
+        for output, value in zip(self.outputs, (y, mean, r)):
+            lowering.set_tensor_lowering(output, value)
 
 
 class LayerNormGradOperation(mtf.Operation):
-    def __init__(self, x: mtf.Tensor, g: mtf.Tensor, dy: mtf.Tensor, epsilon: float):
-        super().__init__([x, g, dy], name="layer_norm_grad")
-        self._epsilon = epsilon
+    def __init__(self, x: mtf.Tensor, g: mtf.Tensor, dy: mtf.Tensor, mean: mtf.Tensor, r: mtf.Tensor):
+        super().__init__([x, g, dy, mean, r], name="layer_norm_grad")
         self._outputs = [mtf.Tensor(self, x.shape, x.dtype), mtf.Tensor(self, g.shape, g.dtype),
                          mtf.Tensor(self, g.shape, g.dtype)]
 
     def lower(self, lowering):
         mesh_impl = lowering.mesh_impl(self)
         x_shape = self.inputs[0].shape
-        x, g, dy = (lowering.tensors[t] for t in self.inputs)
+        x, g, dy, mean, r = (lowering.tensors[t] for t in self.inputs)
         dim = x_shape.dims[-1]
         axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
-        eps = self._epsilon
         if axis is None:
-            dx, dg, db = mesh_impl.slicewise(lambda x_, g_, dy_: _layer_norm_backward(x_, g_, dy_, eps), x, g, dy)
+            dx, dg, db = mesh_impl.slicewise(_layer_norm_backward, x, g, dy, mean, r)
         else:
-            xc, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
-            x_hat = mesh_impl.slicewise(lambda c, r_: c * r_, xc, r)
-            d_hat = mesh_impl.slicewise(lambda d, g_: d * g_, dy, g)
+            x_hat = mesh_impl.slicewise(lambda x_, m, r_: (f32(x_) - m[..., None]) * r_[..., None], x, mean, r)
+            d_hat = mesh_impl.slicewise(lambda d, g_: f32(d) * f32(g_), dy, g)
             mean_d = mesh_impl.allreduce(mesh_impl.slicewise(lambda d: tf.reduce_sum(d, -1, keepdims=True), d_hat),
                                          [axis], "SUM")
             mean_dx = mesh_impl.allreduce(
                 mesh_impl.slicewise(lambda d, h: tf.reduce_sum(d * h, -1, keepdims=True), d_hat, x_hat), [axis], "SUM")
             n = dim.size
-            dx = mesh_impl.slicewise(lambda r_, d, h, m1, m2: r_ * (d - m1 / n - h * (m2 / n)), r, d_hat, x_hat,
-                                     mean_d, mean_dx)
+            x_dtype, g_dtype = self.inputs[0].dtype, self.inputs[1].dtype
+            dx = mesh_impl.slicewise(lambda r_, d, h, m1, m2: tf.cast(r_[..., None] * (d - m1 / n - h * (m2 / n)),
+                                                                      x_dtype), r, d_hat, x_hat, mean_d, mean_dx)
             rows = list(range(x_shape.ndims - 1))
-            dg = mesh_impl.slicewise(lambda d, h: tf.reduce_sum(d * h, axis=rows), dy, x_hat)
-            db = mesh_impl.slicewise(lambda d: tf.reduce_sum(d, axis=rows), dy)
+            dg = mesh_impl.slicewise(lambda d, h: tf.cast(tf.reduce_sum(f32(d) * h, axis=rows), g_dtype), dy, x_hat)
+            db = mesh_impl.slicewise(lambda d: tf.cast(tf.reduce_sum(f32(d), axis=rows), g_dtype), dy)
         row_axes = reduced_mesh_axes(mesh_impl, x_shape.dims[:-1])
         if row_axes:  # each device summed its own rows
             dg = mtf.LazyAllreduceSum(mesh_impl, dg, row_axes)
