@@ -122,6 +122,7 @@ class LayerNormOperation(mtf.Operation):
             y, mean, r = mesh_impl.slicewise(lambda x_, g_, b_: fused(_layer_norm_forward, x_, g_, b_, eps), x, g, b)
         else:
             mean, r = _split_moments(mesh_impl, x, axis, dim.size, eps)
+
             def normalized(x_, m, r_, g_, b_):
                 return tf.cast((f32(x_) - m[..., None]) * r_[..., None] * f32(g_) + f32(b_), x_.dtype)
 
