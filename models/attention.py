@@ -26,7 +26,7 @@ from config.schema import ConfigError, GPTConfig, closest, dimension_is_split
 from models.embeddings import rotary
 from models.kernels import attention as attention_kernels
 from models.kernels.attention import local_attention_blocks
-from models.kernels.matmul import matmul, stacked_matmul
+from models.kernels.matmul import bias_add, matmul, stacked_matmul
 from models.layers import dropout, variable
 
 FULL_RECOMPUTE = "full recompute"  # decode_window of a type without an incremental (kv-cache) path
@@ -373,7 +373,7 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
                 a = ATTENTION[attention_type].fn(q, k, v, ctx)
         a = mtf.replace_dimensions(attention_kernels.laid_out(a, [d for d in a.shape.dims if d not in (heads, kv)]
                                                              + [heads, kv]), [heads, kv], combined)
+        out = matmul(a, wo, [d for d in a.shape.dims if d != combined] + [embd])
         with tf.variable_scope("compute_output_bias"):
-            o_b = variable(x.mesh, "o_b", [embd], dtype, constant=0.0)
-        out = matmul(a, wo, [d for d in a.shape.dims if d != combined] + [embd], bias=o_b)
+            out = bias_add(out, variable(x.mesh, "o_b", [embd], dtype, constant=0.0))
         return dropout(out, cfg.res_dropout, train)

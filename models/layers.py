@@ -13,7 +13,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models.kernels import elementwise
-from models.kernels.matmul import matmul
+from models.kernels.matmul import bias_add, matmul
 from models.activations import activation_for
 from config.schema import GPTConfig
 
@@ -95,8 +95,8 @@ def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension | list, cfg: GPTConf
     with tf.variable_scope("conv1d_main"), tf.variable_scope(scope):
         # mtf.layers.dense's variables (kernel [in, new...], bias [new...]), its product as one matmul
         kernel = variable(x.mesh, "kernel", [x.shape[-1]] + new_dims, dtype, stddev=stddev, seed=cfg.seed)
-        bias = variable(x.mesh, "bias", new_dims, dtype, constant=0.0)
-        return matmul(x, mtf.cast(kernel, x.dtype), x.shape.dims[:-1] + new_dims, bias=bias)
+        y = matmul(x, mtf.cast(kernel, x.dtype), x.shape.dims[:-1] + new_dims)
+        return bias_add(y, variable(x.mesh, "bias", new_dims, dtype, constant=0.0))
 
 
 def mlp(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType, train: bool) -> mtf.Tensor:

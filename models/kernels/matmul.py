@@ -39,64 +39,34 @@ class MatmulOperation(mtf.Operation):
     """mtf.einsum([a, b], output_shape) when it is one matrix product (`_matmul_plan`): a reshape of each slice
     to 2-D and one tf.matmul with transpose flags, summed over the mesh axes that split the contracted
     dimensions. TF's einsum (oneDNN's on x86) takes about twice as long for the same product on CPU: 2x for
-    decoding's matrix-vector products (bench/bench_decode.py).
+    decoding's matrix-vector products (bench/bench_decode.py)."""
 
-    With a `bias` over the product's columns (`_bias_fits`), it adds it as tf.nn.bias_add on the 2-D product,
-    which TF's graph optimizer folds into the matmul (oneDNN's _MklFusedMatMul adds it while writing the
-    output): a separate add was one more pass over the output, 0.6 ms for the MLP's [2048, 2048] on a 2-core
-    AVX2 CPU. The bias gradient is dy's row sums, a product with a row of ones (common.row_sums' reason)."""
-
-    def __init__(self, a: mtf.Tensor, b: mtf.Tensor, output_shape: mtf.Shape, bias: mtf.Tensor | None = None,
-                 name=None):
-        super().__init__([a, b] + ([] if bias is None else [bias]), name=name or "matmul")
+    def __init__(self, a: mtf.Tensor, b: mtf.Tensor, output_shape: mtf.Shape, name=None):
+        super().__init__([a, b], name=name or "matmul")
         self._plan = _matmul_plan(a.shape.dims, b.shape.dims, output_shape.dims)
         if self._plan is None or a.dtype != b.dtype:
             raise ValueError(f"{a.shape} x {b.shape} -> {output_shape} is not one matrix product of equal dtypes")
-        if bias is not None and not _bias_fits(self._plan, output_shape, bias, a.dtype):
-            raise ValueError(f"bias {bias.shape} is not the columns of {a.shape} x {b.shape} -> {output_shape}")
         self._outputs = [mtf.Tensor(self, output_shape, a.dtype)]
 
     def gradient(self, grad_ys):
         dy = grad_ys[0]
-        a, b = self.inputs[:2]
-        grads = [matmul(dy, b, a.shape), matmul(a, dy, b.shape)]
-        if len(self.inputs) == 3:
-            grads.append(_bias_gradient(dy, self.inputs[2]))
-        return grads
+        a, b = self.inputs
+        return [matmul(dy, b, a.shape), matmul(a, dy, b.shape)]
 
     def lower(self, lowering):
-        a, b = self.inputs[:2]
-        bias = lowering.tensors[self.inputs[2]] if len(self.inputs) == 3 else None
-        _lower_product(self, lowering, self._plan, a.shape, b.shape, lowering.tensors[a], lowering.tensors[b], bias)
-
-
-def _bias_fits(plan, output_shape: mtf.Shape, bias: mtf.Tensor, dtype) -> bool:
-    """Whether `bias` is exactly the columns of the 2-D product `plan` computes (its output's trailing free
-    dimensions of the second operand), so that it is added to that product."""
-    n_free_b = plan[4]
-    return (bias.dtype == dtype and bias.shape.ndims == n_free_b
-            and output_shape.dims[output_shape.ndims - n_free_b:] == bias.shape.dims)
-
-
-def _bias_gradient(dy: mtf.Tensor, bias: mtf.Tensor) -> mtf.Tensor:
-    """dy summed over every dimension but the bias's: a product with a row of ones (MatmulOperation, all-reduced
-    where the layout splits the summed dimensions): TF's column reduction of the MLP's [tokens, 4 x embd] gradient
-    was 7x slower on a 2-core AVX2 CPU (models/kernels/common.row_sums)."""
-    summed = [d for d in dy.shape.dims if d not in bias.shape.dims]
-    return matmul(mtf.ones(dy.mesh, summed, dy.dtype), dy, bias.shape)
+        a, b = self.inputs
+        _lower_product(self, lowering, self._plan, a.shape, b.shape, lowering.tensors[a], lowering.tensors[b])
 
 
 def _lower_product(op: mtf.Operation, lowering, plan, a_shape: mtf.Shape, b_shape: mtf.Shape, a_laid_out,
-                   b_laid_out, bias_laid_out=None) -> None:
+                   b_laid_out) -> None:
     """Lowers op's output as the product `plan` of two laid-out tensors: one tf.matmul per device on 2-D
-    reshapes, summed over the mesh axes that split the contracted dimensions, plus the bias over its columns if
-    one is given (added to each device's product, or after the sum where there is one)."""
+    reshapes, summed over the mesh axes that split the contracted dimensions."""
     mesh_impl = lowering.mesh_impl(op)
     swap, transpose_a, transpose_b, n_free_a, n_free_b = plan
     out_shape = mesh_impl.slice_shape(op.outputs[0].shape)
-    axes = reduced_mesh_axes(mesh_impl, [d for d in a_shape.dims if d in b_shape.dims])
 
-    def product(a, b, bias=None):
+    def product(a, b):
         if swap:
             a, b = b, a
         a_dims, b_dims = a.shape.as_list(), b.shape.as_list()
@@ -104,19 +74,12 @@ def _lower_product(op: mtf.Operation, lowering, plan, a_shape: mtf.Shape, b_shap
         n = math.prod(b_dims[:n_free_b] if transpose_b else b_dims[len(b_dims) - n_free_b:])
         a2 = tf.reshape(a, [-1, m] if transpose_a else [m, -1])
         b2 = tf.reshape(b, [n, -1] if transpose_b else [-1, n])
-        y2 = tf.matmul(a2, b2, transpose_a=transpose_a, transpose_b=transpose_b)
-        if bias is not None:
-            y2 = tf.nn.bias_add(y2, tf.reshape(bias, [-1]))
-        return tf.reshape(y2, out_shape)
+        return tf.reshape(tf.matmul(a2, b2, transpose_a=transpose_a, transpose_b=transpose_b), out_shape)
 
-    if bias_laid_out is None or axes:
-        y = mesh_impl.slicewise(product, a_laid_out, b_laid_out)
-    else:
-        y = mesh_impl.slicewise(product, a_laid_out, b_laid_out, bias_laid_out)
+    y = mesh_impl.slicewise(product, a_laid_out, b_laid_out)
+    axes = reduced_mesh_axes(mesh_impl, [d for d in a_shape.dims if d in b_shape.dims])
     if axes:
         y = mtf.LazyAllreduceSum(mesh_impl, y, axes)
-        if bias_laid_out is not None:
-            y = mesh_impl.slicewise(lambda y_, b_: y_ + b_, y, bias_laid_out)
     lowering.set_tensor_lowering(op.outputs[0], y)
 
 
@@ -158,29 +121,26 @@ def stacked_matmul(x: mtf.Tensor, weights: list, stacked_dim: mtf.Dimension, out
     return StackedMatmulOperation(x, weights, stacked_dim, mtf.convert_to_shape(output_shape)).outputs[0]
 
 
-def matmul(a: mtf.Tensor, b: mtf.Tensor, output_shape, bias: mtf.Tensor | None = None) -> mtf.Tensor:
-    """mtf.einsum([a, b], output_shape) (+ bias, whose dimensions are the output's last ones): as one tf.matmul
-    per device where it is a single matrix product (the projections of every layer and the output layer), with
-    the bias added in the same op where it is the product's columns (MatmulOperation); else mtf.einsum itself."""
+def matmul(a: mtf.Tensor, b: mtf.Tensor, output_shape) -> mtf.Tensor:
+    """mtf.einsum([a, b], output_shape): as one tf.matmul per device where it is a single matrix product (the
+    projections of every layer and the output layer), else mtf.einsum itself."""
     output_shape = mtf.convert_to_shape(output_shape)
     if a.dtype != b.dtype or _matmul_plan(a.shape.dims, b.shape.dims, output_shape.dims) is None:
-        y = mtf.einsum([a, b], output_shape=output_shape)
-    elif bias is not None and _bias_fits(_matmul_plan(a.shape.dims, b.shape.dims, output_shape.dims),
-                                         output_shape, bias, a.dtype):
-        return MatmulOperation(a, b, output_shape, bias).outputs[0]
-    else:
-        y = MatmulOperation(a, b, output_shape).outputs[0]
-    return y if bias is None else bias_add(y, bias)
+        return mtf.einsum([a, b], output_shape=output_shape)
+    return MatmulOperation(a, b, output_shape).outputs[0]
 
 
 def bias_add(y: mtf.Tensor, bias: mtf.Tensor) -> mtf.Tensor:
-    """y + bias, where bias's dimensions are y's last ones; the bias gradient is `_bias_gradient`'s product."""
+    """y + bias, where bias's dimensions are y's last ones; the bias gradient (dy summed over the other
+    dimensions) is a product with a row of ones (MatmulOperation, all-reduced where the layout splits those
+    dimensions): TF's column reduction of the MLP's [tokens, 4 x embd] gradient was 7x slower on a 2-core AVX2
+    CPU (models/kernels/common.row_sums)."""
     summed = y.shape.dims[:y.shape.ndims - bias.shape.ndims]
     if not summed or y.shape.dims[len(summed):] != bias.shape.dims or y.dtype != bias.dtype:
         return y + bias
 
     def grad_function(op, dy):
-        return [dy, _bias_gradient(dy, bias)]
+        return [dy, matmul(mtf.ones(dy.mesh, summed, dy.dtype), dy, bias.shape)]
 
     return mtf.slicewise(lambda y_, b_: y_ + b_, [y, bias], output_shape=y.shape, output_dtype=y.dtype,
                          splittable_dims=y.shape.dims, grad_function=grad_function, name="bias_add")
