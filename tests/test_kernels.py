@@ -384,14 +384,14 @@ def test_write_at_position_in_a_cache_laid_out_for_decoding(mesh_shape, layout):
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y"),
                                                ("x:2", "memory_length:x"), ("x:2", "features_per_head:x")])
 def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_shape, layout, memory_size, window,
-                                                                          steps):
+                                                                          steps, kernel_path):
     """A decoding step against [batch, heads, memory, kv] caches: the caches come back with this token's key and
     value at the position, and the output is mesh-tensorflow's attention over the written caches. A layout that
     splits memory or kv takes mtf's path, the others the in-place writes and batched products; several steps
     in a row check that each step's writes land in the caches the next step reads. With a local window only the
     last `window` positions are visible (and read: the window is clipped at both ends of the cache); global
     attention reads a prefix of whole blocks while it is at most half the cache (512: positions 5 and 255), then
-    all of it."""
+    all of it. The attention over the written caches runs XLA-compiled and as plain TF ops (`kernel_path`)."""
     import mesh_tensorflow.transformer.attention as mtf_attention
     rng = np.random.RandomState(7)
     batch, heads, memory, kv = (mtf.Dimension("batch", 2), mtf.Dimension("heads", 4),

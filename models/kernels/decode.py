@@ -11,6 +11,8 @@ import mesh_tensorflow as mtf
 import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
+from models.kernels.common import compiled
+
 
 class WriteAtPositionOperation(mtf.Operation):
     """cache [lead..., memory, rest...] with cache[..., position, ...] = value [lead..., rest...], by a scatter of
@@ -84,6 +86,12 @@ def _attend_one_query(q, k_cache, v_cache, bias, position, window=None):
     return tf.ensure_shape(out, q.shape)
 
 
+# One XLA launch for the slices, products and softmax: about a dozen small TF ops per layer and token, whose
+# dispatch (oneDNN's above all, for [heads, 1, kv] products) cost more than the reads. 1.9 of 7.4 ms a token
+# went to attention at prompt 16 on a 2-core AVX2 CPU (bench/bench_decode.py's model); compiled, 1.4.
+_attend_one_query_compiled = tf.function(_attend_one_query, jit_compile=True)
+
+
 def _write_row_in_place(cache, value, position):
     """cache [lead..., memory, kv] with row `position` of every [memory, kv] block set to value [lead..., kv],
     written into cache's own buffer (InplaceUpdate aliases its input; see DecodeStepAttentionOperation)."""
@@ -118,7 +126,7 @@ class DecodeStepAttentionOperation(mtf.Operation):
         def step(q, k, v, k_cache, v_cache, bias, position):
             k_cache = _write_row_in_place(k_cache, k, position)
             v_cache = _write_row_in_place(v_cache, v, position)
-            out = _attend_one_query(q, k_cache, v_cache, bias, position, self._window)
+            out = compiled(_attend_one_query_compiled, q, k_cache, v_cache, bias, position, self._window)
             with tf.control_dependencies([out]):
                 return out, tf.identity(k_cache), tf.identity(v_cache)
 
