@@ -74,7 +74,8 @@ def worker_ours(args, names: list | None = None) -> dict:
             placement = devices.Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
             mesh, impl = meshes.placement_mesh(cfg, placement)
             lowered = outputs.predictions(cfg, mesh, impl, {"tokens": tokens, "prompt_length": length}, options)
-        session = MeshSession(graph, lowered.lowering, "", session_config(placement), checkpoint=None)
+        session = MeshSession(graph, lowered.lowering, "", session_config(placement, inference=True),
+                              checkpoint=None)
         sessions[new] = (session, lowered.outputs["tokens"], tokens, length)
 
     rng = np.random.RandomState(0)

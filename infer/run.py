@@ -37,7 +37,8 @@ def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
     if progress and len(batches) > 1:
         batches = tqdm(batches, unit="batch", desc="predict", dynamic_ncols=True)
     results = []
-    with open_session(placement, graph, lowered.lowering, checkpoint, slot_patterns()) as session:
+    with open_session(placement, graph, lowered.lowering, checkpoint, slot_patterns(),
+                      inference=True) as session:
         for first in batches:
             batch = {feeds[name]: padded_batch(value[first:first + batch_size], batch_size) for name, value in rows.items()}
             out = session.run(lowered.outputs, feed_dict=batch)

@@ -1,6 +1,6 @@
 """runtime/gpus.py on CPU: the start-up decisions over fake facts (what is missing, how to fix it), the start-up
-line, memory settings, the fused kernels' path, and the placement listing (a real session: ops requested on a GPU
-that ran on the CPU). tests/test_gpu.py runs the GPU paths where a GPU is visible."""
+line, memory settings, the sessions' options, the fused kernels' path, and the placement listing (a real session:
+ops requested on a GPU that ran on the CPU). tests/test_gpu.py runs the GPU paths where a GPU is visible."""
 import json
 
 import argparse
@@ -9,12 +9,15 @@ import dataclasses
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 from conftest import CPU_DEVICES
+from infer import run
 from models.kernels import common
 from runtime import gpus
 from runtime.devices import DeviceError, Placement
 from runtime.mesh_session import session_config
+from tiny import placement_for, tiny_config
 
 H100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0))
 T4 = gpus.Gpu(1, "Tesla T4", (7, 5))
@@ -101,6 +104,34 @@ def test_sessions_see_only_the_configured_gpus_with_their_memory_setting(monkeyp
     assert config.gpu_options.per_process_gpu_memory_fraction == pytest.approx(0.9)
     remote = session_config(Placement(devices=("/job:worker/task:1/device:GPU:0",), master="grpc://h:1"))
     assert not remote.gpu_options.visible_device_list and "GPU" not in remote.device_count
+
+
+def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypatch):
+    """Predict's sessions on CPUs keep the remapper off (its fused matmul + bias kernel is slower for decoding's
+    matrix-vector products); training's keep TF's default, and so do GPUs."""
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
+    assert session_config(cpus, inference=True).graph_options.rewrite_options.remapping == off
+    assert session_config(cpus).graph_options.rewrite_options.remapping != off
+    names = ("/device:GPU:0",)
+    on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
+    assert session_config(on_gpu, inference=True).graph_options.rewrite_options.remapping != off
+    opened = []
+    monkeypatch.setattr(run, "open_session", lambda *args, **kwargs: opened.append(kwargs) or _Refused())
+    with pytest.raises(_Refused):
+        cfg = tiny_config()
+        run.predict(cfg, placement_for(cfg), {"tokens": np.zeros([1, cfg.n_ctx], np.int32)}, 1)
+    assert opened == [{"inference": True}]
+
+
+class _Refused(Exception):
+    """Stands in for the session predict() opens: entering it ends the call."""
+
+    def __enter__(self):
+        raise self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def test_start_up_line_names_each_gpu_its_capability_and_memory():
