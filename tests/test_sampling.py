@@ -7,7 +7,8 @@ import pytest
 from config.schema import option
 from models.attention import ATTENTION, FULL_RECOMPUTE
 from models.sampling import SamplingOptions, incremental_unsupported, uses_cache
-from tiny import compute_logits, devices_for, random_tokens, run_predict, tiny_config, train
+from tiny import (checkpoint_of_order_one_weights, compute_logits, devices_for, random_tokens, run_predict,
+                  tiny_config, train)
 
 PADDING = 0
 MAX_NEW = 6
@@ -74,6 +75,27 @@ def test_kv_cache_gives_the_same_tokens_as_full_recompute(cfg, rows, greedy, sam
     for row, p, n, prompt in zip(cached[0], lengths, cached[1], tokens):
         np.testing.assert_array_equal(row[:p], prompt[:p])
         assert (row[n:] == PADDING).all()
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "memory_length:x")])
+def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_decides_them(tmp_path, mesh_shape,
+                                                                                         layout):
+    """A cached step that masks a layer wrongly (a local layer seeing past its window, a global one held to it:
+    the visibility bias of one window handed to a layer of the other) gives other tokens than recomputing the
+    whole context, where the weights are of order one and the draw is at a high temperature, so that the tokens
+    follow the logits' shifts (greedy tokens at these weights settle on one token; at the initial weights, std
+    0.02, the tests above do not tell). Local layers come first, so a global layer handed their bias is held to
+    the window; with the cache's memory split the step takes mtf's attention, where the bias alone sets the
+    window (the in-place path reads only the window's rows)."""
+    cfg = tiny_config(n_layer=4, attention_types=[[["local", "global"], 2]], local_attention_radius=3,
+                      mesh_shape=mesh_shape, layout=layout)
+    checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path / "model.ckpt-1"))
+    tokens, lengths = prompts(cfg, lengths=(2, 5, 8, 1, 3, 4, 6, 2), seed=3)
+    draw = dict(checkpoint=checkpoint, temperature=8.0, max_new_tokens=cfg.n_ctx, seeds=np.arange(8))
+    cached = sample(cfg, tokens, lengths, **draw)
+    full = sample(cfg, tokens, lengths, incremental=False, **draw)
+    np.testing.assert_array_equal(cached[1], cfg.n_ctx)
+    np.testing.assert_array_equal(cached[0], full[0])
 
 
 def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, sampled):

@@ -163,3 +163,32 @@ def run_predict(cfg: GPTConfig, features: dict, devices: list[str], checkpoint: 
     """infer/outputs.py's outputs for numpy features (one batch of all their rows), through infer/run.py's predict."""
     rows = len(next(iter(features.values())))
     return predict(cfg, Placement(devices=tuple(devices)), features, rows, checkpoint, options)
+
+
+def checkpoint_of_order_one_weights(cfg, prefix, seed=0) -> str:
+    """A checkpoint of cfg's model (GPT-Neo's variable names) whose activations are of order 1 everywhere: at
+    the initial weights (std 0.02) GELU's inputs are ~0.1, where its cubic term is ~1e-4 of the output and an
+    activation constant off by a third changes the logits less than float32 rounding does."""
+    rng = np.random.RandomState(seed)
+    d, vocab = cfg.n_embd, cfg.n_vocab
+    shapes = {"gpt2/wte": ([vocab, d], 1.0), "gpt2/wpe": ([cfg.n_ctx, d], 1.0), "gpt2/ln_f/g": ([d], None),
+              "gpt2/ln_f/b": ([d], 0.3)}
+    for i in range(cfg.n_layer):
+        layer = f"gpt2/h{i}/"
+        shapes.update({layer + "norm_1/g": ([d], None), layer + "norm_1/b": ([d], 0.3),
+                       layer + "norm_2/g": ([d], None), layer + "norm_2/b": ([d], 0.3),
+                       layer + "attn/compute_output_bias/o_b": ([d], 0.3),
+                       layer + "mlp/conv1d_main/c_fc/kernel": ([d, 4 * d], 1.5 / np.sqrt(d)),  # GELU inputs ~1.5
+                       layer + "mlp/conv1d_main/c_fc/bias": ([4 * d], 0.3),
+                       layer + "mlp/conv1d_main/c_proj/kernel": ([4 * d, d], 1.0 / np.sqrt(4 * d)),
+                       layer + "mlp/conv1d_main/c_proj/bias": ([d], 0.3)})
+        shapes.update({layer + f"attn/{w}": ([d, d], 0.7 / np.sqrt(d)) for w in "qkvo"})
+    graph = tf.Graph()
+    with graph.as_default():
+        for name, (shape, std) in shapes.items():
+            value = 1.0 + 0.3 * rng.randn(*shape) if std is None else std * rng.randn(*shape)  # gains around 1
+            tf.Variable(value.astype(np.float32), name=name)
+        tf.Variable(np.int64(1), name="global_step")
+        with tf.Session(graph=graph) as session:
+            session.run(tf.global_variables_initializer())
+            return tf.train.Saver().save(session, prefix)
