@@ -93,7 +93,7 @@ def runtime_defaults(environ=os.environ, tpu_device_files: int | None = None, sy
       itself only on CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX (tensorflow/core/util/util.cc,
       IsMKLEnabled); elsewhere (AVX2 CPUs: most AMD EPYC and older Xeon VMs, laptops) its fp32 matmuls take
       Eigen's kernels, which ran this model's products with 2048- and 8192-column outputs at 40-70% of the rate
-      oneDNN reaches, and training 1.3x slower (2-core AMD EPYC, AVX2; README "Measured").
+      oneDNN reaches, and training 1.3x slower (2-core AMD EPYC, AVX2; docs/measured.md, "What each change gave").
     * CUDA_CACHE_MAXSIZE: on a GPU whose compute capability this TensorFlow build has no SASS for (e.g. an H100
       with TF's compute_90 PTX), the driver JIT-compiles TF's kernels at start, for minutes; CUDA's default
       256 MiB cache cannot keep them, and every new process would compile again.

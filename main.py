@@ -4,7 +4,8 @@
     python main.py --model default --predict --prompt p.txt
     python main.py --model colab_XL --gpu_ids device:GPU:0
 
-Run `python main.py --help` for every flag; README.md explains configs, datasets and meshes.
+Run `python main.py --help` for every flag; docs/training.md explains them, and docs/configs.md, docs/data.md
+and docs/devices.md configs, datasets and meshes.
 """
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -
         known = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".json")) \
             if os.path.isdir(config_dir) else []
         raise ConfigError(f"dataset {dataset_id!r} has no config at {path}: register it there "
-                          f"(see README, 'Registering a dataset'){closest(dataset_id, known)}")
+                          f"(see docs/data.md, 'Registering a dataset'){closest(dataset_id, known)}")
     raw = read_json(path, "dataset config")
     known_keys = {f.name for f in dataclasses.fields(DatasetConfig)} - {"id"}
     for key in raw:
@@ -126,7 +126,7 @@ def _predict_max_steps(value: Any) -> Optional[int]:
 
 # Keys that name a setting of GPTConfig another way: key -> (field, the field's value for the key's value). The
 # reference's aliases, and GPT-Neo's slow_sampling (its sampler without the key/value cache) and
-# predict_max_steps (its cap on new tokens, 0 or null for none). README, "Parameter reference".
+# predict_max_steps (its cap on new tokens, 0 or null for none). docs/configs.md, "Parameter reference".
 SYNONYMS = {**{key: (name, lambda value: value) for key, name in ALIASES.items()},
             "slow_sampling": ("kv_cache", lambda value: not check_type("slow_sampling", value, bool)),
             "predict_max_steps": ("max_new_tokens", _predict_max_steps)}

@@ -80,7 +80,7 @@ class GPTConfig:
     z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
     model: str = "GPT"
 
-    # Model options (README, "Model options"). Their defaults are the plain GPT above; a new one is declared
+    # Model options (docs/models.md, "Model options"). Their defaults are the plain GPT above; a new one is declared
     # with option(), which is how incremental decoding and the HF converter know it changes the model.
     mlp_glu: bool = option(False)                # gated feed-forward: act(gate) * up
     scalenorm: bool = option(False)              # pre-norms with one scalar gain instead of LayerNorm's gain and bias

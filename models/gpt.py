@@ -1,8 +1,8 @@
 """The GPT model: token + learned position embeddings, pre-LayerNorm blocks, final LayerNorm, tied output.
 
-Variables live under `gpt2/` with GPT-Neo's names and shapes (see README, "Checkpoints"), so GPT-Neo's
+Variables live under `gpt2/` with GPT-Neo's names and shapes (see docs/checkpoints.md, "Variable names and shapes"), so GPT-Neo's
 released checkpoints load into this model and HF transformers' `load_tf_weights_in_gpt_neo` reads ours.
-The model options (README, "Model options") change pieces of this: the position embedding
+The model options (docs/models.md, "Model options") change pieces of this: the position embedding
 (models/embeddings.py), the norms and the feed-forward (models/layers.py, models/moe.py), the attention
 of each layer (models/attention.py), the output projection and the loss (here).
 """

@@ -1,7 +1,7 @@
 """The training precision for the device at hand: bfloat16 on a CPU only where it has bf16 matrix units.
 
 On a CPU without them (AVX2, or AVX-512 without AVX512_BF16) TensorFlow converts bf16 to fp32 around every
-matmul and bf16 training runs at about 0.55-0.6x fp32's speed (README, "Measured"); with them (AVX512_BF16,
+matmul and bf16 training runs at about 0.55-0.6x fp32's speed (docs/measured.md, "bf16 against fp32 on CPUs"); with them (AVX512_BF16,
 AMX-BF16, Arm's BF16 extension) oneDNN's bf16 matmuls reach about twice the fp32 peak and bf16 trains ~1.6x
 faster. So:
 

@@ -13,8 +13,8 @@ traceback, a session that waits for minutes on an address nobody answers). Here 
   (cloud-tpu-client, google-api-python-client, oauth2client) and the VM's metadata server.
 * `colab`: Colab's TPU: the TPU Node in COLAB_TPU_ADDR where Colab sets it, else this runtime's own TPU (local).
 
-Only the TPU generations whose TensorFlow runtime runs session-style replicated programs are accepted (README,
-"TPUs"): v2, v3 and v4 with the stream-executor runtime. v5e, v5p and v6e run TensorFlow only through PJRT.
+Only the TPU generations whose TensorFlow runtime runs session-style replicated programs are accepted (docs/tpus.md,
+"Which TPUs"): v2, v3 and v4 with the stream-executor runtime. v5e, v5p and v6e run TensorFlow only through PJRT.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def generation_problem(accelerator_type: Optional[str]) -> Optional[str]:
     if not match or match.group(1) in SUPPORTED_GENERATIONS:
         return None
     return (f"this TPU is a {accelerator_type}: TensorFlow runs on TPU {match.group(1)} only through the PJRT runtime, "
-            f"which does not run this project's session-style replicated programs (README, \"TPUs\"): use a TPU VM "
+            f"which does not run this project's session-style replicated programs (docs/tpus.md, \"Which TPUs\"): use a TPU VM "
             f"of generation v2, v3 or v4 (e.g. v4-8) with its stream-executor TensorFlow runtime")
 
 

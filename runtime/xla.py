@@ -1,4 +1,4 @@
-"""XLA element-wise fusion (`--xla`; see README, "Training and decoding speed").
+"""XLA element-wise fusion (`--xla`; see docs/speed.md).
 
 TensorFlow's auto-clustering compiles the runs of element-wise ops between matmuls
 (layer norm, GELU, softmax, bias and residual adds, the optimizer's update) into fused XLA kernels, while the

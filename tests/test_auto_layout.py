@@ -74,7 +74,7 @@ def test_layout_and_mesh_shape_picks_the_lowest_peak_over_every_mesh():
 
 @pytest.mark.parametrize("name", ["colab_XL", "gpt3_13B"])
 def test_shipped_configs_plan_on_their_real_dimensions(name):
-    # The whole-model timings are in README's table; here the first two layers (same dimensions) keep it fast.
+    # The whole-model timings are in docs/measured.md (Planning time); here the first two layers (same dimensions) keep it fast.
     cfg = load_config(name)
     plan = layout_planner.auto_layout(cfg, n_layer=2)
     assert plan.planned_layers == 2 and plan.n_layer == cfg.n_layer

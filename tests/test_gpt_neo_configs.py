@@ -1,5 +1,5 @@
 """GPT-Neo's own configs as they are: bare-string dataset ids and `input_fn`, the other keys GPT-Neo's code
-read (each built, or mapped to this project's setting: README, "Parameter reference"), and every config of
+read (each built, or mapped to this project's setting: docs/configs.md, "Parameter reference"), and every config of
 GPT-Neo's configs/ folder, unchanged, through --dry_run."""
 import argparse
 import glob
