@@ -1,0 +1,80 @@
+"""The docs hold together: README.md and docs/*.md link to files and headings that exist, the README's map
+names every docs/ file, and the code's pointers into docs/ (error messages, docstrings) name files that exist.
+
+Several people edit docs/ at once, and a heading renamed in one file silently breaks the links of another;
+GitHub renders a dead anchor without complaint. Pure text, no TensorFlow: milliseconds.
+"""
+import os
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md"] + DOCS
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, code ticks and punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: pathlib.Path) -> set:
+    found, seen = set(), {}
+    for line in FENCE.sub("", page.read_text()).splitlines():
+        match = re.match(r"#{1,6} (.+)", line)
+        if match:
+            name = slug(match.group(1))
+            found.add(name if name not in seen else f"{name}-{seen[name]}")
+            seen[name] = seen.get(name, 0) + 1
+    return found
+
+
+def links(page: pathlib.Path):
+    """(target file, anchor) of every relative link on the page, outside code blocks."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", FENCE.sub("", page.read_text())):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        yield (page.parent / path).resolve() if path else page, anchor, target
+
+
+def test_slug_follows_githubs_rules():
+    """Bug it catches: spaces turned into underscores (every anchor with a space would look broken)."""
+    assert slug("The device check: `--selfcheck`") == "the-device-check---selfcheck"
+    assert slug("`colab_XL` on 80 GB, 40 GB and 16 GB GPUs") == "colab_xl-on-80-gb-40-gb-and-16-gb-gpus"
+    assert slug("TensorFlow 2.21 against 2.15") == "tensorflow-221-against-215"
+
+
+def test_every_link_between_the_pages_reaches_a_file_and_a_heading():
+    """Bug it catches: a heading renamed (`## Precision` -> `## Precisions` in models.md) while configs.md,
+    devices.md and checkpoints.md still link to `models.md#precision`."""
+    broken = []
+    for page in PAGES:
+        for dest, anchor, target in links(page):
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_maps_every_docs_file():
+    """Bug it catches: a docs/ file added, or its row dropped from the README's map (repository.md's row
+    deleted), so a newcomer never finds it."""
+    linked = {dest for dest, _, _ in links(ROOT / "README.md")}
+    assert DOCS and not [d.name for d in DOCS if d.resolve() not in linked]
+
+
+def test_the_codes_pointers_into_docs_name_files_that_exist():
+    """Bug it catches: an error message or docstring citing a docs/ file that was renamed or never written
+    (runtime/xla.py citing speed.md misspelt as sped.md)."""
+    sources = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d not in ("runs", "__pycache__")]
+        sources += [pathlib.Path(folder, f) for f in files if f.endswith((".py", ".txt", ".sh"))]
+    sources.append(ROOT / ".ci" / "run")
+    named = {(p.relative_to(ROOT), name) for p in sources
+             for name in re.findall(r"docs/([\w-]+\.md)", p.read_text(errors="ignore"))}
+    assert named, "no pointer into docs/ found: the pattern no longer matches how the code cites docs"
+    assert not [f"{p}: docs/{name}" for p, name in named if not (ROOT / "docs" / name).exists()]
