@@ -16,7 +16,8 @@ What model_path can do to a run is checked before anything is written (Checkpoin
 newest checkpoint that can be read is the one restored (`restorable`: one cut short or with an unreadable index
 is skipped, saying so; none readable stops the run), its variables and shapes must be the config's graph's
 (`check_fits`, from runtime/mesh_session.py), the folders a job writes must be writable (`check_writable`), and
-a failed save removes what it wrote and leaves every earlier checkpoint as it was. A missing or broken state
+a failed save removes what it wrote and leaves every earlier checkpoint as it was, and weights holding inf or NaN
+are never saved (`NonFiniteWeights`, raised by runtime/mesh_session.py's save before anything is written). A missing or broken state
 file never hides a checkpoint (they are found by their files) and is rewritten at the next start
 (`repair_state`).
 """
@@ -35,6 +36,16 @@ from config.schema import ConfigError
 class CheckpointError(ConfigError):
     """A model_path whose checkpoints cannot be restored, do not fit the config, or cannot be written; or an output
     folder that cannot be written. One line: what is wrong and how to fix it (main.py prints it as `error: ...`)."""
+
+
+class NonFiniteWeights(CheckpointError):
+    """A save refused before anything was written: variables holding inf or NaN (`names`), a diverged
+    run (runtime/mesh_session.py checks; train/divergence.py says what to do)."""
+
+    def __init__(self, model_path: str, step: int, names: list):
+        self.step, self.names = step, names
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        super().__init__(f"not saving {PREFIX}-{step} in {model_path}: {names[0]}{more} hold inf or NaN")
 
 
 PREFIX = "model.ckpt"

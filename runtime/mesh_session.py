@@ -39,6 +39,7 @@ class MeshSession:
             initialize = tf.group(tf.global_variables_initializer(), tf.local_variables_initializer())
             self.copy_to_slices = lowering.copy_masters_to_slices()
             self.copy_to_masters = lowering.copy_slices_to_masters()
+            self._checked, self._finite = finiteness(tf.global_variables())
         self.session = tf.Session(target, graph=graph, config=config)
         self.checkpoint, self._slot_patterns = checkpoint, slot_patterns
         try:
@@ -101,7 +102,14 @@ class MeshSession:
         return self.session.run(fetches, feed_dict=feed_dict)
 
     def save(self, writer: checkpoints.CheckpointWriter, step: int) -> str:
+        """Copies the slices back to the masters and writes them as model.ckpt-STEP; weights holding inf or NaN
+        are a checkpoints.NonFiniteWeights, with nothing written."""
         self.session.run(self.copy_to_masters)
+        if self._finite is not None:
+            finite = self.session.run(self._finite)
+            if not finite.all():
+                names = [v.op.name for v, ok in zip(self._checked, finite) if not ok]
+                raise checkpoints.NonFiniteWeights(writer.model_path, step, names)
         with self.session.graph.as_default():
             return writer.save(self.session, step)
 
@@ -113,6 +121,17 @@ class MeshSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def finiteness(variables: list) -> tuple[list, Optional[tf.Tensor]]:
+    """(the floating-point variables, a bool per one: all its elements are finite), each flag computed where
+    its variable lives (a host's CPU for a TPU's or a cluster's masters): one read of the weights, per save."""
+    checked = [v for v in variables if v.dtype.base_dtype.is_floating]
+    flags = []
+    for v in checked:
+        with tf.colocate_with(v):
+            flags.append(tf.reduce_all(tf.math.is_finite(v)))
+    return checked, (tf.stack(flags) if flags else None)
 
 
 def padded_batch(rows: np.ndarray, size: int) -> np.ndarray:

@@ -6,9 +6,11 @@ readable checkpoint, and the checkpoints already there intact."""
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 
+import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
@@ -248,3 +250,51 @@ def test_a_failed_predict_write_keeps_the_samples(trained, tmp_path, capsys, mon
     records = [json.loads(l) for l in open(saved[0], encoding="utf-8")]
     assert len(records) == 2 and all(r["step"] == 2 for r in records)
     assert not [n for n in os.listdir(model_path) if n.startswith("predictions_")]
+
+
+# ----------------------------------------------------------------------------------------------------
+# 5. A run that diverges (issue 29): stopped in one line, no checkpoint of inf or NaN, resumable
+
+
+def checkpoint_files(model_path):
+    """The checkpoint files and the state file, with their bytes."""
+    return {n: open(os.path.join(model_path, n), "rb").read() for n in os.listdir(model_path)
+            if n.startswith("model.ckpt-") or n == "checkpoint"}
+
+
+def all_finite(prefix):
+    return all(np.all(np.isfinite(tf.train.load_variable(prefix, name)))
+               for name, _ in tf.train.list_variables(prefix) if name != "global_step")
+
+
+def test_an_update_that_makes_the_weights_inf_is_never_saved_and_the_run_resumes(trained, tmp_path, capsys):
+    """lr 1e39 is inf in float32: step 3's update (from model.ckpt-2's finite weights, with a finite loss and
+    gradient norm) leaves inf and NaN in every weight, and step 3 is a save. One error line names step 3 and
+    what to change; model.ckpt-1 and -2 and the state file are byte for byte as they were (no model.ckpt-3 was
+    written, so rotation deleted nothing). With the config's lr back, the same command resumes from
+    model.ckpt-2 and trains to the end. Bugs caught: a save that writes what it holds (model.ckpt-3 of NaN, the
+    newest), a check after the write (rotation, the state file), a stop that exits 0."""
+    config, model_path = copy_run(trained, tmp_path, lr=1e39, train_steps=4)
+    before = checkpoint_files(model_path)
+    line = one_error(*run(capsys, config)[::2])
+    assert "diverged at step 3" in line and "inf or NaN" in line and "model.ckpt-2" in line and "lr" in line, line
+    assert checkpoint_files(model_path) == before
+    good = json.loads(open(config).read())
+    good["lr"] = json.loads((trained / "configs" / "tiny.json").read_text())["lr"]
+    open(config, "w").write(json.dumps(good))
+    code, _, err = run(capsys, config)
+    assert code == 0, err
+    assert checkpoints.steps(model_path) == [1, 2, 3, 4] and all_finite(checkpoints.prefix_of(model_path, 4))
+
+
+def test_a_non_finite_loss_stops_the_run_at_its_step_with_nothing_saved_after(trained, tmp_path, capsys):
+    """lr 1e30: step 3's update leaves finite weights of order 1e30 (no save: checkpoints every 2 steps), whose
+    products overflow in step 4's forward pass. The run stops at step 4 in one line naming it and the loss;
+    model.ckpt-2 stays the newest, its weights finite. Bug caught: a loop that trains on (and saves model.ckpt-4)
+    after the loss became non-finite."""
+    config, model_path = copy_run(trained, tmp_path, lr=1e30, train_steps=6)
+    code, out, err = run(capsys, config, "--steps_per_checkpoint", "2", "--log_every", "1")
+    line = one_error(code, err)
+    assert "diverged at step 4" in line and re.search(r"loss (nan|inf)", line) and "model.ckpt-2" in line, line
+    assert re.search(r"step +4/6 \| loss (nan|inf)", out), out  # the progress line of the step is shown
+    assert checkpoints.steps(model_path) == [1, 2] and all_finite(checkpoints.prefix_of(model_path, 2))

@@ -17,7 +17,7 @@ from runtime.mesh_session import MeshSession, session_config
 from tiny import (compute_logits, devices_for, fixed_batches, placement_for, random_tokens, run_predict,
                   tiny_config)
 from tools import hf
-from train import loop, loss_scale
+from train import divergence, loop, loss_scale
 from train.step import training_step
 
 PATTERN = (np.arange(2 * 4 * 17).reshape(2, 4, 17) % 7 + 1).astype(np.int32)  # as bfloat16's test
@@ -203,3 +203,15 @@ def test_float16_config_checks():
     with pytest.raises(ConfigError, match="set precision to bfloat16"):
         loss_scale.for_training(tiny_config(precision="float16"), None, simd)
     assert loss_scale.for_training(tiny_config(precision="bfloat16"), None, simd) is None
+
+
+def test_an_overflow_at_a_loss_scale_above_1_is_skipped_and_at_1_stops_the_run():
+    """train/divergence.py's reading of a float16 step: inf gradients at a scale above 1 are loss scaling's
+    skipped step (the run goes on, as the overflow test above trains through two of them); at a scale of 1
+    halving cannot help and the run stops; a non-finite loss stops it at any scale. Bug caught: a stop on every
+    overflow (float16 runs die at their first skipped step) or on none at scale 1 (skipping forever)."""
+    inf = float("inf")
+    assert divergence.problem({"loss": 4.0, "grad_norm": inf, "loss_scale": 2.0}) is None
+    assert "loss scale 1" in divergence.problem({"loss": 4.0, "grad_norm": inf, "loss_scale": 1.0})
+    assert divergence.problem({"loss": inf, "grad_norm": inf, "loss_scale": 2.0 ** 15}) == "loss inf, grad_norm inf"
+    assert divergence.problem({"loss": 4.0, "grad_norm": inf}) == "grad_norm inf"  # no loss scaling: a stop

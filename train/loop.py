@@ -5,6 +5,8 @@ checkpoint (or initialises the variables from their seeds; runtime/mesh_session.
 input pipeline, positioned at the restored step so that a resumed run sees exactly the batches an
 uninterrupted one would. It saves a checkpoint every `steps_per_checkpoint` steps and at the end
 (runtime/checkpoints.py: atomic, rotated), prints progress and writes TensorBoard scalars (train/progress.py).
+A non-finite loss or gradient norm stops the run at that step, and a checkpoint is never written with weights
+holding inf or NaN (train/divergence.py's Diverged, one line: the last checkpoint written is the newest).
 Ctrl-C or SIGTERM (a scheduler's preemption or time limit) stops after the current step with a checkpoint saved; a
 second one stops at once (the last checkpoint is intact either way; runtime/preemption.py). `checkpoint_minutes`
 also saves whenever that many minutes have passed since the last save (for long steps).
@@ -27,6 +29,7 @@ from runtime.devices import Placement
 from runtime.mesh_session import MeshSession, open_session
 from runtime.preemption import StopOnSignal, exit_code, name as signal_name
 from models.optimizers import slot_patterns
+from train.divergence import Diverged, problem as nonfinite, weights_problem
 from train.progress import TrainingLog
 from train.step import training_step
 
@@ -174,6 +177,13 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
                                               cfg.keep_checkpoint_every_n_hours)
         program.start(session)
         saved, saved_at = step, clock()
+
+        def save() -> None:  # weights holding inf or NaN are not written (runtime/mesh_session.py)
+            try:
+                session.save(writer, step)
+            except checkpoints.NonFiniteWeights as e:
+                raise Diverged(cfg, step, weights_problem(e), from_newest=False) from None
+
         try:
             while step < until and not stop.requested:
                 boundary = min(until, (step // cfg.steps_per_checkpoint + 1) * cfg.steps_per_checkpoint)
@@ -183,16 +193,19 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
                         log.step(step, values)
                     if on_step:
                         on_step(step, values)
+                    what = nonfinite(values)
+                    if what:  # nothing more is saved: the newest checkpoint is the last finite one
+                        raise Diverged(cfg, step, what)
                 due = checkpoint_minutes and clock() - saved_at >= checkpoint_minutes * 60
                 if step == boundary or (due and not stop.requested):
-                    session.save(writer, step)
+                    save()
                     saved, saved_at = step, clock()
         finally:
             if log:
                 log.close()
         if stop.requested:
             if saved != step:
-                session.save(writer, step)
+                save()
                 saved = step
             trained = saved != start or checkpoint  # stopped before the first step of a new run: nothing to save
             raise Interrupted(step, checkpoints.prefix_of(cfg.model_path, step) if trained else None, stop.signum)
