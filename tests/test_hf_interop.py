@@ -2,6 +2,8 @@
 import glob
 import json
 import os
+import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -200,3 +202,187 @@ def test_models_trained_from_each_gpt3_config_convert_both_ways_without_pytorch(
     assert back.endswith("model.ckpt-0")
     for variable in ("gpt2/wte", "gpt2/h0/attn/q", "gpt2/h1/mlp/conv1d_main/c_fc/kernel", "gpt2/ln_f/b"):
         np.testing.assert_array_equal(tf.train.load_variable(back, variable), tf.train.load_variable(first, variable))
+
+
+# ----------------------------------------------------------------------------------------------------
+# One export per folder (issue 29): to_hf replaces an earlier export whole and asks before writing among other
+# files; from_hf refuses weights files that disagree with their index or with each other, and damaged files.
+# None of these needs PyTorch or a TF graph: the checkpoints are written directly (tiny.py).
+
+TINY_HF = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, attention_types=[[["global", "local"], 1]],
+               local_attention_radius=4)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A config file, two checkpoints of its model (different weights; model.ckpt-1 of seeds 1 and 2) and
+    folders to_hf wrote of the first: as written (config.json, model.safetensors) and sharded."""
+    root = tmp_path_factory.mktemp("exports")
+    config = root / "model.json"
+    config.write_text(json.dumps({**TINY_HF, "model_path": str(root / "run")}))
+    cfg = load_config(str(config))
+    old, new = (checkpoint_of_order_one_weights(cfg, str(root / f"seed{seed}" / "model.ckpt-1"), seed) for seed in (1, 2))
+    hf.to_hf(cfg, old, str(root / "single"))
+    hf.to_hf(cfg, old, str(root / "sharded"))
+    shard(root / "sharded")
+    return dict(root=root, config=str(config), cfg=cfg, old=old, new=new)
+
+
+def shard(folder):
+    """The export in `folder` made sharded, as transformers' save_pretrained(max_shard_size=...) lays it out: two
+    shards and the index mapping each tensor to its shard."""
+    from safetensors.numpy import load_file, save_file
+    state = load_file(str(folder / hf.SAFETENSORS))
+    (folder / hf.SAFETENSORS).unlink()
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[:len(keys) // 2],
+              "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    for name, names in shards.items():
+        save_file({key: state[key] for key in names}, str(folder / name), metadata={"format": "pt"})
+    (folder / hf.SAFETENSORS_INDEX).write_text(json.dumps(
+        {"metadata": {}, "weight_map": {key: name for name, names in shards.items() for key in names}}))
+
+
+def copy_export(exports, tmp_path, which):
+    out = tmp_path / which
+    shutil.copytree(exports["root"] / which, out)
+    return out
+
+
+def assert_holds(folder, cfg, checkpoint):
+    """The HF weights in `folder` (as from_hf reads them) are exactly the checkpoint's."""
+    expected, found = hf.hf_state_dict(cfg, checkpoint), hf.read_hf_weights(str(folder))
+    assert found.keys() == expected.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(found[key], value, err_msg=key)
+
+
+def test_to_hf_over_an_earlier_sharded_export_leaves_exactly_the_new_one(exports, tmp_path):
+    """Bug caught (issue 29): the new config.json and model.safetensors written beside the old index, shards and
+    pytorch_model.bin, exit 0, and from_hf then reading the old step's weights through the index."""
+    out = copy_export(exports, tmp_path, "sharded")
+    (out / "pytorch_model.bin").write_bytes(b"an older export's weights")
+    assert hf.main(["to_hf", "--model", exports["config"], "--checkpoint", exports["new"], "--out", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["config.json", hf.SAFETENSORS]
+    assert_holds(out, exports["cfg"], exports["new"])
+
+
+class Terminal:
+    """sys.stdin as a terminal (`tty`) or not, answering `answer` to input()."""
+
+    def __init__(self, monkeypatch, tty, answer=None):
+        self.asked = []
+        monkeypatch.setattr(sys, "stdin", self)
+        monkeypatch.setattr("builtins.input", lambda question: self.asked.append(question) or answer)
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+def test_to_hf_into_a_folder_of_other_files_asks_first_and_keeps_them(exports, tmp_path, capsys, monkeypatch):
+    """Without a terminal: one error line naming a file and --yes, nothing written; at a terminal: a question,
+    "n" writes nothing, "y" writes the export among the files; --yes writes without asking. The user's files
+    stay; an earlier export's index there goes. Bugs caught: writing among the user's files unasked; a "no"
+    that writes all the same; a stale index left beside the new model.safetensors."""
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / hf.SAFETENSORS_INDEX).write_text("{}")
+    command = ["to_hf", "--model", exports["config"], "--checkpoint", exports["new"], "--out", str(out)]
+    Terminal(monkeypatch, tty=False)
+    assert hf.main(command) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "notes.txt" in line and "--yes" in line and f"--out {out}" in line, line
+    assert sorted(os.listdir(out)) == [hf.SAFETENSORS_INDEX, "notes.txt"]
+    terminal = Terminal(monkeypatch, tty=True, answer="n")
+    assert hf.main(command) == 1 and "nothing was written" in capsys.readouterr().out
+    assert "notes.txt" in terminal.asked[0] and sorted(os.listdir(out)) == [hf.SAFETENSORS_INDEX, "notes.txt"]
+    Terminal(monkeypatch, tty=True, answer="y")
+    assert hf.main(command) == 0
+    assert sorted(os.listdir(out)) == ["config.json", hf.SAFETENSORS, "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert_holds(out, exports["cfg"], exports["new"])
+    (out / "config.json").unlink()
+    terminal = Terminal(monkeypatch, tty=False)
+    assert hf.main(command + ["--yes"]) == 0 and not terminal.asked
+    assert sorted(os.listdir(out)) == ["config.json", hf.SAFETENSORS, "notes.txt"]
+
+
+def error_line(stderr):
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+def add_single_file(folder):
+    """A model.safetensors beside the index and its shards, as an unsharded export over a sharded one leaves it."""
+    from safetensors.numpy import load_file, save_file
+    state = {}
+    for shard_file in folder.glob("model-*.safetensors"):
+        state.update(load_file(str(shard_file)))
+    save_file(state, str(folder / hf.SAFETENSORS))
+
+
+def add_unlisted_shard(folder):
+    shutil.copy(folder / "model-00002-of-00002.safetensors", folder / "model-00003-of-00003.safetensors")
+
+
+def move_a_key_in_the_index(folder):
+    index = json.loads((folder / hf.SAFETENSORS_INDEX).read_text())
+    key = sorted(k for k, v in index["weight_map"].items() if v == "model-00001-of-00002.safetensors")[0]
+    index["weight_map"][key] = "model-00002-of-00002.safetensors"
+    (folder / hf.SAFETENSORS_INDEX).write_text(json.dumps(index))
+
+
+def cut_in_half(path):
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+# (which export, the damage, what the error line says)
+DAMAGES = {
+    "single file beside an index": ("sharded", add_single_file, "holds both model.safetensors and"),
+    "shard the index does not list": ("sharded", add_unlisted_shard, "model-00003-of-00003.safetensors, which"),
+    "shard missing": ("sharded", lambda f: (f / "model-00002-of-00002.safetensors").unlink(),
+                      "lists model-00002-of-00002.safetensors, which is missing"),
+    "index maps a key to the wrong shard": ("sharded", move_a_key_in_the_index, "which model.safetensors.index"),
+    "index cut short": ("sharded", lambda f: cut_in_half(f / hf.SAFETENSORS_INDEX), "is not valid JSON"),
+    "model.safetensors cut short": ("single", lambda f: cut_in_half(f / hf.SAFETENSORS), "cut short or damaged"),
+    "config.json cut short": ("single", lambda f: cut_in_half(f / "config.json"), "config.json is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGES)
+def test_from_hf_refuses_a_folder_whose_files_disagree_or_are_damaged_in_one_line(exports, tmp_path, capsys, case):
+    """Each is one error line naming the file and exit 1, before anything is written (no config, no model_path).
+    Bugs caught: reading the index first and ignoring a model.safetensors beside it (or the reverse), a shard
+    of another export taken in, a tensor read from a shard the index does not send it to; tracebacks
+    (SafetensorError, OSError) for a cut-short weights file or config.json."""
+    which, damage, message = DAMAGES[case]
+    folder = copy_export(exports, tmp_path, which)
+    damage(folder)
+    config, model_path = tmp_path / "configs" / "neo.json", tmp_path / "neo_run"
+    assert hf.main(["from_hf", str(folder), "--config", str(config), "--model_path", str(model_path)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert message in line and str(folder) in line, line
+    assert not config.exists() and not model_path.exists()
+
+
+def test_to_hf_on_a_full_disk_is_one_line_and_leaves_the_earlier_export(exports, tmp_path, capsys, monkeypatch):
+    """The files are written beside --out first: a write that fails there (ENOSPC) is one error line, and --out
+    still holds the earlier export, whole. Bug caught: an OSError traceback, or the old files removed first."""
+    import errno
+    import safetensors.numpy
+    out = copy_export(exports, tmp_path, "single")
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+
+    def disk_full(state, path, metadata=None):
+        open(path, "wb").write(b"\0" * 10)  # a part written, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    assert hf.main(["to_hf", "--model", exports["config"], "--checkpoint", exports["new"], "--out", str(out)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "No space left on device" in line and f"{out} was not touched" in line, line
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    assert sorted(os.listdir(tmp_path)) == ["single"]  # no staging folder left beside it

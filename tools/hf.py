@@ -22,8 +22,14 @@ refused with the option's name; training settings (precision, recompute_grad, to
 optimizer's) do not change the model and are no obstacle.
 
 Neither direction needs PyTorch: the weights are read and written with safetensors' NumPy API, the config with
-transformers' GPTNeoConfig. to_hf writes its folder whole or not at all (into a new folder beside --out, then
-moved in).
+transformers' GPTNeoConfig.
+
+to_hf leaves --out holding exactly one export: it writes the files into a new folder beside --out (a failed
+write leaves --out as it was), then replaces the HF files in --out with them, removing those the new export does
+not have (an earlier export's index and shards, a pytorch_model.bin). config.json goes first and comes back
+last, so a run cut short in between leaves a folder no reader takes for a model. An --out holding other files
+(not an HF export's) is refused unless the user confirms (--yes, or the question at a terminal); those files
+stay. from_hf refuses a folder whose weights files do not agree with each other or with their index.
 
 from_hf writes the model config from `--base_config` (training settings, datasets, mesh) with the architecture
 taken from the HF config, then builds the training graph of that config once, so the checkpoint holds every
@@ -50,11 +56,18 @@ import numpy as np  # noqa: E402
 from models import gpt  # noqa: E402  (first: the models package makes mesh-tensorflow importable)
 from console import ArgumentParser  # noqa: E402
 from runtime import checkpoints  # noqa: E402
-from cli.config_loading import config_from_dict, dataset_registry_for, load_config  # noqa: E402
+from cli.config_loading import config_from_dict, dataset_registry_for, load_config, read_json  # noqa: E402
 from config.schema import ConfigError, GPTConfig  # noqa: E402
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded weights file's map of keys to shards
+SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # the shards an index maps keys to
+# The files of an HF model folder (save_pretrained's, for the model and its tokenizer): an --out holding only these
+# is an earlier export, and to_hf replaces them all. Anything else in --out is the user's.
+HF_FILES = re.compile(r"(config|generation_config)\.json|model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors"
+                      r"|pytorch_model\.bin(\.index\.json)?|pytorch_model-\d+-of-\d+\.bin|tf_model\.h5"
+                      r"|flax_model\.msgpack|tokenizer(_config)?\.json|special_tokens_map\.json|vocab\.json|merges\.txt"
+                      r"|added_tokens\.json")
 
 # Our activation_function -> HF's ACT2FN name (same function), and back.
 TO_HF_ACTIVATION = {"gelu": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu", "sigmoid": "sigmoid",
@@ -218,13 +231,30 @@ def check_out_dir(out_dir: str) -> None:
         raise ConversionError(f"--out {out_dir} cannot be written ({blocker} is not writable): choose another --out")
 
 
-def to_hf(cfg: GPTConfig, checkpoint: str, out_dir: str) -> str:
+def other_files(out_dir: str) -> list[str]:
+    """What in out_dir is not an HF export's file (HF_FILES): the user's, sorted; [] for a new or empty folder or
+    an earlier export."""
+    if not os.path.isdir(out_dir):
+        return []
+    return sorted(name for name in os.listdir(out_dir)
+                  if not (HF_FILES.fullmatch(name) and os.path.isfile(os.path.join(out_dir, name))))
+
+
+def to_hf(cfg: GPTConfig, checkpoint: str, out_dir: str, among_other_files: bool = False) -> str:
     """Writes config.json, model.safetensors and the tokenizer files of our checkpoint (a prefix, or a folder:
-    its newest) to out_dir, whole or not at all: into a new folder beside it, then moved in. Needs no PyTorch:
-    the weights go through safetensors' NumPy API, the config through transformers' GPTNeoConfig."""
+    its newest) to out_dir, which then holds exactly this export (an earlier one's files are replaced or
+    removed). An out_dir holding other files is refused unless `among_other_files` (the user confirmed); they
+    stay. Needs no PyTorch: the weights go through safetensors' NumPy API, the config through transformers'
+    GPTNeoConfig."""
     from safetensors.numpy import save_file
 
     check_out_dir(out_dir)
+    others = other_files(out_dir)
+    if others and not among_other_files:
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        raise ConversionError(f"--out {out_dir} holds files that are not an HF export ({', '.join(others[:3])}{more}): "
+                              f"choose a new or empty folder, or pass --yes to write the export among them (the HF "
+                              f"config, weights and tokenizer files there are replaced)")
     checkpoint = resolve_checkpoint(checkpoint)
     hf_config = hf_config_for(cfg)
     state = hf_state_dict(cfg, checkpoint)
@@ -233,16 +263,35 @@ def to_hf(cfg: GPTConfig, checkpoint: str, out_dir: str) -> str:
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
     try:
-        hf_config.save_pretrained(staging)
-        save_file(state, os.path.join(staging, SAFETENSORS), metadata={"format": "pt"})  # "pt": HF's loaders ask
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-        os.makedirs(out_dir, exist_ok=True)
-        for name in os.listdir(staging):
-            os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+        try:
+            hf_config.save_pretrained(staging)
+            save_file(state, os.path.join(staging, SAFETENSORS), metadata={"format": "pt"})  # "pt": HF's loaders ask
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging)
+        except OSError as e:
+            raise ConversionError(f"could not write the export beside {out_dir} ({checkpoints.reason(e)}): free space "
+                                  f"or fix the folder, then run again ({out_dir} was not touched)") from None
+        install(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def install(staging: str, out_dir: str) -> None:
+    """Moves the export written in `staging` into out_dir (renames: one file system) so that out_dir's HF files are
+    exactly the new ones. config.json is removed first and moved in last: until then the folder is no model to
+    from_hf or from_pretrained, which both need it, so a run cut short never pairs the new config with old
+    weights. Of the old files, indexes go before the shards they list."""
+    os.makedirs(out_dir, exist_ok=True)
+    new = sorted(os.listdir(staging))
+    old = [name for name in os.listdir(out_dir)
+           if HF_FILES.fullmatch(name) and os.path.isfile(os.path.join(out_dir, name))]
+    stale = sorted((name for name in old if name not in new or name == "config.json"),
+                   key=lambda name: (name != "config.json", not name.endswith(".index.json"), name))
+    for name in stale:
+        os.remove(os.path.join(out_dir, name))
+    for name in sorted(new, key=lambda name: name == "config.json"):
+        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -335,25 +384,77 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
         return session.save(writer, 0)
 
 
+def read_json_file(path: str, what: str) -> dict:
+    """A JSON object from an HF folder's file; one line when it is not one (cut short, damaged)."""
+    try:
+        return read_json(path, what)
+    except ConfigError as e:
+        raise ConversionError(f"{e}: copy the folder again, or export it again") from None
+
+
+def weight_files(hf_dir: str) -> dict:
+    """The HF folder's weights files -> the keys each must hold (None: whatever it holds), after checking that
+    they are one export: model.safetensors alone, or an index with exactly the shards it lists."""
+    index = os.path.join(hf_dir, SAFETENSORS_INDEX)
+    shards = sorted(name for name in os.listdir(hf_dir) if SHARD.fullmatch(name))
+    fix = "delete the stale files (or export again into an empty folder)"
+    if os.path.isfile(index):
+        if os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
+            newer = max((SAFETENSORS, SAFETENSORS_INDEX), key=lambda name: os.path.getmtime(os.path.join(hf_dir, name)))
+            raise ConversionError(f"{hf_dir} holds both {SAFETENSORS} and {SAFETENSORS_INDEX}: two exports, one of them "
+                                  f"stale ({newer} is the newer): {fix}")
+        weight_map = read_json_file(index, "the weights index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(key, str) and isinstance(file, str) for key, file in weight_map.items()):
+            raise ConversionError(f"{index} has no weight_map of tensor names to files: copy the folder again, or "
+                                  f"export it again")
+        files = {}
+        for key, file in weight_map.items():
+            files.setdefault(file, set()).add(key)
+        for file in sorted(files):
+            if not os.path.isfile(os.path.join(hf_dir, file)):
+                raise ConversionError(f"{SAFETENSORS_INDEX} in {hf_dir} lists {file}, which is missing: copy the "
+                                      f"folder again, or export it again")
+        unlisted = [name for name in shards if name not in files]
+        if unlisted:
+            raise ConversionError(f"{hf_dir} holds {unlisted[0]}, which its {SAFETENSORS_INDEX} does not list (a shard "
+                                  f"of another export): {fix}")
+        return files
+    if os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
+        if shards:
+            raise ConversionError(f"{hf_dir} holds {SAFETENSORS} and shards without an index ({shards[0]}): {fix}")
+        return {SAFETENSORS: None}
+    if shards:
+        raise ConversionError(f"{hf_dir} holds shards ({shards[0]}) but no {SAFETENSORS_INDEX} listing them: copy the "
+                              f"folder again, or export it again")
+    raise ConversionError(f"{hf_dir} has no {SAFETENSORS}: the converter reads safetensors weights (an older "
+                          f"folder with only pytorch_model.bin: load it with transformers and save_pretrained it "
+                          f"again, which writes {SAFETENSORS})")
+
+
 def read_hf_weights(hf_dir: str) -> dict:
     """The HF folder's weights as float32 NumPy arrays by HF key, read with safetensors' NumPy API (no PyTorch):
-    model.safetensors, or the shards a model.safetensors.index.json lists."""
-    from safetensors.numpy import load_file
+    model.safetensors, or the shards a model.safetensors.index.json lists, each holding exactly the tensors the
+    index maps to it. A file cut short or damaged, or one that disagrees with the index, is one line."""
+    from safetensors import SafetensorError, safe_open
 
-    index = os.path.join(hf_dir, SAFETENSORS_INDEX)
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
-        files = [SAFETENSORS]
-    else:
-        raise ConversionError(f"{hf_dir} has no {SAFETENSORS}: the converter reads safetensors weights (an older "
-                              f"folder with only pytorch_model.bin: load it with transformers and save_pretrained it "
-                              f"again, which writes {SAFETENSORS})")
     state = {}
-    for name in files:
-        for key, value in load_file(os.path.join(hf_dir, name)).items():
-            state[key] = value.astype(np.float32)
+    for name, expected in sorted(weight_files(hf_dir).items()):
+        path = os.path.join(hf_dir, name)
+        try:
+            with safe_open(path, "np") as f:
+                keys = set(f.keys())
+                if expected is not None and keys != expected:
+                    missing, extra = sorted(expected - keys), sorted(keys - expected)
+                    what = (f"lacks {missing[0]}, which {SAFETENSORS_INDEX} maps to it" if missing else
+                            f"holds {extra[0]}, which {SAFETENSORS_INDEX} does not map to it")
+                    raise ConversionError(f"{name} in {hf_dir} {what}: the index and the weights are of different "
+                                          f"exports; copy the folder again, or export it again")
+                for key in sorted(keys):
+                    state[key] = f.get_tensor(key).astype(np.float32)
+        except SafetensorError as e:
+            raise ConversionError(f"{path} cannot be read ({e}): cut short or damaged; copy it again, or export the "
+                                  f"folder again") from None
     return state
 
 
@@ -361,13 +462,22 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
             datasets: Optional[list] = None) -> tuple[GPTConfig, str]:
     """HF folder -> our config JSON at config_out and a step-0 checkpoint in model_path. Needs no PyTorch."""
     from transformers import GPTNeoConfig
-    from cli.config_loading import read_json, resolve_config_path
+    from cli.config_loading import resolve_config_path
 
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    config_path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(config_path):
         raise ConversionError(f"{hf_dir} has no config.json: pass a GPTNeoForCausalLM folder (save_pretrained's output)")
     if checkpoints.latest(model_path):
         raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
-    hf_config = GPTNeoConfig.from_pretrained(hf_dir, local_files_only=True)
+    model_type = read_json_file(config_path, "HF config").get("model_type")
+    if model_type not in (None, "gpt_neo"):
+        raise ConversionError(f"{config_path} is a {model_type} model, not GPTNeo: the converter reads GPTNeoForCausalLM "
+                              f"folders")
+    try:
+        hf_config = GPTNeoConfig.from_pretrained(hf_dir, local_files_only=True)
+    except (OSError, ValueError) as e:  # values GPTNeoConfig refuses (attention_types against num_layers, ...)
+        raise ConversionError(f"{config_path} is not a GPTNeo config transformers reads ({str(e).splitlines()[0]})") \
+            from None
     if not hf_config.tie_word_embeddings:
         raise ConversionError("the HF model's lm_head is not tied to wte; this model always ties them")
     hf_state = read_hf_weights(hf_dir)
@@ -402,7 +512,10 @@ def main(argv=None) -> int:
     out = sub.add_parser("to_hf", help="our checkpoint -> a GPTNeoForCausalLM folder")
     out.add_argument("--model", required=True, help="config name in configs/ or a path to a .json")
     out.add_argument("--checkpoint", help="checkpoint prefix or folder (default: the config's model_path)")
-    out.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
+    out.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer); "
+                     "an earlier export there is replaced")
+    out.add_argument("--yes", action="store_true", help="write into an --out that holds other files too, without "
+                     "asking (they stay; its HF files are replaced)")
     into = sub.add_parser("from_hf", help="a GPTNeoForCausalLM folder -> our config and checkpoint")
     into.add_argument("hf_dir", help="folder with config.json and the weights (e.g. a downloaded EleutherAI model)")
     into.add_argument("--config", required=True, help="path of the model config JSON to write")
@@ -423,7 +536,17 @@ def main(argv=None) -> int:
     try:
         if args.command == "to_hf":
             cfg = load_config(args.model)
-            path = to_hf(cfg, args.checkpoint or cfg.model_path, args.out)
+            among = args.yes
+            others = [] if among else other_files(args.out)
+            if others and sys.stdin.isatty():  # as main.py --new asks; without a terminal, to_hf's error says --yes
+                answer = input(f"--out {args.out} holds other files ({', '.join(others[:3])}"
+                               f"{' ...' if len(others) > 3 else ''}). Write the export among them (its HF files "
+                               f"there are replaced)? [y/N] ")
+                if answer.strip().lower() not in ("y", "yes"):
+                    print("nothing was written")
+                    return 1
+                among = True
+            path = to_hf(cfg, args.checkpoint or cfg.model_path, args.out, among_other_files=among)
             print(f"wrote GPTNeoForCausalLM folder {path}")
             return 0
         datasets = [[d] for d in args.dataset] if args.dataset else None
