@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -447,15 +448,21 @@ def _encode_batch(documents: list, tokenizer: LoadedTokenizer, settings: Encodin
 
 
 def _write_examples(examples: list, output_dir: str, name: str, index: int) -> str:
-    """Write ``examples`` to a temporary file, then rename it to its final, counted name."""
+    """Write ``examples`` to a temporary file, then rename it to its final, counted name. A failed write (a
+    full disk) is an OSError naming output_dir; the temporary file is removed by the caller."""
     import tensorflow as tf  # imported here so the CLI's argument errors stay instant
 
     temporary = _temporary_path(output_dir, name, index)
-    with tf.io.TFRecordWriter(temporary) as writer:
-        for tokens in examples:
-            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=tokens))
-            example = tf.train.Example(features=tf.train.Features(feature={"text": feature}))
-            writer.write(example.SerializeToString())
+    try:
+        with tf.io.TFRecordWriter(temporary) as writer:
+            for tokens in examples:
+                feature = tf.train.Feature(int64_list=tf.train.Int64List(value=tokens))
+                example = tf.train.Example(features=tf.train.Features(feature={"text": feature}))
+                writer.write(example.SerializeToString())
+    except tf.errors.OpError as exc:  # TF's own file errors, as the OSError main() reports for every failed write
+        number = {tf.errors.ResourceExhaustedError: errno.ENOSPC,  # a full disk
+                  tf.errors.PermissionDeniedError: errno.EACCES}.get(type(exc), errno.EIO)
+        raise OSError(number, exc.message.rsplit("; ", 1)[-1], output_dir) from None
     final = os.path.join(output_dir, output_file_name(name, index, len(examples)))
     os.replace(temporary, final)
     return final

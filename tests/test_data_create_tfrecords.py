@@ -152,6 +152,39 @@ def test_resume_keeps_finished_files_and_redoes_the_rest(tmp_path, monkeypatch):
         assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), where every write fails with ENOSPC")
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_full_disk_is_one_line_keeps_the_finished_files_and_resumes(tmp_path, capsys, monkeypatch, processes):
+    """The disk fills while the second file is written: TF's own writer, writing through a link to /dev/full,
+    gets ENOSPC from the system. One error line naming the folder and the fix, exit 1; the first file stays,
+    finished, and nothing else (no temporary, no file under a finished name); a rerun resumes and gives the
+    files an uninterrupted run writes. Bug caught (issue 29): a ResourceExhaustedError traceback, also from a
+    worker process."""
+    write_txt_folder(tmp_path / "in", [3, 4, 5, 6, 7, 8])
+    out = tmp_path / "out"
+    real_path = ct._temporary_path
+
+    def full_from_the_second_file(output_dir, name, index):
+        path = real_path(output_dir, name, index)
+        if index >= 1:
+            os.symlink("/dev/full", path)
+        return path
+
+    monkeypatch.setattr(ct, "_temporary_path", full_from_the_second_file)
+    command = ["--input_dir", str(tmp_path / "in"), "--output_dir", str(out), "--name", "set", "--encoder_path",
+               TOKENIZER_PATH, "--minimum_size", "1", "--files_per", "2", "--processes", str(processes), "--quiet"]
+    assert ct.main(command) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: No space left on device") and "rerun" in lines[0]
+    assert sorted(os.listdir(out)) == ["set.manifest.json", ct.output_file_name("set", 0, 2)]
+    monkeypatch.setattr(ct, "_temporary_path", real_path)
+    assert ct.main(command) == 0
+    run(tmp_path / "in", tmp_path / "fresh", files_per=2)
+    assert outputs(out) == outputs(tmp_path / "fresh")
+    for name in outputs(out):
+        assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
+
+
 def test_resume_with_other_settings_is_refused(tmp_path):
     write_txt_folder(tmp_path / "in", [3, 4, 5])
     run(tmp_path / "in", tmp_path / "out")
