@@ -15,7 +15,7 @@ import os
 from typing import Any, Optional
 
 from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES,
-                           ConfigError, DatasetConfig, DatasetUse, GPTConfig, check_positive, check_type, closest,
+                           ConfigError, DatasetConfig, DatasetUse, GPTConfig, check_counts, check_type, closest,
                            expand_attention_types, parse_model_options, validate)
 from data.inputs import INPUT_FNS, SAMPLING_MODES
 from evals.tasks import TASKS
@@ -41,8 +41,11 @@ def resolve_config_path(name_or_path: str) -> str:
 
 def read_json(path: str, what: str) -> dict:
     try:
-        with open(path) as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            data = json.loads(f.read())  # bytes: json's own detection of UTF-8, -16 and -32
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not text (no JSON in UTF-8 or UTF-16/32): pass the .json file of the "
+                          f"config, not a binary file") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
     if not isinstance(data, dict):
@@ -159,7 +162,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
             continue
         if expected is not None:
             values[name] = check_type(name, value, expected)
-    check_positive(values)  # n_layer -1 is its own error, not an attention_types mismatch
+    check_counts(values)  # n_layer -1 is its own error, not an attention_types mismatch
     values["attention_types"] = expand_attention_types(
         values.get("attention_types", [[["global"], values["n_layer"]]]), values["n_layer"])
     values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir, values.get("input_fn"))

@@ -375,24 +375,77 @@ def _validate_mlm(cfg: GPTConfig) -> None:
                           f"{cfg.mlm_same_token_prob + cfg.mlm_random_token_prob} exceeds 1: lower one of them")
 
 
-# Sizes and counts that must be at least 1 (steps_per_checkpoint 0 would save a checkpoint every step).
-POSITIVE_FIELDS = ("n_layer", "n_embd", "n_head", "n_vocab", "n_ctx", "train_batch_size", "eval_batch_size",
-                   "predict_batch_size", "iterations", "local_attention_radius", "keep_checkpoint_max",
-                   "steps_per_checkpoint")
+# Whole numbers and the least value each may take (an Optional one may also be null). steps_per_checkpoint 0
+# would save a checkpoint every step; train_steps -5 would build everything and then find nothing to train.
+LEAST_VALUES = {"n_layer": 1, "n_embd": 1, "n_head": 1, "n_vocab": 1, "n_ctx": 1, "train_batch_size": 1,
+                "eval_batch_size": 1, "predict_batch_size": 1, "iterations": 1, "local_attention_radius": 1,
+                "keep_checkpoint_max": 1, "steps_per_checkpoint": 1, "train_steps": 1, "lr_decay_end": 1,
+                "warmup_steps": 0, "eval_steps": 0, "predict_steps": 0, "seed": 0}
+
+# Numbers and the range each must lie in: (low, high, whether low itself is allowed), high excluded; None is
+# no bound. The optimizer's: beta 1 would never forget a gradient; epsilon 0 divides by zero for a weight
+# whose gradients were all 0 so far (Adam's v, Adafactor's squared gradient); a negative gradient_clipping
+# would turn every gradient around (0 or null: no clipping).
+RANGES = {"beta1": (0.0, 1.0, True), "beta2": (0.0, 1.0, True), "epsilon": (0.0, None, False),
+          "ada_epsilon1": (0.0, None, False), "ada_epsilon2": (0.0, None, True), "weight_decay": (0.0, None, True),
+          "gradient_clipping": (0.0, None, True), "z_loss": (0.0, None, True),
+          "keep_checkpoint_every_n_hours": (0.0, None, True)}
 
 
-def check_positive(values: dict) -> None:
-    """The POSITIVE_FIELDS among `values` (field name -> value) are at least 1. Runs on the raw values before
-    attention_types are expanded against n_layer, so that n_layer -1 is reported as itself."""
-    for name in POSITIVE_FIELDS:
-        if name in values and values[name] < 1:
-            raise ConfigError(f"{name} must be at least 1, got {values[name]}")
+def check_counts(values: dict) -> None:
+    """The LEAST_VALUES fields among `values` (field name -> value) are at least their least value. Runs on the
+    raw values before attention_types are expanded against n_layer, so that n_layer -1 is reported as itself."""
+    for name, least in LEAST_VALUES.items():
+        if values.get(name) is not None and values[name] < least:
+            raise ConfigError(f"{name} must be at least {least}, got {values[name]}")
+
+
+def _is_pair(item: Any) -> bool:
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+
+
+def _non_finite(name: str, value: Any) -> Optional[tuple]:
+    """(where, value) of the first NaN or infinity in a field's value (a number, or the tuples and dataclasses a
+    field holds: moe_params' (key, value) pairs, the datasets' weights), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (name, value)
+    if dataclasses.is_dataclass(value):
+        found = (_non_finite(f"{name}.{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif isinstance(value, tuple):
+        found = (_non_finite(f"{name}.{item[0]}", item[1]) if _is_pair(item) else _non_finite(f"{name}[{i}]", item)
+                 for i, item in enumerate(value))
+    else:
+        return None
+    return next((where for where in found if where is not None), None)
+
+
+def check_finite(cfg: GPTConfig) -> None:
+    """Every number in the config is finite. JSON readers accept NaN and Infinity, and no check of a range
+    catches NaN (every comparison with it is false): "lr": NaN would train to the end with loss nan."""
+    for f in dataclasses.fields(cfg):
+        found = _non_finite(f.name, getattr(cfg, f.name))
+        if found:
+            where, value = found
+            raise ConfigError(f"{where} is {value}, not a finite number: set it to a number (NaN and Infinity are "
+                              f"not values a config can use)")
+
+
+def _check_ranges(cfg: GPTConfig) -> None:
+    for name, (low, high, low_allowed) in RANGES.items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        if value < low or (value == low and not low_allowed) or (high is not None and value >= high):
+            span = f"{'[' if low_allowed else '('}{low:g}, {high:g})" if high is not None else None
+            bound = f"in {span}" if span else f"{'at least' if low_allowed else 'more than'} {low:g}"
+            raise ConfigError(f"{name} must be {bound}, got {value}")
 
 
 def validate(cfg: GPTConfig) -> GPTConfig:
     """Checks that hold between fields (those against the registries and the model's tensor dimensions are
     cli/config_loading.py's). Raises ConfigError naming the fix."""
-    check_positive({name: getattr(cfg, name) for name in POSITIVE_FIELDS})
+    check_finite(cfg)  # first: NaN passes every comparison below
+    check_counts({name: getattr(cfg, name) for name in LEAST_VALUES})
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
     if len(cfg.attention_types) != cfg.n_layer:
@@ -409,6 +462,7 @@ def validate(cfg: GPTConfig) -> GPTConfig:
             raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    _check_ranges(cfg)
     _validate_model_options(cfg)
     _validate_sampling(cfg)
     if not 1.0 < cfg.entmax_alpha < 2.0:

@@ -1,13 +1,16 @@
 """Configs are read once into a typed object; every bad input is a one-line error that names the fix."""
+import dataclasses
 import glob
+import gzip
 import json
+import math
 import os
 
 import pytest
 
 from runtime import devices
 from cli.config_loading import config_from_dict, load_config
-from config.schema import CONFIG_DIR, ConfigError, expand_attention_types, num_microbatches
+from config.schema import CONFIG_DIR, FIELD_TYPES, ConfigError, GPTConfig, expand_attention_types, num_microbatches
 from models.layout import tensor_dim_sizes
 from models.moe import MOE_DEFAULT_EXPERTS
 
@@ -103,6 +106,57 @@ def test_sizes_are_checked_before_attention_types_expand():
     assert error_of(n_embd=-32) == "n_embd must be at least 1, got -32"
 
 
+FLOAT_FIELDS = [f.name for f in dataclasses.fields(GPTConfig) if FIELD_TYPES.get(str(f.type)) is float]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_every_float_field_refuses_nan_and_infinity_in_one_line(tmp_path, value):
+    """JSON readers accept NaN and Infinity, and NaN passes every range check (its comparisons are all false):
+    `"lr": NaN` trained to the end with loss nan when nothing checked for it."""
+    assert len(FLOAT_FIELDS) >= 20 and "lr" in FLOAT_FIELDS and "gradient_clipping" in FLOAT_FIELDS
+    for name in FLOAT_FIELDS:
+        assert error_of(**{name: value}).startswith(f"{name} is {value}, not a finite number"), name
+    path = tmp_path / "nan.json"  # as the issue found it: NaN written in the JSON text itself
+    path.write_text(json.dumps(dict(TINY, lr=value)))
+    assert ("NaN" if math.isnan(value) else "Infinity") in path.read_text()
+    with pytest.raises(ConfigError, match=f"^lr is {value}, not a finite number"):
+        load_config(str(path))
+    path.write_text(json.dumps(TINY))
+    with pytest.raises(ConfigError, match=f"^top_p is {value}, not a finite number"):
+        load_config(str(path), {"top_p": value})  # main.py's --top_p nan
+    # numbers inside a field: moe_params' values and the datasets' weights
+    message = error_of(moe_layers=[1], moe_params={"moe_capacity_factor_train": value})
+    assert message.startswith(f"moe_params.moe_capacity_factor_train is {value}, not a finite"), message
+    folder = write_dataset(tmp_path, "small", n_vocab=50, path="x")
+    with pytest.raises(ConfigError, match=rf"^datasets\[0\]\.weight is {abs(value)}, not a finite number"):
+        config_from_dict(dict(TINY, datasets=[["small", 1, "documents_random", abs(value)]]),  # -inf: weight > 0
+                         dataset_config_dir=folder)
+
+
+@pytest.mark.parametrize("name, refused, accepted, expected", [
+    ("train_steps", -5, 1, "train_steps must be at least 1, got -5"),
+    ("train_steps", 0, 1, "train_steps must be at least 1, got 0"),
+    ("lr_decay_end", 0, 1, "lr_decay_end must be at least 1, got 0"),
+    ("warmup_steps", -1, 0, "warmup_steps must be at least 0, got -1"),
+    ("eval_steps", -1, 0, "eval_steps must be at least 0, got -1"),
+    ("predict_steps", -1, 0, "predict_steps must be at least 0, got -1"),
+    ("seed", -1, 0, "seed must be at least 0, got -1"),
+    ("beta1", 1.0, 0.0, "beta1 must be in [0, 1), got 1.0"),
+    ("beta2", -0.5, 0.999, "beta2 must be in [0, 1), got -0.5"),
+    ("epsilon", 0.0, 1e-12, "epsilon must be more than 0, got 0.0"),
+    ("ada_epsilon1", 0.0, 1e-30, "ada_epsilon1 must be more than 0, got 0.0"),
+    ("ada_epsilon2", -1e-3, 0.0, "ada_epsilon2 must be at least 0, got -0.001"),
+    ("weight_decay", -0.01, 0.0, "weight_decay must be at least 0, got -0.01"),
+    ("gradient_clipping", -1.0, 0.0, "gradient_clipping must be at least 0, got -1.0"),
+    ("z_loss", -1e-4, 0.0, "z_loss must be at least 0, got -0.0001"),
+    ("keep_checkpoint_every_n_hours", -2.0, 0.0, "keep_checkpoint_every_n_hours must be at least 0, got -2.0"),
+])
+def test_counts_and_optimizer_settings_out_of_range_are_refused_at_their_bounds(name, refused, accepted, expected):
+    """`"train_steps": -5` built everything, then said there was nothing to train and exited 0."""
+    assert error_of(**{name: refused}) == expected
+    assert getattr(config_from_dict(dict(TINY, **{name: accepted})), name) == accepted
+
+
 @pytest.mark.parametrize("value", [0, -5])
 def test_steps_per_checkpoint_below_1_is_refused_from_the_config_and_as_an_override(tmp_path, value):
     assert error_of(steps_per_checkpoint=value) == f"steps_per_checkpoint must be at least 1, got {value}"
@@ -123,6 +177,11 @@ def test_model_config_by_name_path_and_overrides(tmp_path):
     path.write_text("{ not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_config(str(path))
+    path.write_bytes(gzip.compress(json.dumps(TINY).encode()))  # a binary file: one line, not a UnicodeDecodeError
+    with pytest.raises(ConfigError, match="is not text .* pass the .json file of the config, not a binary file"):
+        load_config(str(path))
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(TINY).encode())  # UTF-8 with a byte order mark reads as JSON
+    assert load_config(str(path)).n_layer == TINY["n_layer"]
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))))
