@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import math
 import os
 import platform
 import subprocess
@@ -180,4 +181,22 @@ def whole_number(minimum: int):
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
     parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+def number_above(bound: float, inclusive: bool = False):
+    """An argparse type: a finite number more than `bound` (at least it, inclusive). float() reads "nan" and
+    "inf" too: `--peak_tflops -5` printed MFU -0.4%, and no comparison refuses NaN."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"takes a finite number, got {text!r}")
+        if value < bound or (value == bound and not inclusive):
+            raise argparse.ArgumentTypeError(f"must be {'at least' if inclusive else 'more than'} {bound:g}, got "
+                                             f"{value:g}")
+        return value
+    parse.__name__ = f"number {'>=' if inclusive else '>'} {bound:g}"
     return parse

@@ -39,7 +39,7 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 MAIN = os.path.join(REPO, "main.py")
 sys.path.insert(0, REPO)
 
-from console import ArgumentParser  # noqa: E402
+from console import ArgumentParser, number_above, whole_number  # noqa: E402
 from tools.runs import read_scalars  # noqa: E402  (no TensorFlow in this process)
 
 
@@ -51,11 +51,11 @@ def parse_args(argv=None):
                    help="FileStorageObserver folder (default: runs/sacred); 'none' for no file observer")
     p.add_argument("--mongo_url", help="also record to MongoDB at this URL (mongodb://[user:pw@]host:port)")
     p.add_argument("--mongo_db", default="sacred", help="MongoDB database name (default: sacred)")
-    p.add_argument("--poll_seconds", type=float, default=30.0, help="copy new TensorBoard scalars every N seconds")
+    p.add_argument("--poll_seconds", type=number_above(0), default=30.0, help="copy new TensorBoard scalars every N seconds")
     p.add_argument("--tensorboard", action="store_true", help="serve TensorBoard on the model_path while running")
-    p.add_argument("--heartbeat_timeout", type=float, default=0.0,
+    p.add_argument("--heartbeat_timeout", type=number_above(0, inclusive=True), default=0.0,
                    help="restart main.py if no new scalar arrives for N seconds (0: never)")
-    p.add_argument("--max_restarts", type=int, default=3, help="restarts allowed by --heartbeat_timeout")
+    p.add_argument("--max_restarts", type=whole_number(0), default=3, help="restarts allowed by --heartbeat_timeout")
     own, rest = p.parse_known_args(argv)
     if any(a == "--sacred_id" or a.startswith("--sacred_id=") for a in rest):
         p.error("--sacred_id is set by run_experiment.py to the Sacred run's id; do not pass it")
@@ -222,6 +222,20 @@ def sacred_logger() -> logging.Logger:
     return logger
 
 
+def folder_problem(folder: str) -> str | None:
+    """Why Sacred's file observer could not make its run folders in `folder` (a file, or a folder or parent this
+    process cannot write), or None; found before the run starts, without creating anything."""
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    where = folder if path == os.path.abspath(folder) else f"{folder} cannot be made: {path}"
+    if not os.path.isdir(path):
+        return f"{where} is a file, not a folder"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{where} is not writable"
+    return None
+
+
 def main(argv=None) -> int:
     own, rest, main_args = parse_args(argv)
     path, raw = read_config(main_args)
@@ -246,6 +260,11 @@ def main(argv=None) -> int:
         except metadata.PackageNotFoundError:
             pass
     if own.sacred_dir and own.sacred_dir.lower() != "none":
+        problem = folder_problem(own.sacred_dir)
+        if problem:
+            print(f"error: --sacred_dir {problem}: pass a folder (it is made if missing), or 'none' with --mongo_url",
+                  file=sys.stderr)
+            return 1
         ex.observers.append(FileStorageObserver(own.sacred_dir))
     if own.mongo_url:
         from sacred.observers import MongoObserver

@@ -2,10 +2,12 @@
 placement with them (runtime/gpus.py on GPUs)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import tempfile
 
+from console import number_above
 from runtime.tpu_access import DEFAULT_TIMEOUT as DEFAULT_TPU_TIMEOUT
 
 PLAIN_KERNELS_ENV = "GPT_NEO_PLAIN_KERNELS"  # the environment's way to say --plain_kernels (read here only)
@@ -13,7 +15,7 @@ PLAIN_KERNELS_ENV = "GPT_NEO_PLAIN_KERNELS"  # the environment's way to say --pl
 
 def add_arguments(p) -> None:
     """The device flags, added to main.py's parser (--gpu_ids and --tpu themselves are main.py's)."""
-    p.add_argument("--gpu_memory", default="growth", metavar="growth|FRACTION",
+    p.add_argument("--gpu_memory", default="growth", metavar="growth|FRACTION", type=gpu_memory,
                    help="GPU memory for TensorFlow on the --gpu_ids GPUs: 'growth' allocates as needed (default), a "
                         "fraction such as 0.9 reserves that share of each GPU's memory up front")
     p.add_argument("--plain_kernels", action="store_true",
@@ -24,9 +26,21 @@ def add_arguments(p) -> None:
                    help="check the devices (--gpu_ids, --tpu; default the CPU): a tiny model trains a few steps there "
                         "and on the CPU in this dtype (default float32), compared step by step; prints a verdict "
                         "line and a JSON report (the first command to run on new hardware)")
-    p.add_argument("--tpu_timeout", type=float, default=DEFAULT_TPU_TIMEOUT, metavar="SECONDS",
+    p.add_argument("--tpu_timeout", type=number_above(0), default=DEFAULT_TPU_TIMEOUT, metavar="SECONDS",
                    help=f"with --tpu: how long a TPU Node's address (or the metadata server that looks up a TPU "
                         f"name) may take to answer, and the TPU system to initialise (default {DEFAULT_TPU_TIMEOUT:g})")
+
+
+def gpu_memory(text: str) -> str:
+    """--gpu_memory's argparse type: 'growth' or a fraction in (0, 1] (runtime/gpus.py reads it), checked when the
+    command line is read, also on a machine without GPUs, where it would otherwise never be looked at."""
+    from runtime.errors import DeviceError
+    from runtime.gpus import parse_gpu_memory
+    try:
+        parse_gpu_memory(text)
+    except DeviceError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--gpu_memory ")) from None
+    return text
 
 
 def kernels(args, environ=os.environ) -> str:

@@ -5,12 +5,13 @@ and multi-host (--cluster / --workers / --task_index, or the launcher's TF_CONFI
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from typing import Optional
 
-from console import restore
+from console import number_above, restore, whole_number
 
 
 def add_arguments(p) -> None:
@@ -23,20 +24,20 @@ def add_arguments(p) -> None:
                    "(mesh-tensorflow's auto_mtf), then exit")
     p.add_argument("--auto_layout_and_mesh_shape", action="store_true", help="print a mesh shape and layout for "
                    "--num_devices devices, then exit")
-    p.add_argument("--num_devices", type=int, help="devices for --auto_layout_and_mesh_shape (default: as many as "
+    p.add_argument("--num_devices", type=whole_number(1), help="devices for --auto_layout_and_mesh_shape (default: as many as "
                    "--gpu_ids names, else the config's mesh size)")
     p.add_argument("--write_config", metavar="PATH", help="with --auto_layout*: write a copy of the config using "
                    "the found mesh_shape and layout")
     p.add_argument("--cluster", metavar="FILE", help='multi-host: cluster file {"worker": ["host:port", ...]}, '
                    "chief (task 0) first")
     p.add_argument("--workers", metavar="LIST", help="multi-host: the cluster as host0:port,host1:port,...")
-    p.add_argument("--task_index", type=int, help="multi-host: this host's index in the cluster (0 trains)")
-    p.add_argument("--worker_timeout", type=float, help="multi-host: a non-chief exits after this many seconds "
+    p.add_argument("--task_index", type=whole_number(0), help="multi-host: this host's index in the cluster (0 trains)")
+    p.add_argument("--worker_timeout", type=number_above(0), help="multi-host: a non-chief exits after this many seconds "
                    "without being released by the chief (default: wait)")
     p.add_argument("--checkpoint_minutes", type=float, default=None, metavar="N",
                    help="also save a checkpoint whenever N minutes have passed since the last save (for long steps; "
                    "with steps_per_checkpoint, whichever comes first)")
-    p.add_argument("--cluster_port", type=int, default=None, metavar="PORT",
+    p.add_argument("--cluster_port", type=whole_number(1), default=None, metavar="PORT",
                    help="multi-host under SLURM's srun: the port of each node's first task (the next tasks of a node "
                    "take the next ports; default 8888)")
     p.add_argument("--ignore_memory_check", action="store_true",
@@ -72,8 +73,8 @@ def dispatch(args, cfg) -> Optional[int]:
                           f"{' and '.join('--' + c for c in chosen)}")
     if args.tpu and (args.cluster or args.workers or args.task_index is not None):
         raise ConfigError("--tpu runs on the TPU's own hosts: leave out --cluster/--workers/--task_index")
-    if args.checkpoint_minutes is not None and not args.checkpoint_minutes > 0:
-        raise ConfigError(f"--checkpoint_minutes must be more than 0, got {args.checkpoint_minutes:g}")
+    if args.checkpoint_minutes is not None and not 0 < args.checkpoint_minutes < math.inf:  # NaN fails both
+        raise ConfigError(f"--checkpoint_minutes must be more than 0 (a finite number of minutes), got {args.checkpoint_minutes:g}")
     if args.device_memory and not args.dry_run:
         raise ConfigError("--device_memory goes with --dry_run")
     if args.write_config and not (args.auto_layout or args.auto_layout_and_mesh_shape):

@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 
-from console import whole_number
+from console import number_above, whole_number
 
 
 def add_arguments(p) -> None:
@@ -14,7 +14,7 @@ def add_arguments(p) -> None:
     p.add_argument("--new", action="store_true", help="delete model_path and start from scratch (asks first)")
     p.add_argument("--yes", action="store_true", help="answer yes to --new's question (for scripts)")
     p.add_argument("--log_every", type=whole_number(1), default=None, help="print training progress every N steps")
-    p.add_argument("--peak_tflops", type=float, default=None,
+    p.add_argument("--peak_tflops", type=number_above(0), default=None,
                    help="one device's peak TFLOP/s for MFU (one GPU or TPU core; default: the datasheet peak of a known "
                    "GPU, else measured on the first mesh device in the training dtype; runtime/peaks.py)")
     p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "

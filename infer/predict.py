@@ -44,6 +44,9 @@ def read_prompts(paths, per_line: bool) -> list[str]:
         return [""]
     prompts = []
     for path in paths:
+        if os.path.isdir(path):
+            raise DataError(f"prompt file {path} is a folder: pass the text files in it (--prompt "
+                            f"{os.path.join(path, '*.txt')}) or one text file to --prompt")
         if not os.path.isfile(path):
             raise DataError(f"prompt file {path} not found: pass a text file to --prompt")
         try:

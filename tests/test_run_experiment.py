@@ -120,3 +120,29 @@ def test_plot_command_line_and_a_failing_run(tracked, tmp_path):
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "FAILED"
     assert "unknown key 'n_embed'" in (run_dir / "cout.txt").read_text()
+
+
+@pytest.mark.parametrize("where", ["file", "inside_a_file"])
+def test_a_sacred_dir_that_cannot_be_a_folder_is_one_line_before_anything_runs(tmp_path, capsys, where):
+    """--sacred_dir naming a file was Sacred's FileExistsError traceback, after the run had started."""
+    import run_experiment as experiment
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    sacred_dir = taken if where == "file" else taken / "sacred"
+    config = tmp_path / "model.json"  # never read by main.py: the refusal comes first
+    config.write_text(json.dumps({"n_layer": 1, "n_embd": 8, "n_head": 1, "n_vocab": 64, "model_path": str(tmp_path)}))
+    assert experiment.main(["--model", str(config), "--sacred_dir", str(sacred_dir)]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --sacred_dir ") and "is a file, not a folder" in lines[0]
+    assert taken.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "notes.txt"]
+
+
+@pytest.mark.parametrize("flag, value", [("--poll_seconds", "0"), ("--poll_seconds", "nan"),
+                                         ("--heartbeat_timeout", "-1"), ("--max_restarts", "-1")])
+def test_run_experiment_flags_out_of_range_are_argparse_errors(capsys, flag, value):
+    import run_experiment as experiment
+    with pytest.raises(SystemExit) as exited:
+        experiment.parse_args(["--model", "default", flag, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: argument {flag}: ") and err.count("\n") == 1, err
