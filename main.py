@@ -102,7 +102,7 @@ def run(args) -> int:
     from infer.job import run_export, run_prediction
     from runtime import checkpoints
     from tools.runs import write_run_info
-    from train.job import run_training
+    from train.job import check_training, run_training
 
     if args.selfcheck:  # the device check (selfcheck/job.py): no config or model_path of the user's is used
         return gpu_flags.selfcheck(args)
@@ -119,12 +119,20 @@ def run(args) -> int:
     if handled is not None:
         return handled
     placement = select_devices(args, cfg)
+    # Every refusal comes before anything is deleted or written: --new deletes model_path last, once the
+    # question is answered and every check has passed (the memory check, training's data).
     checkpoints.check_model_path(cfg.model_path)
-    if args.new and not train_flags.start_fresh(cfg.model_path, args.yes):
+    if args.new and not train_flags.confirm_new(cfg.model_path, args.yes):  # a running trainer is refused here
         return 1
+    if not args.export:
+        scale_flags.check_memory(args, cfg, placement)  # the dry run's estimate against host RAM and GPUs' memory
+    training = not (args.export or args.predict or args.eval)
+    if training:
+        check_training(cfg)  # no datasets, a model_path that cannot be written, data that cannot give windows
+    if args.new:
+        train_flags.delete_model_path(cfg.model_path)
     if args.export:
         return run_export(cfg, predict_flags.export_options(args))
-    scale_flags.check_memory(args, cfg, placement)  # the dry run's estimate against host RAM and GPUs' free memory
     if args.predict:
         return run_prediction(cfg, placement, predict_flags.predict_options(args))
     if args.eval:

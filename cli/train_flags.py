@@ -1,5 +1,5 @@
 """main.py's training flags (--new, --yes, --log_every, --peak_tflops, --sacred_id) and what they do: the
-options of train/job.py, and --new's question before model_path is deleted."""
+options of train/job.py, and --new's question and deletion (main.py deletes last, after every check)."""
 from __future__ import annotations
 
 import os
@@ -29,10 +29,14 @@ def options(args):
                         checkpoint_minutes=args.checkpoint_minutes)  # declared in cli/scale_flags.py
 
 
-def start_fresh(model_path: str, yes: bool) -> bool:
-    """--new: deletes model_path after asking (or with --yes); False when the user keeps it."""
+def confirm_new(model_path: str, yes: bool) -> bool:
+    """--new's question, before the job's checks: whether model_path may be deleted (asked on a terminal, --yes
+    without one); False when the user keeps it. A trainer running on it is refused here (runtime/lock.py).
+    Nothing is deleted yet: main.py calls delete_model_path once every check has passed."""
     if not os.path.exists(model_path):
         return True
+    from runtime.lock import check_free  # here: the parser reads this module before TensorFlow loads
+    check_free(model_path)
     if not yes:
         if not sys.stdin.isatty():
             print(f"error: --new would delete {model_path}; pass --yes to confirm without a prompt", file=sys.stderr)
@@ -41,8 +45,15 @@ def start_fresh(model_path: str, yes: bool) -> bool:
         if answer.strip().lower() not in ("y", "yes"):
             print("kept it; nothing was deleted")
             return False
-    from runtime.lock import TrainerLock  # here: the parser reads this module before TensorFlow loads
-    with TrainerLock(model_path):  # never under a trainer that is running (one error line naming it)
+    return True
+
+
+def delete_model_path(model_path: str) -> None:
+    """--new, confirmed and every check passed: deletes model_path, holding its lock meanwhile (a trainer that
+    started since the question is refused in one error line naming it)."""
+    if not os.path.exists(model_path):
+        return
+    from runtime.lock import TrainerLock
+    with TrainerLock(model_path):
         shutil.rmtree(model_path)
     print(f"deleted {model_path}")
-    return True

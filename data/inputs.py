@@ -273,6 +273,18 @@ def _larger(current, value):
 
 # ----------------------------------------------------------------------------- training data
 
+def check_train_sources(sources: list[DatasetSource], n_ctx: int, batch_size: int, seed: int, start_step: int = 0,
+                        n_vocab: Optional[int] = None) -> list:
+    """train_dataset's checks at build time, without building it: the arguments, every source's files (their
+    framing), and its first documents (windows of n_ctx+1 tokens from `stitch` documents, ids below n_vocab).
+    A DataError naming the fix; else the sources' file tables."""
+    _check_train_arguments(sources, n_ctx, batch_size, seed, start_step)
+    tables = [_list_files(source.path) for source in sources]
+    for source, table in zip(sources, tables):
+        _check_first_documents(source, table, n_ctx + 1, n_vocab)
+    return tables
+
+
 def train_dataset(sources: list[DatasetSource], n_ctx: int, batch_size: int, seed: int, start_step: int = 0,
                   n_vocab: Optional[int] = None) -> tf.data.Dataset:
     """Infinite batches of (inputs, labels), int32 [batch_size, n_ctx], labels = inputs shifted by one.
@@ -283,11 +295,8 @@ def train_dataset(sources: list[DatasetSource], n_ctx: int, batch_size: int, see
     one, else when its batch is read: see ``pipeline_error``) instead of a silent wrong
     embedding lookup.
     """
-    _check_train_arguments(sources, n_ctx, batch_size, seed, start_step)
+    tables = check_train_sources(sources, n_ctx, batch_size, seed, start_step, n_vocab)
     window = n_ctx + 1
-    tables = [_list_files(source.path) for source in sources]
-    for source, table in zip(sources, tables):
-        _check_first_documents(source, table, window, n_vocab)
     first_example = start_step * batch_size
     examples_before = _examples_taken_per_source(sources, seed, first_example)
     streams = [

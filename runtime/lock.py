@@ -81,6 +81,14 @@ def describe(holder: dict) -> str:
     return f"pid {holder.get('pid')} on host {holder.get('host')}, started {when}"
 
 
+def check_free(model_path: str) -> None:
+    """Raises LockedError when a trainer that may still be running holds model_path's lock (what TrainerLock
+    refuses), without taking the lock or removing a stale one: main.py asks this before --new deletes anything."""
+    holder = read(model_path)
+    if holder is not None:
+        TrainerLock(model_path).why_stale(holder)
+
+
 class TrainerLock:
     """`with TrainerLock(model_path):` holds model_path's lock while training; a LockedError when another live
     trainer holds it."""
@@ -90,10 +98,15 @@ class TrainerLock:
         self.path = os.path.join(model_path, LOCK)
         self._say = say or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
         self._held = False
+        self._made = []  # the folders acquire made (model_path and missing parents), deepest first
 
     def acquire(self) -> None:
         if "://" in self.model_path:
             return  # a bucket has no atomic create: one trainer per model_path is up to the user there
+        missing = os.path.abspath(self.model_path)
+        while not os.path.lexists(missing) and os.path.dirname(missing) != missing:
+            self._made.append(missing)
+            missing = os.path.dirname(missing)
         os.makedirs(self.model_path, exist_ok=True)
         me = {"host": _host(), "pid": os.getpid(), "started": time.time(), "argv": sys.argv[1:]}
         for _ in range(3):
@@ -113,11 +126,25 @@ class TrainerLock:
         holder = read(self.model_path)
         if holder is None:
             return  # removed meanwhile: try again
+        why = self.why_stale(holder)
+        if why is None:
+            return  # removed meanwhile: try again
+        if read(self.model_path) != holder:
+            return  # another trainer took it over first: look again
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            return
+        self._say(f"took over the lock of {self.model_path} ({why})")
+
+    def why_stale(self, holder: dict) -> Optional[str]:
+        """Why the lock held by `holder` (as `read` returns it) is stale, None if it is gone; raises LockedError
+        naming its holder when that trainer may still be running."""
         if not holder:
             try:
                 age = time.time() - os.stat(self.path).st_mtime
             except FileNotFoundError:
-                return
+                return None
             if age < _WRITE_GRACE_S:  # being written by a trainer starting right now
                 raise LockedError(f"{self.model_path} is being locked by another trainer just starting ({self.path}): "
                                   f"one trainer per model_path; use another model_path, or wait for it to finish")
@@ -132,13 +159,7 @@ class TrainerLock:
             raise LockedError(
                 f"{self.model_path} is being trained by {describe(holder)} (lock {self.path}): one trainer per "
                 f"model_path; stop that one first, or, if it is no longer running, delete {self.path}")
-        if read(self.model_path) != holder:
-            return  # another trainer took it over first: look again
-        try:
-            os.remove(self.path)
-        except FileNotFoundError:
-            return
-        self._say(f"took over the lock of {self.model_path} ({why})")
+        return why
 
     def release(self) -> None:
         if not self._held:
@@ -150,6 +171,12 @@ class TrainerLock:
                 os.remove(self.path)
             except OSError:
                 pass  # left behind, it is found stale by the next trainer on this host
+        for folder in self._made:  # a job refused before writing anything (its data, say): no empty folders left
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break  # not empty: the job wrote into it
+        self._made = []
 
     def __enter__(self) -> "TrainerLock":
         self.acquire()

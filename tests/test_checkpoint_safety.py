@@ -8,7 +8,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -175,6 +177,33 @@ def test_a_checkpoint_of_another_shape_is_one_line_and_nothing_is_touched(traine
     line = one_error(*run(capsys, config, *job)[::2])
     assert "model.ckpt-2" in line and "gpt2/" in line and "32]" in line and "64]" in line, line
     assert snapshot(model_path) == before
+
+
+# ----------------------------------------------------------------------------------------------------
+# 2b. --new deletes last: every refusal comes first
+
+
+@pytest.mark.parametrize("refusal", ["memory", "data", "lock"])
+def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(trained, tmp_path, capsys, monkeypatch,
+                                                                         refusal):
+    """`--new --yes` deleted model_path, then the memory check refused the job: the run was gone and nothing
+    trained. The memory check, training's data check (stitch 1 of documents shorter than n_ctx+1) and a running
+    trainer's lock all refuse before anything is deleted."""
+    from plan import memory_check
+    changes = dict(datasets=[["tiny", 1, "documents_random", 1.0]], n_ctx=4096) if refusal == "data" else {}
+    config, model_path = copy_run(trained, tmp_path, train_steps=3, **changes)
+    if refusal in ("memory", "lock"):  # with a lock held too, the lock is what refuses: it is checked first
+        monkeypatch.setattr(memory_check, "available_host_bytes", lambda: 1024.0)
+    if refusal == "lock":  # this process, alive, holds the lock
+        with open(os.path.join(model_path, ".trainer.lock"), "w") as f:
+            json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}, f)
+    before = snapshot(model_path)
+    code, out, err = run(capsys, config, "--new", "--yes")
+    line = one_error(code, err)
+    expected = {"memory": "error: training ", "data": "error: stitch 1 * shortest document",
+                "lock": f"error: {model_path} is being trained by pid {os.getpid()}"}[refusal]
+    assert line.startswith(expected), line
+    assert "deleted" not in out and snapshot(model_path) == before
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -114,6 +114,8 @@ def test_data_errors_are_one_line_with_exit_code_1(workspace, capsys, name, chan
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1, (out, err)
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
+    if name != "truncated_in_training":  # refused before training starts: no model_path made (the stitch error
+        assert not (workspace / f"run_{name}").exists()  # left an empty one)
 
 
 def test_bad_ids_found_while_training_are_one_line_from_the_real_cli(workspace):

@@ -178,3 +178,21 @@ def test_while_one_trainer_runs_a_second_is_refused_and_predict_reads_the_rotati
     assert reader.returncode == 0 and "======== sample" in reader.stdout, reader.stderr[-3000:]
     assert first.returncode == 143
     assert not os.path.exists(os.path.join(tmp_path, "run", LOCK))
+
+
+def test_a_lock_that_made_model_path_removes_it_when_the_job_wrote_nothing(tmp_path):
+    """A job refused inside the lock (its data, a precision this device lacks) left an empty model_path (and its
+    missing parents) behind; one that wrote a file keeps it."""
+    model_path = tmp_path / "runs" / "a" / "run"
+    with pytest.raises(RuntimeError, match="refused"):
+        with TrainerLock(str(model_path)):
+            assert os.path.isfile(model_path / LOCK)
+            raise RuntimeError("refused")
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "runs").mkdir()  # a parent that was there stays, empty or not
+    with TrainerLock(str(model_path)):
+        pass
+    assert os.listdir(tmp_path) == ["runs"] and os.listdir(tmp_path / "runs") == []
+    with TrainerLock(str(model_path)):
+        (model_path / "model.ckpt-1.index").write_text("x")
+    assert os.listdir(model_path) == ["model.ckpt-1.index"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from config.schema import ConfigError, GPTConfig
-from data.inputs import DatasetSource, train_dataset
+from data.inputs import DatasetSource, check_train_sources, train_dataset
 from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals import tasks, validation
@@ -39,6 +39,23 @@ def dataset_sources(cfg: GPTConfig) -> list[DatasetSource]:
                           shuffle_files=cfg.shuffle_input_filenames) for use in cfg.datasets]
 
 
+def _check_datasets_and_writable(cfg: GPTConfig) -> None:
+    """Training's refusals that need no data and no checkpoint: a config without datasets, a model_path this
+    process cannot write in."""
+    if not cfg.datasets:
+        raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
+    checkpoints.check_writable(cfg.model_path, "make it writable, or set model_path to a folder you can write in")
+
+
+def check_training(cfg: GPTConfig) -> None:
+    """Every refusal of training that needs no checkpoint, writing nothing: a config without datasets, a
+    model_path that cannot be written, and the data's (data/inputs.py's build-time checks: files that are there
+    and whole, documents that `stitch` makes into windows of n_ctx+1 tokens, ids below n_vocab). main.py runs it
+    before --new deletes model_path; training itself meets the data's when it builds its input pipeline."""
+    _check_datasets_and_writable(cfg)
+    check_train_sources(dataset_sources(cfg), cfg.n_ctx, cfg.train_batch_size, cfg.seed, n_vocab=cfg.n_vocab)
+
+
 def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
                  on_start: Optional[Callable[[int, GPTConfig], None]] = None) -> int:
     """Trains model_path to train_steps (resuming at its latest checkpoint), in chunks of steps_per_checkpoint
@@ -50,9 +67,7 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
     Which checkpoint training starts from is decided here, once (the newest that can be read); each chunk
     then resumes from the checkpoint the previous one saved. SIGINT or SIGTERM (on a multi-host run: to any of its
     tasks) stops after the current step with a checkpoint (loop.Interrupted)."""
-    if not cfg.datasets:
-        raise ConfigError("the config has no datasets to train on: add \"datasets\": [[\"ID\", stitch, mode, weight]]")
-    checkpoints.check_writable(cfg.model_path, "make it writable, or set model_path to a folder you can write in")
+    _check_datasets_and_writable(cfg)
     with TrainerLock(cfg.model_path):  # one trainer per model_path (runtime/lock.py)
         return _train_locked(cfg, placement, options, on_start)
 
