@@ -38,21 +38,34 @@ class Terminated(KeyboardInterrupt):
         return exit_code(self.signum)
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
-
-
 @contextlib.contextmanager
 def terminate_with_a_line():
     """While open, SIGTERM raises Terminated (main.py prints its one line and exits 143) instead of killing the
     process silently; the handler before is put back on exit. Only in the main thread (signal handlers cannot
-    be installed elsewhere)."""
+    be installed elsewhere).
+
+    Terminated is raised wherever the signal finds the program, which may be half-way into a `with` whose exit
+    then fails in its own way: TensorFlow's variable_scope, entered but not yet recorded, raises "Improper
+    nesting of variable_scope" while a graph is being built (the memory check's, 3 of 4 tries). Once SIGTERM
+    came, whatever leaves the block is reported as the Terminated it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    received = []
+
+    def raise_terminated(signum, frame):
+        received.append(signum)
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
+    except Terminated:
+        raise
+    except BaseException:
+        if received:
+            raise Terminated(received[0]) from None
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 
