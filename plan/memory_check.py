@@ -14,6 +14,11 @@ dry run's inference estimate, weights plus one batch's activations and predict's
   (get_memory_info), not what is free. GPUs whose memory cannot be read are not compared. Not yet run on GPUs.
 Multi-host runs and TPUs spread the master copies over their hosts and are not checked. `--ignore_memory_check`
 goes on regardless (the estimate is an estimate: TensorFlow's allocator moves the real peak both ways).
+
+The estimate answers in seconds at any depth: it comes from graphs of a few layers (dry_run.by_layer_kind: one
+layer of each kind, and one more), the same per-tensor counts the whole model's graph gives. Only where it comes
+within CLOSE of a limit is the whole graph built to decide (minutes for thousands of layers, where the answer
+matters).
 """
 from __future__ import annotations
 
@@ -25,6 +30,13 @@ from typing import Optional
 from config.schema import ConfigError, GPTConfig
 from plan import dry_run
 from plan.dry_run import human_bytes
+
+
+CLOSE = 0.1  # an estimate within 10% of a limit is decided on the whole model's graph
+
+
+def close_to(need: float, limit: float) -> bool:
+    return abs(need - limit) <= CLOSE * limit
 
 
 class DoesNotFit(ConfigError):
@@ -46,11 +58,13 @@ def _meminfo_available() -> Optional[float]:
     return float(psutil.virtual_memory().available)
 
 
+CGROUP = "/sys/fs/cgroup"
+
+
 def _cgroup_available() -> Optional[float]:
     """What the container's memory limit leaves (cgroup v2, then v1); None without a limit."""
-    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_path, usage_path in ((f"{CGROUP}/memory.max", f"{CGROUP}/memory.current"),
+                                   (f"{CGROUP}/memory/memory.limit_in_bytes", f"{CGROUP}/memory/memory.usage_in_bytes")):
         try:
             with open(limit_path) as f:
                 limit = f.read().strip()
@@ -183,8 +197,16 @@ def check_training(cfg: GPTConfig, placement, name: str, available: Optional[flo
     available = available_host_bytes() if available is None else available
     if available is None:
         return None
-    plan = dry_run.make_plan(cfg)
     on_cpu = not any("GPU" in d.upper() for d in placement.devices)
+    gpu_free = {} if on_cpu else gpu_free_bytes(placement) if gpu_free is None else gpu_free
+
+    def close(plan) -> bool:
+        return (close_to(host_need(plan, on_cpu, cfg.recompute_grad), available)
+                or bool(gpu_free) and close_to(plan.memory[cfg.recompute_grad].total, min(gpu_free.values())))
+
+    plan = dry_run.make_plan(cfg, facts=dry_run.by_layer_kind(cfg))
+    if close(plan):
+        plan = dry_run.make_plan(cfg)
     need = host_need(plan, on_cpu, cfg.recompute_grad)
     what = (f"the master copies plus {cfg.n_devices} CPU device{'s' if cfg.n_devices > 1 else ''} x "
             f"{human_bytes(plan.memory[cfg.recompute_grad].total)}" if on_cpu else "the master copies of all variables")
@@ -201,8 +223,7 @@ def check_training(cfg: GPTConfig, placement, name: str, available: Optional[flo
               if not cfg.recompute_grad and plan.memory[True].total < per_device.total else
               f"python main.py --model {name} --dry_run --device_memory <one GPU's memory> finds a mesh and layout "
               f"that fit")
-    gpus = _check_gpus("training", name, per_device.total, gpu_free_bytes(placement) if gpu_free is None else gpu_free,
-                       advice)
+    gpus = _check_gpus("training", name, per_device.total, gpu_free, advice)
     return f"{said}; {gpus}" if gpus else said
 
 
@@ -221,12 +242,17 @@ def check_inference(cfg: GPTConfig, placement, name: str, job: str, available: O
     available = available_host_bytes() if available is None else available
     if available is None:
         return None
-    facts = dry_run.collect(cfg, recompute_flags=(False,))
+    on_cpu = not any("GPU" in d.upper() for d in placement.devices)
+    gpu_free = {} if on_cpu else gpu_free_bytes(placement) if gpu_free is None else gpu_free
+    facts = dry_run.by_layer_kind(cfg, recompute_flags=(False,))
     try:
         per_device = dry_run.inference_memory(facts, cfg, job)
     except ConfigError:
         return None  # a batch the layout cannot split: the job itself says so, in its own words
-    on_cpu = not any("GPU" in d.upper() for d in placement.devices)
+    if (close_to(inference_host_need(facts, per_device, cfg.n_devices, on_cpu), available)
+            or bool(gpu_free) and close_to(per_device.total, min(gpu_free.values()))):
+        facts = dry_run.collect(cfg, recompute_flags=(False,))
+        per_device = dry_run.inference_memory(facts, cfg, job)
     need = inference_host_need(facts, per_device, cfg.n_devices, on_cpu)
     batch_key = "eval_batch_size" if job == "eval" else "predict_batch_size"
     doing = "evaluating" if job == "eval" else "predicting with"
@@ -244,6 +270,6 @@ def check_inference(cfg: GPTConfig, placement, name: str, job: str, available: O
     said = f"memory: about {human_bytes(need)} of host RAM needed, {human_bytes(available)} available"
     if on_cpu:
         return said
-    gpus = _check_gpus(doing, name, per_device.total, gpu_free_bytes(placement) if gpu_free is None else gpu_free,
+    gpus = _check_gpus(doing, name, per_device.total, gpu_free,
                        f"lower {batch_key}, or spread the model over more GPUs (--mesh_shape, --layout)")
     return f"{said}; {gpus}" if gpus else said

@@ -146,6 +146,30 @@ def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps():
     assert per_layer == [expected["global"], expected["local"]]
 
 
+@pytest.mark.parametrize("changes", [
+    dict(n_layer=7, attention_types=[[["global", "local"], 3], [["local"], 1]]),
+    dict(n_layer=6, attention_types=[[["global"], 5], [["local"], 1]], moe_layers=[1, 5], precision="bfloat16"),
+    dict(n_layer=5, attention_types=[[["global"], 5]], share_parameters=True, mlp_glu=True, num_mem_kv=2),
+    dict(n_layer=4, attention_types=[[["global"], 4]], macaron=True, rezero=True, opt_name="adafactor", beta1=0.0,
+         mesh_shape="x:2", layout="heads:x,vocab:x"),
+], ids=["alternating", "moe_and_a_late_kind", "shared_glu_memory", "macaron_adafactor_split"])
+def test_the_estimate_from_a_few_layers_is_the_whole_graphs(changes):
+    """plan/memory_check.py answers from graphs of a few layers (by_layer_kind) so that 3000 layers take seconds:
+    every count it extrapolates is the one the whole model's graph gives (layer kinds appearing late, shared
+    weights, MoE layers, optimizer slots, a split layout)."""
+    cfg = tiny_config(n_ctx=32, **changes)
+    whole, estimate = plan.collect(cfg), plan.by_layer_kind(cfg)
+    for name in ("weights", "optimizer", "gradients", "weight_casts"):
+        assert getattr(estimate, name).groups == getattr(whole, name).groups, name
+    assert {flag: s.groups for flag, s in estimate.saved.items()} == {flag: s.groups for flag, s in whole.saved.items()}
+    assert (estimate.params, estimate.master_bytes, estimate.master_weight_bytes) == (
+        whole.params, whole.master_bytes, whole.master_weight_bytes)
+    assert set(estimate.all_tensors.groups) == set(whole.all_tensors.groups)
+    for recompute in (False, True):  # the largest tensor and the largest layer, which the working set takes
+        assert plan.memory(estimate, cfg, recompute) == plan.memory(whole, cfg, recompute)
+    assert plan.inference_memory(estimate, cfg, "predict") == plan.inference_memory(whole, cfg, "predict")
+
+
 def test_smallest_mesh_that_fits():
     cfg = tiny_config(train_batch_size=8)
     facts = plan.collect(cfg)
