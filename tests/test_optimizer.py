@@ -1,5 +1,7 @@
 """models/optimizers.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer; which weights
-weight decay shrinks on the real model."""
+weight decay shrinks on the real model. train/optimizer.py: the learning-rate schedule, and the step whose rate
+each update applies."""
+import math
 import shutil
 
 import mesh_tensorflow as mtf
@@ -68,7 +70,10 @@ def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_pa
     that also matches a matrix (it would not be decayed)."""
     data = random_tokens([16, 17], seed=3)
     cfg = tiny_config(model_path=str(tmp_path / "start"), train_steps=3, steps_per_checkpoint=2, lr=1e-2)
-    loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=2)
+    first = []  # the update that makes step s+1 (global step s before it) runs at the schedule's value at s
+    loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=2,
+               on_step=lambda step, values: first.append(float(values["learning_rate"])))
+    np.testing.assert_allclose(first, [scheduled(cfg.lr, s, 0, 3, "cosine") for s in (0, 1)], rtol=1e-6)
     start = model_weights(cfg.model_path)
     assert all(np.abs(value).max() > 1e-3 for value in start.values())  # no zero bias: a decay would show
 
@@ -79,7 +84,7 @@ def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_pa
         loop.train(run, placement_for(run), fixed_batches(data, run.train_batch_size),
                    on_step=lambda step, values: learning_rates.update({decay: float(values["learning_rate"])}))
         after[decay] = model_weights(run.model_path)
-    assert learning_rates[0.0] == learning_rates[0.5] > 0
+    assert learning_rates[0.0] == learning_rates[0.5] == pytest.approx(scheduled(cfg.lr, 2, 0, 3, "cosine"), rel=1e-6)
     shrink = learning_rates[0.5] * 0.5
 
     decayed = {name for name, value in start.items() if value.ndim >= 2}
@@ -88,3 +93,40 @@ def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_pa
     for name, value in start.items():
         expected = shrink * value if name in decayed else np.zeros_like(value)
         np.testing.assert_allclose(after[0.0][name] - after[0.5][name], expected, rtol=1e-3, atol=1e-7, err_msg=name)
+
+
+def rates_at(cfg, steps) -> list:
+    """train/optimizer.py's learning rate for the update that starts at each global step of `steps`."""
+    from train.optimizer import learning_rate
+    with tf.Graph().as_default(), tf.Session() as session:
+        step = tf.placeholder(tf.int64, [])  # the global step's dtype
+        rate = learning_rate(cfg, step)
+        return [float(session.run(rate, {step: s})) for s in steps]
+
+
+def scheduled(lr, step, warmup, decay_end, decay) -> float:
+    """README's schedule: a linear warmup from 0 to lr over warmup_steps (update s, counted from 0, at lr * s /
+    warmup_steps), then from lr at step 0 down to 10% of lr at lr_decay_end, cosine or linear in the progress
+    step / lr_decay_end, and 10% of lr after it."""
+    if step < warmup:
+        return lr * step / warmup
+    progress = min(step / decay_end, 1.0)
+    fraction = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)) if decay == "cosine" else 1 - 0.9 * progress
+    return lr * fraction
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear"])
+@pytest.mark.parametrize("warmup, decay_end", [(10, None), (0, None), (10, 40)])
+def test_the_learning_rate_schedule_at_its_boundaries(decay, warmup, decay_end):
+    """No test covered the schedule: a warmup off by one step, or a cosine that decays to 0 instead of 10% of
+    lr, passed the suite. The steps around each boundary: the first updates, the last of the warmup and the first
+    after it, the middle of the decay, its end (lr_decay_end, default train_steps) and beyond."""
+    cfg = tiny_config(lr=2e-3, warmup_steps=warmup, lr_decay=decay, lr_decay_end=decay_end, train_steps=100)
+    end = decay_end or cfg.train_steps
+    steps = [0, 1, 9, 10, 11, end // 4, end // 2, end - 1, end, end + 1, 1000]
+    expected = [scheduled(cfg.lr, s, warmup, end, decay) for s in steps]
+    np.testing.assert_allclose(rates_at(cfg, steps), expected, rtol=1e-5)
+    if warmup:
+        assert rates_at(cfg, [0, warmup])[0] == 0.0  # the first update of a warmup is at lr 0 (GPT-Neo's)
+    assert rates_at(cfg, [end, 10 * end]) == pytest.approx([0.1 * cfg.lr] * 2, rel=1e-6)  # 10% of lr, kept
+
