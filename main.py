@@ -19,11 +19,12 @@ warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from cli import gpu_flags, predict_flags, scale_flags, train_flags
+    from cli import eval_flags, gpu_flags, predict_flags, scale_flags, train_flags
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="config name in configs/ or a path to a .json (default: default)")
     # The job; training when none is given.
-    p.add_argument("--eval", action="store_true", help="report loss and perplexity on eval_path")
+    p.add_argument("--eval", action="store_true", help="report loss, perplexity and bits per byte on eval_path, the "
+                   "eval tasks and the harness tasks")
     p.add_argument("--predict", action="store_true", help="sample text from the latest checkpoint")
     p.add_argument("--export", action="store_true", help="write a SavedModel serving generation and logits")
     p.add_argument("--check_dataset", action="store_true", help="print token id range and a decoded sample")
@@ -42,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     gpu_flags.add_arguments(p)  # --gpu_memory, --plain_kernels, --tpu_timeout
     train_flags.add_arguments(p)  # --new, --yes, --log_every, --peak_tflops, --sacred_id
     predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
+    eval_flags.add_arguments(p)  # --harness_tasks, --harness_include_path, --num_fewshot, --limit, ...
     scale_flags.add_arguments(p)  # --dry_run, --auto_layout*, multi-host
     return p.parse_args(argv)
 
@@ -95,7 +97,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     """The switchboard: the config read once, then the one job the flags ask for, each given its typed options."""
-    from cli import gpu_flags, predict_flags, scale_flags, train_flags
+    from cli import eval_flags, gpu_flags, predict_flags, scale_flags, train_flags
     from cli.config_loading import load_config
     from data import check as data_check
     from evals.job import run_evaluation
@@ -110,6 +112,7 @@ def run(args) -> int:
     if args.layout is not None:
         overrides["layout"] = args.layout
     overrides.update(predict_flags.config_overrides(args))
+    overrides.update(eval_flags.config_overrides(args))
     overrides.update(scale_flags.config_overrides(args))
     cfg = load_config(args.model, overrides)
 
@@ -136,10 +139,11 @@ def run(args) -> int:
     if args.predict:
         return run_prediction(cfg, placement, predict_flags.predict_options(args))
     if args.eval:
-        return run_evaluation(cfg, placement)
+        return run_evaluation(cfg, placement, eval_flags.options(args, cfg))
     # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
     run_training(cfg, placement, train_flags.options(args),
-                 on_start=lambda step, trained: write_run_info(trained, step, args.sacred_id))
+                 on_start=lambda step, trained: write_run_info(trained, step, args.sacred_id),
+                 harness_options=eval_flags.options(args, cfg))
     return 0
 
 

@@ -168,6 +168,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
     values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir, values.get("input_fn"))
     values.update(parse_model_options(values))
     values["eval_tasks"] = _parse_eval_tasks(values.get("eval_tasks") or [])
+    values["harness_tasks"] = parse_harness_tasks(values.get("harness_tasks") or [])
     if values["datasets"]:  # special ids come from the (last) dataset's tokenizer, as in GPT-Neo
         last = values["datasets"][-1].dataset
         values.setdefault("eos_id", last.eos_id)
@@ -178,6 +179,15 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
 def _parse_eval_tasks(value: Any) -> tuple:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f'eval_tasks must be a list of task names like ["lambada"], got {value!r}')
+    return tuple(value)
+
+
+def parse_harness_tasks(value: Any) -> tuple:
+    """harness_tasks: a list of lm-eval task names, or one comma-separated string (as --harness_tasks gives)."""
+    if isinstance(value, str):
+        value = [name.strip() for name in value.split(",") if name.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f'harness_tasks must be a list of lm-eval task names like ["lambada_openai"], got {value!r}')
     return tuple(value)
 
 

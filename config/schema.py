@@ -158,6 +158,11 @@ class GPTConfig:
     eval_tasks: tuple = ()               # e.g. ["lambada"]
     lambada_path: Optional[str] = None   # local LAMBADA jsonl, one {"text": ...} per line
     eval_results_path: Optional[str] = None  # jsonl that results are appended to; default model_path/eval_results.jsonl
+    # lm-evaluation-harness tasks (evals/harness.py; --harness_tasks and its flags override these for a run).
+    harness_tasks: tuple = ()            # e.g. ["lambada_openai", "tiny_choice"]; task names of lm-eval
+    harness_include_path: Optional[str] = None  # folder of the tasks' own YAML files (local data)
+    harness_num_fewshot: Optional[int] = None   # default: each task's own
+    harness_limit: Optional[float] = None       # examples per task (a fraction when below 1); default: all
 
     # ---- derived values ----
     @property
@@ -454,6 +459,10 @@ def validate(cfg: GPTConfig) -> GPTConfig:
         raise ConfigError(f"model {cfg.model!r} is not known: only 'GPT' is built")
     if cfg.precision not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"precision must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.precision!r}")
+    if cfg.harness_num_fewshot is not None and cfg.harness_num_fewshot < 0:
+        raise ConfigError(f"harness_num_fewshot must be 0 or more, got {cfg.harness_num_fewshot}")
+    if cfg.harness_limit is not None and cfg.harness_limit <= 0:
+        raise ConfigError(f"harness_limit must be above 0 (a count, or a fraction below 1), got {cfg.harness_limit}")
     if cfg.initial_loss_scale < 1 or cfg.loss_scale_window < 1:
         raise ConfigError(f"initial_loss_scale and loss_scale_window must be at least 1, got "
                           f"{cfg.initial_loss_scale} and {cfg.loss_scale_window}")

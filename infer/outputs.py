@@ -8,6 +8,9 @@
   -> {"token_loss": per-position cross-entropy, "token_correct": 1 where the argmax is the target};
 * logits: {"tokens" [batch, n_ctx]} -> {"logits" [batch, n_ctx, n_vocab]} (float32).
 
+Scoring and logits rows may be shorter than n_ctx (the harness scores short requests so): the graph is built
+for the rows' length, and a causal model's outputs at a position do not depend on the positions after it.
+
 `predictions` lowers them on a mesh; infer/run.py's `predict` runs that over batches of rows from a
 checkpoint (or the seeded initial weights).
 """
@@ -55,7 +58,7 @@ def predictions(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, features: dict, optio
 
     gather: make each output whole on every device first (mtf.anonymize), which the TPU's SIMD mesh needs to
     hand a tensor out; a placement mesh assembles the slices itself."""
-    dims = gpt.Dims.of(cfg, meshes.batch_size(features["tokens"]))
+    dims = gpt.Dims.of(cfg, meshes.batch_size(features["tokens"]), int(features["tokens"].shape[1]))
     outputs = predict_outputs(features, mesh, cfg, dims, options)
     if gather:
         outputs = {name: mtf.anonymize(t) for name, t in outputs.items()}

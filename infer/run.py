@@ -2,7 +2,7 @@
 --predict's samples, the eval tasks' scores and tools that need logits; on CPUs and GPUs or on a TPU."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -17,16 +17,18 @@ from models.optimizers import slot_patterns
 
 
 def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
-            checkpoint: Optional[str] = None, options=None, progress: bool = False) -> dict:
+            checkpoint: Optional[str] = None, options=None, progress: bool = False,
+            on_batch: Optional[Callable[[int], None]] = None) -> dict:
     """infer/outputs.py's outputs for every row of `rows` (numpy arrays, one row per example), run
     `batch_size` rows at a time (the last batch padded); from `checkpoint`, a checkpoint prefix or a folder
-    (its latest), or from the seeded initial weights when None."""
+    (its latest), or from the seeded initial weights when None. `progress` shows a bar of batches;
+    `on_batch(rows)` is called after each batch with its count of rows (a caller's own progress bar)."""
     rows = {name: np.asarray(value) for name, value in rows.items()}
     count = len(next(iter(rows.values())))
     if checkpoint and tf.io.gfile.isdir(checkpoint):
         checkpoint = checkpoints.require_checkpoint(checkpoint)
     if placement.use_tpu:
-        return _predict_on_tpu(cfg, placement, rows, batch_size, checkpoint, options)
+        return _predict_on_tpu(cfg, placement, rows, batch_size, checkpoint, options, on_batch)
     graph = tf.Graph()
     with graph.as_default(), tf.device(placement.device_function()):
         feeds = {name: tf.placeholder(tf.as_dtype(value.dtype), [batch_size] + list(value.shape[1:]), name=name)
@@ -43,6 +45,8 @@ def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
             batch = {feeds[name]: padded_batch(value[first:first + batch_size], batch_size) for name, value in rows.items()}
             out = session.run(lowered.outputs, feed_dict=batch)
             results.append({name: value[:min(batch_size, count - first)] for name, value in out.items()})
+            if on_batch:
+                on_batch(min(batch_size, count - first))
     return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
 
@@ -67,7 +71,8 @@ class TpuPrediction:
         self.lowered = lowered[0]
 
 
-def _predict_on_tpu(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int, checkpoint: Optional[str], options):
+def _predict_on_tpu(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int, checkpoint: Optional[str], options,
+                    on_batch: Optional[Callable[[int], None]] = None):
     """predict() on the TPU: one batch per session call."""
     count = len(next(iter(rows.values())))
     graph = tf.Graph()
@@ -80,4 +85,6 @@ def _predict_on_tpu(cfg: GPTConfig, placement: Placement, rows: dict, batch_size
                     for placeholder, name in zip(program.feeds, program.names)}
             out = program.loop.run(session, 1, feed_dict=feed)[0]
             results.append({k: v[:min(batch_size, count - first)] for k, v in out.items()})
+            if on_batch:
+                on_batch(min(batch_size, count - first))
     return {k: np.concatenate([r[k] for r in results]) for k in results[0]}

@@ -36,8 +36,10 @@ class Dims:
     embed_sequence: mtf.Dimension  # rows of wpe; separate from `sequence` so layouts can treat them apart
 
     @classmethod
-    def of(cls, cfg: GPTConfig, batch_size: int) -> "Dims":
-        return cls(mtf.Dimension("batch", batch_size), mtf.Dimension("sequence", cfg.n_ctx),
+    def of(cls, cfg: GPTConfig, batch_size: int, sequence_length: Optional[int] = None) -> "Dims":
+        """The model's dimensions; `sequence_length` (default n_ctx) may be shorter for scoring shorter rows (a
+        causal model's logits at a position do not depend on the positions after it); wpe keeps n_ctx rows."""
+        return cls(mtf.Dimension("batch", batch_size), mtf.Dimension("sequence", sequence_length or cfg.n_ctx),
                    mtf.Dimension("embd", cfg.n_embd), mtf.Dimension("vocab", cfg.n_vocab),
                    mtf.Dimension("embed_sequence", cfg.n_ctx))
 

@@ -1,6 +1,6 @@
 """The training job of `main.py`: the config's datasets mixed into one stream of batches, trained by
-train/loop.py to train_steps, with the validation loss and the eval tasks after each checkpoint when the config
-asks for them (eval_steps, eval_tasks)."""
+train/loop.py to train_steps, with the validation loss, the eval tasks and the harness's tasks after each
+checkpoint when the config asks for them (eval_steps, eval_tasks, harness_tasks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ from config.schema import ConfigError, GPTConfig
 from data.inputs import DatasetSource, check_train_sources, train_dataset
 from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
-from evals import tasks, validation
+from evals import harness, tasks, validation
 from models import gpt
 from runtime import checkpoints, cluster
 from runtime.devices import Placement
@@ -57,7 +57,8 @@ def check_training(cfg: GPTConfig) -> None:
 
 
 def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
-                 on_start: Optional[Callable[[int, GPTConfig], None]] = None) -> int:
+                 on_start: Optional[Callable[[int, GPTConfig], None]] = None,
+                 harness_options: Optional[harness.HarnessOptions] = None) -> int:
     """Trains model_path to train_steps (resuming at its latest checkpoint), in chunks of steps_per_checkpoint
     with the validation loss and eval tasks after each when the config asks for them. `on_start(step, cfg)` runs
     once training is about to start at `step`, given the config as trained (precision "auto" resolved): after the
@@ -68,12 +69,16 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
     then resumes from the checkpoint the previous one saved. SIGINT or SIGTERM (on a multi-host run: to any of its
     tasks) stops after the current step with a checkpoint (loop.Interrupted)."""
     _check_datasets_and_writable(cfg)
+    # The harness's tasks are checked before the first step, not found wrong after the first checkpoint.
+    harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
+    prepared = harness.prepare(harness_options) if cfg.harness_tasks else None
     with TrainerLock(cfg.model_path):  # one trainer per model_path (runtime/lock.py)
-        return _train_locked(cfg, placement, options, on_start)
+        return _train_locked(cfg, placement, options, on_start, harness_options, prepared)
 
 
 def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
-                  on_start: Optional[Callable[[int, GPTConfig], None]]) -> int:
+                  on_start: Optional[Callable[[int, GPTConfig], None]], harness_options: harness.HarnessOptions,
+                  prepared: Optional[harness.Prepared]) -> int:
     restored = checkpoints.restorable(cfg.model_path)
     start = checkpoints.step_of(restored) if restored else 0
     if start >= cfg.train_steps:
@@ -118,7 +123,7 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
     # Train in chunks of steps_per_checkpoint when evaluating, so that eval runs after each checkpoint.
     step, checkpoint = start, restored
     while step < cfg.train_steps:
-        evaluating = cfg.eval_steps or cfg.eval_tasks
+        evaluating = cfg.eval_steps or cfg.eval_tasks or cfg.harness_tasks
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
         log = TrainingLog(cfg, log_every, peak.flops, None)
         # A multi-host chief also stops when one of its workers got SIGTERM (runtime/cluster.py's stop queue).
@@ -131,4 +136,6 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
             validation.report(cfg, placement)
         if cfg.eval_tasks:
             tasks.run_eval_tasks(cfg, placement, load_for_config(cfg), step)
+        if prepared:
+            harness.run_harness(cfg, placement, step, harness_options, prepared)
     return step

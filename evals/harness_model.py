@@ -1,0 +1,201 @@
+"""An lm-evaluation-harness model (`lm_eval.api.model.TemplateLM`, registered as "gpt-neo-mtf") backed by one
+of our checkpoints: a thin client of infer/run.py's PREDICT graph, as the eval tasks and --predict are.
+
+* `loglikelihood`: the harness's TemplateLM encodes each (context, continuation) as its HF backend does (the
+  whole text encoded, the context's tokens split off; an empty context becomes the eos token); each request
+  is one row of (context + continuation)[-(n_ctx + 1):] scored in one forward pass (infer/outputs.py's
+  token_loss and token_correct): the continuation's summed log-probability, and whether every one of its
+  tokens is the argmax.
+* `loglikelihood_rolling`: the harness's own rolling windows of n_ctx tokens (lm_eval.utils), each scored as
+  a loglikelihood request, summed per text.
+* `generate_until`: models/sampling.py's sampler (kv cache where the model has it), greedy unless the request
+  asks for a temperature, stopping at the eos token or after max_gen_toks; the text is cut at the first stop
+  sequence. Prompts are cut from the left to n_ctx - max_gen_toks tokens, as the HF backend cuts them.
+
+Requests are sorted by length, longest first (as the HF backend sorts them), and scored in rows of a few
+lengths (powers of two up to n_ctx): one PREDICT graph per length, so short requests are not padded to n_ctx.
+Models whose outputs might depend on the row length (a layout splitting 'sequence', a layer or option without
+an incremental path) are scored at n_ctx. A progress bar counts the requests.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+from lm_eval import utils as harness_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from tqdm import tqdm
+
+from data.errors import DataError
+from infer import run
+from models.sampling import SamplingOptions, incremental_unsupported
+
+MODEL_NAME = "gpt-neo-mtf"
+SHORTEST_ROW = 16  # the shortest row length scored: below it a graph costs more to build than it saves
+
+
+def row_length(tokens: int, n_ctx: int, by_length: bool) -> int:
+    """The row length that scores `tokens` positions: the next power of two (at least SHORTEST_ROW), at most
+    n_ctx; n_ctx when rows are not cut by length."""
+    if not by_length:
+        return n_ctx
+    length = SHORTEST_ROW
+    while length < tokens:
+        length *= 2
+    return min(length, n_ctx)
+
+
+def rows_by_length_safe(cfg) -> bool:
+    """Whether scoring rows shorter than n_ctx gives the same outputs: every layer and option has an
+    incremental path (so a position's outputs depend on no later position) and no layout splits 'sequence'
+    (whose split must divide the row)."""
+    return incremental_unsupported(cfg) is None and "sequence" not in dict(cfg.layout_rules)
+
+
+@register_model(MODEL_NAME)
+class CheckpointLM(TemplateLM):
+    """The harness's view of a checkpoint of `cfg`'s model on `placement`, tokenized by `tokenizer`
+    (data/tokenizer.py's LoadedTokenizer); `batch_size` rows per forward pass (default eval_batch_size)."""
+
+    def __init__(self, cfg, placement, checkpoint: str, tokenizer, batch_size: Optional[int] = None):
+        super().__init__()
+        if cfg.mlm_training:
+            raise DataError("a masked language model (mlm_training) does not score text left to right: evaluate a "
+                            "causal model with the harness")
+        self.cfg, self.placement, self.checkpoint, self.tokenizer_ = cfg, placement, checkpoint, tokenizer
+        self.batch_size = batch_size or cfg.eval_batch_size
+        self.by_length = rows_by_length_safe(cfg)
+        eos = cfg.eos_id if cfg.eos_id is not None else tokenizer.eos_id
+        if eos is None:
+            raise DataError("the harness needs an end-of-text token (empty contexts, rolling windows, generation's "
+                            "stop): set eos_id in the dataset config")
+        self._eot = int(eos)
+        self.padding = cfg.padding_id if cfg.padding_id is not None else 0
+
+    # ---- what TemplateLM asks of a model -------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self._eot
+
+    @property
+    def max_length(self) -> int:
+        return self.cfg.n_ctx
+
+    @property
+    def max_gen_toks(self) -> int:
+        return 256  # the HF backend's default
+
+    def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+        return self.tokenizer_.encode(string)
+
+    def tok_decode(self, tokens) -> str:
+        return self.tokenizer_.backend.decode([int(t) for t in tokens], skip_special_tokens=True)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer_.path
+
+    # ---- scoring -------------------------------------------------------------------------------------
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """(log P(continuation | context), whether greedy decoding gives the continuation) per request of
+        (strings, context ids, continuation ids)."""
+        n_ctx = self.cfg.n_ctx
+        rows = []
+        for _, context, continuation in requests:
+            if not continuation:
+                raise DataError("a loglikelihood request has an empty continuation: its task gives an empty target")
+            if len(continuation) > n_ctx:
+                raise DataError(f"a continuation of {len(continuation)} tokens does not fit n_ctx {n_ctx}: score "
+                                f"shorter targets, or use a model with a longer context")
+            whole = (list(context) + list(continuation))[-(n_ctx + 1):]  # cut from the left, as the HF backend does
+            rows.append((whole, len(continuation)))
+        results: list = [None] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))  # longest first
+        groups: dict[int, list[int]] = {}
+        for i in order:
+            groups.setdefault(row_length(len(rows[i][0]) - 1, n_ctx, self.by_length), []).append(i)
+        with tqdm(total=len(rows), desc="loglikelihood requests", unit="request", dynamic_ncols=True,
+                  disable=disable_tqdm) as bar:
+            for length, members in groups.items():
+                tokens = np.full([len(members), length], self.padding, np.int32)
+                targets = np.full([len(members), length], self.padding, np.int32)
+                for row, i in enumerate(members):
+                    whole = rows[i][0]
+                    tokens[row, :len(whole) - 1], targets[row, :len(whole) - 1] = whole[:-1], whole[1:]
+                out = run.predict(self.cfg, self.placement, {"tokens": tokens, "targets": targets},
+                                  min(self.batch_size, len(members)), self.checkpoint, on_batch=bar.update)
+                for row, i in enumerate(members):
+                    end = len(rows[i][0]) - 1
+                    span = slice(end - rows[i][1], end)
+                    results[i] = (-float(out["token_loss"][row, span].astype(np.float64).sum()),
+                                  bool(out["token_correct"][row, span].all()))
+        for (strings, _, _), answer in zip(requests, results):
+            if strings is not None:
+                self.cache_hook.add_partial("loglikelihood", strings, answer)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each text's log-likelihood over the harness's disjoint rolling windows of n_ctx tokens (the first
+        predicted from the eos token)."""
+        windows, owner = [], []
+        for index, (text,) in enumerate(request.args for request in requests):
+            for context, continuation in map(harness_utils.make_disjoint_window, harness_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                    context_len=1)):
+                windows.append((None, context, continuation))
+                owner.append(index)
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
+        totals = [0.0] * len(requests)
+        for index, (logprob, _) in zip(owner, scores):
+            totals[index] += logprob
+        for request, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    # ---- generation ----------------------------------------------------------------------------------
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each context's continuation until a stop sequence (the eos token's text among them) or max_gen_toks
+        tokens; requests with the same generation settings are batched, longest prompts first."""
+        eos_text = self.tokenizer_.backend.decode([self.eot_token_id], skip_special_tokens=False)
+        groups: dict[str, list[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(repr(sorted(request.args[1].items())), []).append(i)
+        results: list = [None] * len(requests)
+        with tqdm(total=len(requests), desc="generate_until requests", unit="request", dynamic_ncols=True,
+                  disable=disable_tqdm) as bar:
+            for members in groups.values():
+                settings = normalize_gen_kwargs(dict(requests[members[0]].args[1]), self.max_gen_toks)
+                until = handle_stop_sequences(settings.pop("until", None), eos=eos_text)
+                options = self._sampling_options(settings)
+                keep = self.cfg.n_ctx - options.max_new_tokens
+                if keep < 1:
+                    raise DataError(f"max_gen_toks {options.max_new_tokens} leaves no room for a prompt in n_ctx "
+                                    f"{self.cfg.n_ctx}: lower the task's max_gen_toks")
+                prompts = {i: (self.tok_encode(requests[i].args[0])[-keep:] or [self.prefix_token_id]) for i in members}
+                members = sorted(members, key=lambda i: -len(prompts[i]))
+                tokens = np.full([len(members), self.cfg.n_ctx], self.padding, np.int32)
+                for row, i in enumerate(members):
+                    tokens[row, :len(prompts[i])] = prompts[i]
+                features = {"tokens": tokens, "prompt_length": np.array([len(prompts[i]) for i in members], np.int32),
+                            "seed": np.arange(len(members), dtype=np.int32) + (self.cfg.sampling_seed or self.cfg.seed)}
+                out = run.predict(self.cfg, self.placement, features, min(self.batch_size, len(members)),
+                                  self.checkpoint, options, on_batch=bar.update)
+                for row, i in enumerate(members):
+                    new = out["tokens"][row, len(prompts[i]):out["lengths"][row]]
+                    text = postprocess_generated_text(self.tok_decode(new), until, None)
+                    results[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return results
+
+    def _sampling_options(self, settings: dict) -> SamplingOptions:
+        """The sampler's settings for one group of requests: greedy unless the request asks for a temperature
+        (normalize_gen_kwargs sets it to 0 unless do_sample)."""
+        return SamplingOptions.from_config(
+            self.cfg, max_new_tokens=int(settings["max_gen_toks"]), temperature=float(settings.get("temperature", 0.0)),
+            top_k=int(settings.get("top_k") or 0), top_p=float(settings.get("top_p") or 1.0),
+            stop_id=self.eot_token_id, remove_partial_sequences=False, entmax_alpha=None)

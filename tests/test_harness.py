@@ -1,0 +1,101 @@
+"""evals/harness.py and evals/harness_model.py: lm-evaluation-harness on our checkpoints, offline, against the
+harness's own `hf` backend on the to_hf folder of the same checkpoint (weights of order one, where a wrong
+position, span or truncation moves a log-likelihood by far more than float32 rounding does).
+
+The shipped tiny tasks (evals/harness_tasks/) run through the harness's own evaluator with each backend; every
+request's answer and every metric must agree."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from cli.config_loading import load_config  # noqa: E402
+from evals import harness  # noqa: E402
+from tiny import checkpoint_of_order_one_weights, placement_for  # noqa: E402
+from workspace import REPO, make_workspace  # noqa: E402
+
+TASKS = os.path.join(REPO, "evals", "harness_tasks")
+TINY_TASKS = ("tiny_choice", "tiny_lambada", "tiny_rolling", "tiny_generate")
+
+
+@pytest.fixture(scope="module")
+def checkpoint_run(tmp_path_factory):
+    """A workspace model (n_ctx 32, the committed tokenizer) at a checkpoint of weights of order one, and its
+    HF folder."""
+    root = tmp_path_factory.mktemp("harness")
+    cfg = load_config(make_workspace(root))
+    os.makedirs(cfg.model_path)
+    checkpoint_of_order_one_weights(cfg, os.path.join(cfg.model_path, "model.ckpt-1"))
+    from tools import hf
+    hf.to_hf(cfg, cfg.model_path, str(root / "hf"))
+    return root, cfg
+
+
+def evaluate(model, manager, tasks):
+    from lm_eval import evaluator
+    return evaluator.simple_evaluate(model=model, tasks=tasks, task_manager=manager, log_samples=True,
+                                     bootstrap_iters=0)
+
+
+def answers(results, task):
+    """Per document (by doc_id), the backend's raw answers: [(log-likelihood, greedy)], [log-likelihood] or
+    [text]."""
+    return {s["doc_id"]: [tuple(r) if isinstance(r, (list, tuple)) else r for r in (x[0] for x in s["resps"])]
+            for s in results["samples"][task]}
+
+
+def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, capsys):
+    """Every request type through the harness's evaluator, offline, ours against lm-eval's `hf` backend (PyTorch)
+    on the same weights: per-request log-likelihoods within 1e-4 relative, the same greedy flags and so the same
+    accuracies, the same rolling perplexities and the same greedy generations cut at the same stop sequences.
+    The requests include contexts longer than n_ctx (cut from the left), an empty context, continuations of
+    several tokens and rows of different lengths in one batch.
+    Bugs caught: the continuation's span off by one position, contexts cut from the right (or not at all), an
+    empty context not given the eos token, rolling windows summed wrongly, a generation that keeps the stop
+    sequence or the prompt, results returned in sorted instead of request order."""
+    torch = pytest.importorskip("torch")
+    from lm_eval.models.huggingface import HFLM
+    root, cfg = checkpoint_run
+    prepared = harness.prepare(harness.HarnessOptions(tasks=TINY_TASKS, include_path=TASKS))
+    from evals.harness_model import CheckpointLM
+    from data.tokenizer import load_for_config
+    ours_lm = CheckpointLM(cfg, placement_for(cfg), os.path.join(cfg.model_path, "model.ckpt-1"), load_for_config(cfg),
+                           batch_size=4)
+    ours = evaluate(ours_lm, prepared.manager, prepared.tasks)
+    torch.manual_seed(0)
+    theirs = evaluate(HFLM(pretrained=str(root / "hf"), device="cpu", batch_size=4, dtype="float32"),
+                      prepared.manager, prepared.tasks)
+
+    # The cases the request set must hold, from the harness's own requests.
+    requests = [args for task in ("tiny_choice", "tiny_lambada") for s in ours["samples"][task] for args in s["arguments"]]
+    contexts = [ours_lm.tok_encode(context) for context, _ in requests]
+    continuations = [ours_lm.tok_encode(continuation) for _, continuation in requests]
+    assert any(len(c) == 0 for c in contexts)                     # an empty context
+    assert any(len(c) > cfg.n_ctx for c in contexts)              # cut from the left
+    assert any(len(c) > 1 for c in continuations)                 # several tokens
+    assert len({len(a) + len(b) for a, b in zip(contexts, continuations)}) > 4  # mixed lengths
+
+    for task in ("tiny_choice", "tiny_lambada"):
+        ours_answers, their_answers = answers(ours, task), answers(theirs, task)
+        assert ours_answers.keys() == their_answers.keys()
+        for doc, responses in ours_answers.items():
+            for (ll, greedy), (their_ll, their_greedy) in zip(responses, their_answers[doc], strict=True):
+                assert abs(their_ll) > 1  # weights of order one: log-likelihoods far from 0
+                assert ll == pytest.approx(their_ll, rel=1e-4), (task, doc)
+                assert greedy == their_greedy, (task, doc)
+    for doc, responses in answers(ours, "tiny_rolling").items():
+        assert responses == pytest.approx(answers(theirs, "tiny_rolling")[doc], rel=1e-4)
+    generated = answers(ours, "tiny_generate")
+    assert generated == answers(theirs, "tiny_generate")
+    assert any(text for texts in generated.values() for text in texts)  # not all cut to nothing at once
+
+    ours_metrics, their_metrics = harness.task_metrics(ours), harness.task_metrics(theirs)
+    for task in TINY_TASKS:
+        assert ours_metrics[task].keys() == their_metrics[task].keys()
+        for name, value in ours_metrics[task].items():
+            assert value == pytest.approx(their_metrics[task][name], rel=1e-4), (task, name)
+    assert ours_metrics["tiny_rolling"]["bits_per_byte"] > 0
