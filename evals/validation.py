@@ -14,6 +14,7 @@ import tensorflow.compat.v1 as tf
 from config.schema import ConfigError, GPTConfig
 from data.inputs import eval_batches, eval_dataset
 from data.mlm import mask_dataset
+from data.tokenizer import load_for_config
 from evals.tasks import append_result
 from models import gpt
 from runtime import checkpoints, meshes, tpu
@@ -84,9 +85,26 @@ def _evaluate_on_tpu(cfg: GPTConfig, placement: Placement, batches: Callable, st
     return float(np.mean(losses)), checkpoints.step_of(checkpoint)
 
 
+def evaluated_bytes(batches: Callable[[], tf.data.Dataset], steps: int, decode: Callable[[list], str]) -> int:
+    """The UTF-8 bytes of the text that the labels of the first `steps` batches spell (special tokens left
+    out), each row decoded whole: what bits per byte divides by."""
+    graph = tf.Graph()
+    with graph.as_default():
+        _, labels = tf.data.make_one_shot_iterator(batches().take(steps)).get_next()
+        with tf.Session(graph=graph) as session:
+            return sum(len(decode(row.tolist()).encode("utf-8")) for _ in range(steps) for row in session.run(labels))
+
+
+def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
+    """The mean cross-entropy (nats a token) over `tokens` tokens spelling `n_bytes` bytes, in bits a byte:
+    tokenizer-independent, so models with different vocabularies compare."""
+    return loss * tokens / (n_bytes * math.log(2))
+
+
 def report(cfg: GPTConfig, placement: Placement) -> dict:
     """The validation loss at model_path's latest checkpoint over eval_steps batches (at most the eval data's):
-    printed, written as TensorBoard scalars under model_path/eval and appended to the results file."""
+    printed, written as TensorBoard scalars under model_path/eval and appended to the results file. Beside
+    loss and perplexity, bits per byte (a causal model's cross-entropy over the bytes the tokens spell)."""
 
     path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
     if not path:
@@ -98,9 +116,16 @@ def report(cfg: GPTConfig, placement: Placement) -> dict:
         return mask_dataset(eval_dataset(path, cfg.n_ctx, cfg.eval_batch_size, n_vocab=cfg.n_vocab), cfg)
 
     loss, step = evaluate(cfg, placement, batches, steps)
-    # The entmax loss (entmax_loss) is no log-likelihood: it has no perplexity.
+    # The entmax loss (entmax_loss) is no log-likelihood: it has no perplexity. A masked language model's loss
+    # covers only its masked positions: no bits per byte of the whole text.
     scores = {"loss": loss} if cfg.entmax_loss else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
     shown = " (entmax loss)" if cfg.entmax_loss else f" | perplexity {scores['perplexity']:.2f}"
+    if not cfg.entmax_loss and cfg.causal:
+        decode = load_for_config(cfg).backend.decode
+        n_bytes = evaluated_bytes(batches, steps, lambda ids: decode(ids, skip_special_tokens=True))
+        if n_bytes:
+            scores["bits_per_byte"] = bits_per_byte(loss, steps * cfg.eval_batch_size * cfg.n_ctx, n_bytes)
+            shown += f" | bits per byte {scores['bits_per_byte']:.4f}"
     print(f"eval at step {step}: loss {loss:.4f}{shown} "
           f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
     writer = summary_writer(os.path.join(cfg.model_path, "eval"))

@@ -6,6 +6,7 @@ weights that make the model a bigram table following the cycle " abcdefghij" (af
 """
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from data.create_tfrecords import create_tfrecords
 from data.errors import DataError
 from data.inputs import eval_dataset
+from data.tokenizer import load_for_config
 from evals import tasks as eval_tasks
 from cli.config_loading import load_config
 from config.schema import ConfigError
@@ -161,6 +163,8 @@ def oracle_validation_loss(cfg, checkpoint, steps):
     logits = compute_logits(cfg, inputs, devices_for(cfg), checkpoint).astype(np.float64)
     logits -= logits.max(-1, keepdims=True)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    # Bits per byte's denominator: these labels are characters of the cycle, a byte each, no special token.
+    assert set(labels.flatten()) <= {2 + i for i in range(len(CYCLE))}
     return float(-np.take_along_axis(log_probs, labels[..., None], -1).mean())  # equal batches: mean of means
 
 
@@ -186,6 +190,9 @@ def test_eval_reports_lambada_and_validation_loss_with_known_answers(bigram_run)
     assert validation["batches"] == 2
     assert validation["loss"] == pytest.approx(oracle_validation_loss(cfg, checkpoint, 2), rel=1e-4, abs=1e-5)
     assert validation["perplexity"] == pytest.approx(math.exp(validation["loss"]), rel=1e-6)
+    # One byte a token here: bits per byte is the loss in bits. (A byte count off by the rows' first tokens, or
+    # nats for bits, fails.)
+    assert validation["bits_per_byte"] == pytest.approx(validation["loss"] / math.log(2), rel=1e-6)
     assert "eval task lambada at step 0: lambada_acc 0.7500" in result.stdout
 
     # Training runs the tasks after each checkpoint too, appending results with the new step.
@@ -194,3 +201,28 @@ def test_eval_reports_lambada_and_validation_loss_with_known_answers(bigram_run)
     records = read_results(root)
     assert [(r["task"], r["step"]) for r in records[2:]] == [("validation", 1), ("lambada", 1)]
     assert records[3]["lambada_acc"] == 0.75
+
+
+def test_lambada_task_equals_the_harness_lambada_openai_on_the_same_file(bigram_run, tmp_path):
+    """The `lambada` eval task and lm-eval's own lambada_openai (its YAML, with only the data pointed at the same
+    local file) give the same accuracy and perplexity: two paths, one definition (split at the last space, the
+    word scored with its space, contexts cut from the left to n_ctx, perplexity exp of the mean word NLL).
+    Bugs caught: either path splitting the word from its space, scoring one token too few, or cutting contexts
+    from the right."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from evals import harness
+    from tiny import placement_for
+    root, _, cfg = bigram_run
+    source = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "lambada", "lambada_openai.yaml")
+    local = open(source).read().replace("dataset_path: EleutherAI/lambada_openai\ndataset_name: default\n",
+                                        f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: "
+                                        f"{root / 'lambada.jsonl'}\n")
+    assert "dataset_path: json" in local
+    (tmp_path / "lambada_openai.yaml").write_text(local)
+    placement, checkpoint = placement_for(cfg), str(root / "run" / "model.ckpt-0")
+    ours = eval_tasks.lambada(cfg, eval_tasks.checkpoint_scorer(cfg, placement, checkpoint), load_for_config(cfg))
+    cfg = cfg.replace(eval_results_path=str(tmp_path / "results.jsonl"), model_path=str(root / "run"))
+    theirs = harness.run_harness(cfg, placement, 0, harness.HarnessOptions(
+        tasks=("lambada_openai",), include_path=str(tmp_path), output_path=str(tmp_path / "harness.json")))
+    assert ours["lambada_acc"] == 0.75 and theirs["lambada_openai"]["acc"] == 0.75
+    assert theirs["lambada_openai"]["perplexity"] == pytest.approx(ours["lambada_ppl"], rel=1e-6)
