@@ -99,3 +99,72 @@ def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, capsys):
         for name, value in ours_metrics[task].items():
             assert value == pytest.approx(their_metrics[task][name], rel=1e-4), (task, name)
     assert ours_metrics["tiny_rolling"]["bits_per_byte"] > 0
+
+
+def error_lines(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def test_training_runs_the_harness_after_each_checkpoint_and_checks_tasks_first(tmp_path, capsys):
+    """harness_tasks in the config: a task folder that is not there is one error line before any step is trained
+    (nothing written); with the right one the task runs after the checkpoint, its metrics appended to
+    eval_results.jsonl, written to TensorBoard and the harness's results JSON.
+    Bugs caught: the tasks checked only after training, training's chunks not stopping at checkpoints for
+    harness tasks alone, results not appended with the checkpoint's step."""
+    import main
+    config = make_workspace(tmp_path, train_steps=2, steps_per_checkpoint=2, harness_tasks=["tiny_lambada"],
+                            harness_include_path=TASKS + "_typo", harness_limit=2)
+    assert main.main(["--model", config]) == 1
+    errors = error_lines(capsys)
+    assert len(errors) == 1 and "harness_tasks_typo is not a folder" in errors[0]
+    assert not os.path.exists(tmp_path / "run" / "checkpoint")
+
+    assert main.main(["--model", config, "--harness_include_path", TASKS]) == 0
+    out = capsys.readouterr().out
+    assert "harness tiny_lambada at step 2: perplexity" in out
+    records = [json.loads(line) for line in open(tmp_path / "run" / "eval_results.jsonl")]
+    assert [(r["task"], r["step"]) for r in records] == [("harness/tiny_lambada", 2)]
+    assert records[0]["acc"] in (0.0, 0.5, 1.0) and records[0]["perplexity"] > 1
+    results = json.loads((tmp_path / "run" / "harness" / "results_2.json").read_text())
+    assert results["results"]["tiny_lambada"]["acc,none"] == records[0]["acc"] and results["gpt_neo"]["step"] == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "run" / "eval"))
+    events.Reload()
+    assert "harness/tiny_lambada/acc" in events.Tags()["scalars"]
+
+
+def test_bad_harness_input_is_one_error_line(checkpoint_run, tmp_path, capsys, monkeypatch):
+    """An unknown task (the closest known name suggested), a task whose local data file is missing, a folder of
+    tasks that is not there, a checkpoint of another model, and lm-eval not installed: each one `error:` line
+    naming the fix, exit 1.
+    Bugs caught: a missing data file found by `datasets` as a traceback (or read from the working directory),
+    lm-eval's ImportError as a traceback."""
+    import main
+    root, cfg = checkpoint_run
+    config = str(root / "configs" / "tiny.json")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "gone.yaml").write_text(open(os.path.join(TASKS, "tiny_lambada.yaml")).read()
+                                     .replace("task: tiny_lambada", "task: gone")
+                                     .replace("test: tiny_lambada.jsonl", "test: missing.jsonl"))
+    cases = [
+        (["--harness_tasks", "tiny_lambda", "--harness_include_path", TASKS],
+         "'tiny_lambda' is not known (not among lm-eval's tasks or in" ),
+        (["--harness_tasks", "gone", "--harness_include_path", str(tasks)], f"reads {tasks / 'missing.jsonl'}, which is not there"),
+        (["--harness_tasks", "gone", "--harness_include_path", str(tmp_path / "nowhere")], "is not a folder"),
+        (["--harness_tasks", "tiny_lambada", "--harness_include_path", TASKS, "--model",
+          str(root / "configs" / "wide.json")], "is another model than the config's"),
+    ]
+    wide = json.loads(open(config).read())
+    wide["n_embd"] = 64
+    (root / "configs" / "wide.json").write_text(json.dumps(wide))
+    for flags, message in cases:
+        argv = ["--model", config, "--eval", *flags] if "--model" not in flags else ["--eval", *flags]
+        assert main.main(argv) == 1, flags
+        errors = error_lines(capsys)
+        assert len(errors) == 1 and message in errors[0], (flags, errors)
+
+    monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # import lm_eval raises ImportError
+    assert main.main(["--model", config, "--eval", "--harness_tasks", "tiny_lambada"]) == 1
+    errors = error_lines(capsys)
+    assert len(errors) == 1 and "pip install -r requirements-eval.txt" in errors[0]
