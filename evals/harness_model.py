@@ -9,11 +9,12 @@ of our checkpoints: a thin client of infer/run.py's PREDICT graph, as the eval t
 * `loglikelihood_rolling`: the harness's own rolling windows of n_ctx tokens (lm_eval.utils), each scored as
   a loglikelihood request, summed per text.
 * `generate_until`: models/sampling.py's sampler (kv cache where the model has it), greedy unless the request
-  asks for a temperature, stopping at the eos token or after max_gen_toks; the text is cut at the first stop
-  sequence. Prompts are cut from the left to n_ctx - max_gen_toks tokens, as the HF backend cuts them.
+  asks for a temperature, stopping at the eos token, at a token whose text holds a stop sequence, or after
+  max_gen_toks; the text is cut at the first stop sequence. Prompts are cut from the left to n_ctx - max_gen_toks tokens, as the HF backend cuts them.
 
 Requests are sorted by length, longest first (as the HF backend sorts them), and scored in rows of a few
-lengths (powers of two up to n_ctx): one PREDICT graph per length, so short requests are not padded to n_ctx.
+lengths (powers of two up to n_ctx; a length with less than a batch of rows joins the next): one PREDICT graph
+per length, so short requests are not padded to n_ctx.
 Models whose outputs might depend on the row length (a layout splitting 'sequence', a layer or option without
 an incremental path) are scored at n_ctx. A progress bar counts the requests.
 """
@@ -45,6 +46,21 @@ def row_length(tokens: int, n_ctx: int, by_length: bool) -> int:
     while length < tokens:
         length *= 2
     return min(length, n_ctx)
+
+
+def length_groups(lengths: list[int], members: list[int], n_ctx: int, by_length: bool, batch_size: int) -> dict:
+    """{row length: members} for members (longest first) of these token lengths. A group of fewer rows than
+    a batch joins the next longer one: a graph of its own would cost more to build than the padding."""
+    groups: dict[int, list[int]] = {}
+    for length, member in zip(lengths, members):
+        groups.setdefault(row_length(length, n_ctx, by_length), []).append(member)
+    merged: dict[int, list[int]] = {}
+    carried: list[int] = []
+    for length in sorted(groups):
+        carried = groups[length] + carried  # longest first within the group
+        if len(carried) >= batch_size or length == max(groups):
+            merged[length], carried = carried, []
+    return dict(sorted(merged.items(), reverse=True))
 
 
 def rows_by_length_safe(cfg) -> bool:
@@ -115,9 +131,7 @@ class CheckpointLM(TemplateLM):
             rows.append((whole, len(continuation)))
         results: list = [None] * len(rows)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))  # longest first
-        groups: dict[int, list[int]] = {}
-        for i in order:
-            groups.setdefault(row_length(len(rows[i][0]) - 1, n_ctx, self.by_length), []).append(i)
+        groups = length_groups([len(rows[i][0]) - 1 for i in order], order, n_ctx, self.by_length, self.batch_size)
         with tqdm(total=len(rows), desc="loglikelihood requests", unit="request", dynamic_ncols=True,
                   disable=disable_tqdm) as bar:
             for length, members in groups.items():
@@ -171,7 +185,7 @@ class CheckpointLM(TemplateLM):
             for members in groups.values():
                 settings = normalize_gen_kwargs(dict(requests[members[0]].args[1]), self.max_gen_toks)
                 until = handle_stop_sequences(settings.pop("until", None), eos=eos_text)
-                options = self._sampling_options(settings)
+                options = self._sampling_options(settings, self._stop_ids(until))
                 keep = self.cfg.n_ctx - options.max_new_tokens
                 if keep < 1:
                     raise DataError(f"max_gen_toks {options.max_new_tokens} leaves no room for a prompt in n_ctx "
@@ -192,10 +206,20 @@ class CheckpointLM(TemplateLM):
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return results
 
-    def _sampling_options(self, settings: dict) -> SamplingOptions:
+    def _sampling_options(self, settings: dict, stop_ids: tuple) -> SamplingOptions:
         """The sampler's settings for one group of requests: greedy unless the request asks for a temperature
         (normalize_gen_kwargs sets it to 0 unless do_sample)."""
         return SamplingOptions.from_config(
             self.cfg, max_new_tokens=int(settings["max_gen_toks"]), temperature=float(settings.get("temperature", 0.0)),
             top_k=int(settings.get("top_k") or 0), top_p=float(settings.get("top_p") or 1.0),
-            stop_id=self.eot_token_id, remove_partial_sequences=False, entmax_alpha=None)
+            stop_id=self.eot_token_id, stop_ids=stop_ids, remove_partial_sequences=False, entmax_alpha=None)
+
+    def _stop_ids(self, until: list[str]) -> tuple:
+        """The tokens whose own text holds a stop sequence: a row may stop at one, since its text is cut at or
+        before that token anyway (stop sequences spread over several tokens are cut from the full text)."""
+        if not hasattr(self, "_token_texts"):
+            decode = self.tokenizer_.backend.decode
+            count = min(self.cfg.n_vocab, self.tokenizer_.vocab_size)  # n_vocab may be padded past the tokenizer's
+            self._token_texts = [decode([i], skip_special_tokens=True) for i in range(count)]
+        stops = [s for s in until if s]
+        return tuple(i for i, text in enumerate(self._token_texts) if any(s in text for s in stops))

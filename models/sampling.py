@@ -45,6 +45,7 @@ class SamplingOptions:
     remove_partial_sequences: bool = False
     incremental: bool = True   # use the kv cache where the model supports it
     entmax_alpha: Optional[float] = None  # sample from entmax_α(logits / temperature); None: the softmax
+    stop_ids: tuple = ()       # more ids a row also ends at (the harness's stop sequences), the id kept like stop_id's
 
     @classmethod
     def from_config(cls, cfg: GPTConfig, **changes) -> "SamplingOptions":
@@ -152,6 +153,12 @@ def choose_tokens(logits: mtf.Tensor, seeds: mtf.Tensor, position: mtf.Tensor, d
                          output_dtype=tf.int32, splittable_dims=[dims.batch], name="choose_tokens")
 
 
+def is_one_of(ids: mtf.Tensor, values: tuple) -> mtf.Tensor:
+    """Where `ids` is one of `values` (one comparison against all of them, however many)."""
+    return mtf.slicewise(lambda t: tf.reduce_any(tf.equal(t[..., None], tf.constant(values, t.dtype)), -1), [ids],
+                         output_shape=ids.shape, output_dtype=tf.bool, splittable_dims=ids.shape.dims, name="stop_ids")
+
+
 # ----------------------------------------------------------------------------------------------------
 # The loop
 
@@ -204,6 +211,8 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
         finished = mtf.greater_equal(position + 1, limit)
         if options.stop_id is not None:
             finished = mtf.logical_or(finished, mtf.equal(new, options.stop_id))
+        if options.stop_ids:
+            finished = mtf.logical_or(finished, is_one_of(new, options.stop_ids))
         done_ = mtf.maximum(done_, mtf.cast(mtf.logical_and(active, finished), tf.int32))
         return [position + 1, tokens_, done_, lengths_] + list(new_caches)
 

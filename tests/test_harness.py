@@ -48,7 +48,7 @@ def answers(results, task):
             for s in results["samples"][task]}
 
 
-def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, capsys):
+def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, monkeypatch):
     """Every request type through the harness's evaluator, offline, ours against lm-eval's `hf` backend (PyTorch)
     on the same weights: per-request log-likelihoods within 1e-4 relative, the same greedy flags and so the same
     accuracies, the same rolling perplexities and the same greedy generations cut at the same stop sequences.
@@ -65,7 +65,16 @@ def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, capsys):
     from data.tokenizer import load_for_config
     ours_lm = CheckpointLM(cfg, placement_for(cfg), os.path.join(cfg.model_path, "model.ckpt-1"), load_for_config(cfg),
                            batch_size=4)
+    from infer import run
+    row_lengths, predict = [], run.predict
+
+    def recording(cfg, placement, rows, *args, **kwargs):
+        row_lengths.append(rows["tokens"].shape[1])
+        return predict(cfg, placement, rows, *args, **kwargs)
+
+    monkeypatch.setattr(run, "predict", recording)
     ours = evaluate(ours_lm, prepared.manager, prepared.tasks)
+    assert min(row_lengths) < cfg.n_ctx == max(row_lengths)  # rows cut to the requests' length, and whole ones
     torch.manual_seed(0)
     theirs = evaluate(HFLM(pretrained=str(root / "hf"), device="cpu", batch_size=4, dtype="float32"),
                       prepared.manager, prepared.tasks)
@@ -99,6 +108,18 @@ def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, capsys):
         for name, value in ours_metrics[task].items():
             assert value == pytest.approx(their_metrics[task][name], rel=1e-4), (task, name)
     assert ours_metrics["tiny_rolling"]["bits_per_byte"] > 0
+
+
+def test_requests_are_grouped_by_row_length():
+    """Longest first, in power-of-two row lengths up to n_ctx; a length with less than a batch of rows joins the
+    next longer one; n_ctx only where rows may not be cut."""
+    from evals.harness_model import length_groups, row_length
+    assert [row_length(n, 64, True) for n in (1, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
+    assert row_length(3, 64, False) == 64
+    assert length_groups([60, 30, 20, 15, 10, 3], list("abcdef"), 64, True, 2) == \
+        {64: ["a"], 32: ["b", "c"], 16: ["d", "e", "f"]}
+    assert length_groups([60, 30, 20, 15, 10, 3], list("abcdef"), 64, True, 4) == {64: ["a"], 32: list("bcdef")}
+    assert list(length_groups([60, 30, 20, 15, 10, 3], list("abcdef"), 64, True, 4)) == [64, 32]
 
 
 def error_lines(capsys):

@@ -1,0 +1,165 @@
+"""lm-evaluation-harness speed: our harness model (evals/harness_model.py, the PREDICT graph) against the
+harness's own `hf` backend (PyTorch) on the to_hf folder of the same checkpoint, on the CPU, in examples/s.
+
+    .venv/bin/python bench/bench_harness.py                  # ~5 minutes on 2 cores
+    .venv/bin/python bench/bench_harness.py --examples 40     # a quick check
+
+The model (default: 4 layers, 256 wide, 8 heads, context 256, global/local with a 64-token window, the committed
+4096-token tokenizer) gets a checkpoint of random weights. The tasks are evals/harness_tasks/'s tiny tasks
+with more examples, generated the same way (make_tiny_tasks.py's word lists and stream): multiple choice
+(3 choices), LAMBADA-style last word, rolling perplexity over texts of ~1-3 contexts, and generation of up to
+16 tokens. Each side runs each task through the harness's evaluator (simple_evaluate) in its own process, both
+with batch size 16; the time is the evaluator's (requests built, run and scored; our graph builds and session
+starts are in it, HF's model load is not). Results are printed as a table with the ratio ours / hf.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+if __name__ == "__main__":
+    from console import quiet_tensorflow
+    quiet_tensorflow()
+
+MARK = "BENCH_RESULT "
+TASKS = ("tiny_choice", "tiny_lambada", "tiny_rolling", "tiny_generate")
+TOKENIZER = os.path.join(ROOT, "data", "tokenizers", "stdlib-bpe-4096.json")
+
+
+def write_tasks(folder: str, examples: int) -> None:
+    """The tiny tasks' YAML files with `examples` generated examples each (a quarter for rolling and generation,
+    whose examples are longer or slower)."""
+    import shutil
+    from corpus import NOUNS, VERBS, WORDS, _Stream
+
+    s = _Stream(11)
+
+    def words(n):
+        return " ".join(s.pick(WORDS + NOUNS) for _ in range(n))
+
+    data = {
+        "tiny_choice": [{"question": f"To {s.pick(VERBS)} the {s.pick(NOUNS)} {words(4)}, call",
+                         "choices": [f"{s.pick(VERBS)}_{s.pick(NOUNS)}()" for _ in range(3)], "label": s.below(3)}
+                        for _ in range(examples)],
+        "tiny_lambada": [{"text": words(10 + s.below(60)) + " " + s.pick(NOUNS)} for _ in range(examples)],
+        "tiny_rolling": [{"text": "\n".join(words(12) for _ in range(10 + s.below(40)))}
+                         for _ in range(max(1, examples // 4))],
+        "tiny_generate": [{"prompt": f"{words(8)}\ndef {s.pick(VERBS)}_{s.pick(NOUNS)}(", "answer": s.pick(NOUNS)}
+                          for _ in range(max(1, examples // 4))],
+    }
+    for task, records in data.items():
+        shutil.copy(os.path.join(ROOT, "evals", "harness_tasks", task + ".yaml"), folder)
+        with open(os.path.join(folder, task + ".jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    # Longer generations than the tests' 6 tokens: the sampler's per-token speed shows.
+    path = os.path.join(folder, "tiny_generate.yaml")
+    text = open(path).read().replace("max_gen_toks: 6", "max_gen_toks: 16")
+    open(path, "w").write(text)
+
+
+def prepare(args, folder: str) -> None:
+    """The model config, a checkpoint of random weights, its HF folder, and the tasks, under `folder`."""
+    import numpy as np
+    import models  # noqa: F401
+    from cli.config_loading import load_config
+    from models import gpt
+    from tools import hf
+
+    os.makedirs(os.path.join(folder, "configs", "dataset_configs"))
+    with open(os.path.join(folder, "configs", "dataset_configs", "tok.json"), "w") as f:
+        json.dump({"n_vocab": 4096, "path": "unused_*.tfrecords", "tokenizer_path": TOKENIZER, "eos_id": 0,
+                   "padding_id": 1}, f)
+    config = os.path.join(folder, "configs", "bench.json")
+    with open(config, "w") as f:
+        json.dump(dict(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_vocab=4096, n_ctx=args.n_ctx,
+                       attention_types=[[["global", "local"], args.n_layer // 2]], local_attention_radius=args.window,
+                       datasets=[["tok"]], model_path=os.path.join(folder, "run"), mesh_shape="all:1", layout="",
+                       eval_batch_size=args.batch_size, predict_batch_size=args.batch_size), f)
+    cfg = load_config(config)
+    rng = np.random.RandomState(0)
+    state = {name: (0.02 * rng.randn(*shape)).astype(np.float32) for name, shape in gpt.variable_shapes(cfg).items()}
+    for name in state:
+        if name.endswith("/g"):
+            state[name] = np.ones_like(state[name])  # LayerNorm gains
+    hf.write_checkpoint(cfg, state)
+    hf.to_hf(cfg, cfg.model_path, os.path.join(folder, "hf"))
+    os.makedirs(os.path.join(folder, "tasks"))
+    write_tasks(os.path.join(folder, "tasks"), args.examples)
+
+
+def worker(side: str, folder: str, batch_size: int) -> dict:
+    """Each task through simple_evaluate with one side's model: seconds and examples."""
+    from evals import harness
+    prepared = harness.prepare(harness.HarnessOptions(tasks=TASKS, include_path=os.path.join(folder, "tasks")))
+    if side == "ours":
+        from cli.config_loading import load_config
+        from data.tokenizer import load_for_config
+        from evals.harness_model import CheckpointLM
+        from runtime import devices
+        cfg = load_config(os.path.join(folder, "configs", "bench.json"))
+        placement = devices.local_placement(devices.cpu_devices(1), None)
+        lm = CheckpointLM(cfg, placement, os.path.join(cfg.model_path, "model.ckpt-0"), load_for_config(cfg),
+                          batch_size)
+    else:
+        import torch
+        from lm_eval.models.huggingface import HFLM
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        lm = HFLM(pretrained=os.path.join(folder, "hf"), device="cpu", batch_size=batch_size, dtype="float32")
+    from lm_eval import evaluator
+    results = {}
+    for name, task in zip(TASKS, prepared.tasks):
+        start = time.perf_counter()
+        out = evaluator.simple_evaluate(model=lm, tasks=[task], task_manager=prepared.manager, bootstrap_iters=0,
+                                        log_samples=False)
+        seconds = time.perf_counter() - start
+        results[name] = {"seconds": seconds, "examples": out["n-samples"][name]["effective"]}
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--examples", type=int, default=200, help="examples of the choice and LAMBADA tasks (a quarter "
+                   "of that for rolling and generation)")
+    p.add_argument("--n_layer", type=int, default=4)
+    p.add_argument("--n_embd", type=int, default=256)
+    p.add_argument("--n_head", type=int, default=8)
+    p.add_argument("--n_ctx", type=int, default=256)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--worker", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    p.add_argument("--folder", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(MARK + json.dumps(worker(args.worker, args.folder, args.batch_size)), flush=True)
+        return 0
+    with tempfile.TemporaryDirectory() as folder:
+        prepare(args, folder)
+        measured = {}
+        for side in ("ours", "hf"):
+            run = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", side, "--folder", folder,
+                                  "--batch_size", str(args.batch_size)], capture_output=True, text=True)
+            lines = [line for line in run.stdout.splitlines() if line.startswith(MARK)]
+            if run.returncode or not lines:
+                print(run.stderr[-3000:], file=sys.stderr)
+                return 1
+            measured[side] = json.loads(lines[-1][len(MARK):])
+    print(f"model: {args.n_layer} layers x {args.n_embd}, {args.n_head} heads, n_ctx {args.n_ctx}, vocab 4096; "
+          f"batch {args.batch_size}; {os.cpu_count()} CPUs")
+    print(f"{'task':<16}{'examples':>9}{'ours ex/s':>11}{'hf ex/s':>10}{'ours/hf':>9}")
+    for task in TASKS:
+        ours, hf = measured["ours"][task], measured["hf"][task]
+        rate_ours, rate_hf = ours["examples"] / ours["seconds"], hf["examples"] / hf["seconds"]
+        print(f"{task:<16}{ours['examples']:>9}{rate_ours:>11.1f}{rate_hf:>10.1f}{rate_ours / rate_hf:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
