@@ -128,12 +128,12 @@ def error_lines(capsys):
 
 def test_training_runs_the_harness_after_each_checkpoint_and_checks_tasks_first(tmp_path, capsys):
     """harness_tasks in the config: a task folder that is not there is one error line before any step is trained
-    (nothing written); with the right one the task runs after the checkpoint, its metrics appended to
+    (nothing written); with the right one the task runs after each checkpoint, its metrics appended to
     eval_results.jsonl, written to TensorBoard and the harness's results JSON.
     Bugs caught: the tasks checked only after training, training's chunks not stopping at checkpoints for
     harness tasks alone, results not appended with the checkpoint's step."""
     import main
-    config = make_workspace(tmp_path, train_steps=2, steps_per_checkpoint=2, harness_tasks=["tiny_lambada"],
+    config = make_workspace(tmp_path, train_steps=2, steps_per_checkpoint=1, harness_tasks=["tiny_lambada"],
                             harness_include_path=TASKS + "_typo", harness_limit=2)
     assert main.main(["--model", config]) == 1
     errors = error_lines(capsys)
@@ -144,10 +144,10 @@ def test_training_runs_the_harness_after_each_checkpoint_and_checks_tasks_first(
     out = capsys.readouterr().out
     assert "harness tiny_lambada at step 2: perplexity" in out
     records = [json.loads(line) for line in open(tmp_path / "run" / "eval_results.jsonl")]
-    assert [(r["task"], r["step"]) for r in records] == [("harness/tiny_lambada", 2)]
-    assert records[0]["acc"] in (0.0, 0.5, 1.0) and records[0]["perplexity"] > 1
+    assert [(r["task"], r["step"]) for r in records] == [("harness/tiny_lambada", 1), ("harness/tiny_lambada", 2)]
+    assert records[1]["acc"] in (0.0, 0.5, 1.0) and records[1]["perplexity"] > 1
     results = json.loads((tmp_path / "run" / "harness" / "results_2.json").read_text())
-    assert results["results"]["tiny_lambada"]["acc,none"] == records[0]["acc"] and results["gpt_neo"]["step"] == 2
+    assert results["results"]["tiny_lambada"]["acc,none"] == records[1]["acc"] and results["gpt_neo"]["step"] == 2
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(tmp_path / "run" / "eval"))
     events.Reload()
