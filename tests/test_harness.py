@@ -56,7 +56,8 @@ def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, monkeypatc
     several tokens and rows of different lengths in one batch.
     Bugs caught: the continuation's span off by one position, contexts cut from the right (or not at all), an
     empty context not given the eos token, rolling windows summed wrongly, a generation that keeps the stop
-    sequence or the prompt, results returned in sorted instead of request order."""
+    sequence or the prompt, results returned in sorted instead of request order, rows that stop at a token
+    holding no stop sequence."""
     torch = pytest.importorskip("torch")
     from lm_eval.models.huggingface import HFLM
     root, cfg = checkpoint_run
@@ -76,8 +77,8 @@ def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, monkeypatc
     ours = evaluate(ours_lm, prepared.manager, prepared.tasks)
     assert min(row_lengths) < cfg.n_ctx == max(row_lengths)  # rows cut to the requests' length, and whole ones
     torch.manual_seed(0)
-    theirs = evaluate(HFLM(pretrained=str(root / "hf"), device="cpu", batch_size=4, dtype="float32"),
-                      prepared.manager, prepared.tasks)
+    hf_lm = HFLM(pretrained=str(root / "hf"), device="cpu", batch_size=4, dtype="float32")
+    theirs = evaluate(hf_lm, prepared.manager, prepared.tasks)
 
     # The cases the request set must hold, from the harness's own requests.
     requests = [args for task in ("tiny_choice", "tiny_lambada") for s in ours["samples"][task] for args in s["arguments"]]
@@ -101,6 +102,22 @@ def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, monkeypatc
     generated = answers(ours, "tiny_generate")
     assert generated == answers(theirs, "tiny_generate")
     assert any(text for texts in generated.values() for text in texts)  # not all cut to nothing at once
+
+    # A stop sequence the generation does reach: a piece from the middle of the hf backend's free generation.
+    from lm_eval.api.instance import Instance
+
+    def generate(lm, prompts, until):
+        return lm.generate_until([Instance("generate_until", {}, (p, {"until": until, "max_gen_toks": 8,
+                                                                      "do_sample": False}), i)
+                                  for i, p in enumerate(prompts)])
+
+    prompts = ["import os\nimport sys\n", "def read_header(self, name):"]
+    free = generate(hf_lm, prompts[:1], [])[0]
+    stop = free[len(free) // 2:len(free) // 2 + 2]
+    assert stop.strip() and free.index(stop) > 0, free
+    ours_cut = generate(ours_lm, prompts, [stop])
+    assert ours_cut == generate(hf_lm, prompts, [stop])
+    assert ours_cut[0] == free[:free.index(stop)]  # cut before the stop sequence, which is not kept
 
     ours_metrics, their_metrics = harness.task_metrics(ours), harness.task_metrics(theirs)
     for task in TINY_TASKS:

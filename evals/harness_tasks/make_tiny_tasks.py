@@ -31,12 +31,11 @@ def main() -> None:
     write("tiny_choice", [{"question": f"To {s.pick(VERBS)} the {s.pick(NOUNS)}, call",
                            "choices": [f"{s.pick(VERBS)}_{s.pick(NOUNS)}()" for _ in range(3)], "label": s.below(3)}
                           for _ in range(4)] +
-          [{"question": "", "choices": [f"{s.pick(NOUNS)}.{s.pick(VERBS)}()" for _ in range(2)], "label": 0}])
+          [{"question": "", "choices": [f"{s.pick(NOUNS)}.{verb}()" for verb in ("read", "write")], "label": 0}])
     write("tiny_lambada", [{"text": words(s, n) + " " + s.pick(NOUNS)} for n in (4, 9, 30, 60)])
     write("tiny_rolling", [{"text": "\n".join(words(s, 12) for _ in range(n))} for n in (1, 4, 9)])
     write("tiny_generate", [{"prompt": f"def {s.pick(VERBS)}_{s.pick(NOUNS)}(", "answer": s.pick(NOUNS)}
-                            for _ in range(4)] +
-          [{"question": "", "choices": [f"{s.pick(NOUNS)}.{s.pick(VERBS)}()" for _ in range(2)], "label": 0}])
+                            for _ in range(4)])
 
 
 if __name__ == "__main__":
