@@ -1,0 +1,344 @@
+"""`python -m ladder plan SPEC`: every size's config, from the rules (ladder/rules.py) and the project's planner
+(plan/dry_run.py), as a table and an LR-schedule plot; nothing is trained.
+
+Per size the planner gives what `main.py --dry_run` gives for that size's config: the parameters counted on the
+training graph, FLOPs per token, and the devices: the smallest mesh (the planner's `smallest_fit`, trying 1, 2, 4,
+... devices up to the spec's count) on which the model fits one device's memory with one sequence per micro-batch,
+then on that mesh the largest micro-batch per replica that fits, whose count per step is the gradient
+accumulation. The sizes' configs are written to OUT/configs/NAME.json (with the datasets they name, in
+OUT/configs/dataset_configs/), so that `main.py --model OUT/configs/NAME.json` trains, evaluates or dry-runs a size
+by itself; a size that has started keeps the config it started with (a changed spec that would change it is
+refused).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from cli.config_loading import config_from_dict, dataset_registry_for, resolve_config_path
+from config.schema import GPTConfig, batch_split, num_microbatches
+from models.layout import with_layout
+from plan import dry_run
+from plan.memory_check import available_host_bytes
+
+from ladder import rules as ladder_rules
+from ladder.spec import LadderError, LadderSpec, short_count
+
+PFLOP_DAY = 1e15 * 86400
+PLAN_FILE = "ladder_plan.json"     # OUT/ladder_plan.json: the table's numbers, for status and fit
+
+
+@dataclass
+class SizePlan:
+    run: ladder_rules.SizeRun
+    cfg: GPTConfig                # the size's config, on its mesh, with its micro-batches
+    params: dict                  # total / embedding / non_embedding, counted on the training graph
+    flops_per_token: float
+    memory_per_device: float
+    device_bytes: float
+    family: str                   # the planner's name for the layout
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def micro_batches(self) -> int:
+        return num_microbatches(self.cfg, self.cfg.train_batch_size)
+
+    @property
+    def replicas(self) -> int:
+        return batch_split(self.cfg)
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences per replica in one micro-batch."""
+        return self.cfg.train_batch_size // self.replicas // self.micro_batches
+
+    @property
+    def flops(self) -> float:
+        return self.flops_per_token * self.run.tokens
+
+    def record(self) -> dict:
+        r = self.run
+        return {"name": r.name, "target": r.target, "multiple": r.multiple, "n_layer": r.shape.n_layer,
+                "n_embd": r.shape.n_embd, "n_head": r.shape.n_head, "non_embedding": self.params["non_embedding"],
+                "parameters": self.params["total"], "batch_sequences": r.batch_sequences,
+                "batch_tokens": r.batch_tokens, "lr": r.lr, "warmup_steps": r.warmup_steps, "beta2": r.beta2,
+                "train_steps": r.steps, "tokens": r.tokens, "eval_every": r.eval_every,
+                "flops_per_token": self.flops_per_token, "flops": self.flops, "mesh_shape": self.cfg.mesh_shape,
+                "layout": self.cfg.layout, "n_devices": self.cfg.n_devices, "micro_batches": self.micro_batches,
+                "micro_batch": self.micro_batch, "model_path": r.model_path, "config_path": r.config_path}
+
+
+@dataclass
+class Ladder:
+    spec: LadderSpec
+    base: GPTConfig
+    base_raw: dict
+    sizes: list                   # SizePlan, smallest compute first
+
+    @property
+    def flops(self) -> float:
+        return sum(s.flops for s in self.sizes)
+
+
+def load_base(spec: LadderSpec) -> tuple[dict, GPTConfig]:
+    """The base config with the spec's overrides and the ladder's evaluation, read and checked."""
+    raw = ladder_rules.base_raw(spec)
+    eval_steps = spec.eval_steps or raw.get("eval_steps") or 10
+    raw["eval_steps"] = eval_steps
+    path = resolve_config_path(spec.base)
+    cfg = config_from_dict(raw, source=f"base config {os.path.basename(path)} with the ladder's overrides",
+                           dataset_config_dir=dataset_registry_for(path))
+    if not cfg.datasets:
+        raise LadderError(f"the base config {spec.base} has no datasets: the ladder trains every size on the base "
+                          f"config's \"datasets\"")
+    if not cfg.tokenizer_dataset.eval_path:
+        raise LadderError(f"dataset {cfg.tokenizer_dataset.id!r} has no eval_path: the ladder evaluates every size on "
+                          f"it; set eval_path in its dataset config (docs/data.md)")
+    return raw, cfg
+
+
+def size_config(ladder_raw: dict, base: GPTConfig, run: ladder_rules.SizeRun, spec: LadderSpec) -> tuple[dict, GPTConfig]:
+    raw = dict(ladder_raw, **run.changes(base))
+    cfg = config_from_dict(raw, source=f"size {run.name} of ladder {spec.name}",
+                           dataset_config_dir=dataset_registry_for(resolve_config_path(spec.base)))
+    return raw, cfg
+
+
+def device_bytes(spec: LadderSpec) -> float:
+    """One device's memory: the spec's, or on CPU devices this host's available RAM shared by the devices."""
+    if spec.devices.memory:
+        return dry_run.parse_bytes(spec.devices.memory)
+    available = available_host_bytes()
+    return (available if available is not None else 2.0 ** 40) / spec.devices.count
+
+
+def place(cfg: GPTConfig, facts, memory: float, max_devices: int, name: str) -> tuple[GPTConfig, dry_run.Memory, str]:
+    """The smallest mesh that fits with one sequence per micro-batch, then the largest micro-batch on it."""
+    recompute = cfg.recompute_grad
+    one = cfg.replace(tokens_per_mb_per_replica=cfg.n_ctx)
+    fit = dry_run.smallest_fit(one, facts, memory, recompute, max_devices=max_devices)
+    if fit is None:
+        least = dry_run.memory(facts, one, recompute).total
+        raise LadderError(
+            f"size {name} does not fit {max_devices} device(s) of {dry_run.human_bytes(memory)} even at one sequence "
+            f"per micro-batch ({dry_run.human_bytes(least)} on one device, recompute_grad "
+            f"{'on' if recompute else 'off'}): give more devices (\"devices\".count) or more memory per device")
+    placed = with_layout(cfg, fit.mesh_shape, fit.layout)
+    per_replica = placed.train_batch_size // batch_split(placed)
+    for sequences in sorted((d for d in range(1, per_replica + 1) if per_replica % d == 0), reverse=True):
+        candidate = placed.replace(tokens_per_mb_per_replica=None if sequences == per_replica else sequences * cfg.n_ctx)
+        used = dry_run.memory(facts, candidate, recompute)
+        if used.total <= memory:
+            return candidate, used, fit.family
+    return placed.replace(tokens_per_mb_per_replica=cfg.n_ctx), fit.memory, fit.family  # smallest_fit's own
+
+
+def make_ladder(spec: LadderSpec) -> Ladder:
+    raw, base = load_base(spec)
+    memory = device_bytes(spec)
+    sizes = []
+    for run in ladder_rules.size_runs(spec, base):
+        size_raw, cfg = size_config(raw, base, run, spec)
+        facts = dry_run.collect(cfg)
+        placed, used, family = place(cfg, facts, memory, spec.devices.count, run.name)
+        plan = dry_run.make_plan(placed)
+        sizes.append(SizePlan(run, placed, dict(plan.params), plan.flops_per_token, used.total, memory, family))
+    return Ladder(spec, base, raw, sizes)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writing the sizes' configs
+
+
+def _dataset_json(dataset) -> dict:
+    out = {"n_vocab": dataset.n_vocab, "path": os.path.abspath(dataset.path)}
+    for key in ("eval_path", "tokenizer_path"):
+        value = getattr(dataset, key)
+        if value:
+            out[key] = value if (key == "tokenizer_path" and dataset.tokenizer_is_pretrained) else os.path.abspath(value)
+    out["tokenizer_is_pretrained"] = dataset.tokenizer_is_pretrained
+    for key in ("eos_id", "padding_id"):
+        if getattr(dataset, key) is not None:
+            out[key] = getattr(dataset, key)
+    return out
+
+
+def config_json(ladder: Ladder, size: SizePlan) -> dict:
+    raw = dict(ladder.base_raw, **size.run.changes(ladder.base))
+    raw.update(mesh_shape=size.cfg.mesh_shape, layout=size.cfg.layout,
+               tokens_per_mb_per_replica=size.cfg.tokens_per_mb_per_replica)
+    return raw
+
+
+def started(model_path: str) -> bool:
+    """Whether a size has a checkpoint (its config is then fixed)."""
+    return bool(glob.glob(os.path.join(model_path, "model.ckpt-*.index")))
+
+
+def write_configs(ladder: Ladder) -> list[str]:
+    """OUT/configs/NAME.json for every size, the datasets beside them, and OUT/ladder_plan.json. Refuses (before
+    writing anything) when a size that has started would get a config other than the one it started with."""
+    folder = os.path.join(ladder.spec.out, "configs")
+    wanted = {size.run.config_path: config_json(ladder, size) for size in ladder.sizes}
+    for size in ladder.sizes:
+        path = size.run.config_path
+        if os.path.isfile(path) and started(size.run.model_path):
+            with open(path, encoding="utf-8") as f:
+                try:
+                    existing = json.load(f)
+                except ValueError:
+                    existing = None
+            if existing != wanted[path]:
+                changed = sorted(k for k in set(wanted[path]) | set(existing or {})
+                                 if (existing or {}).get(k) != wanted[path].get(k))
+                raise LadderError(
+                    f"size {size.name} has trained in {size.run.model_path} with {path}, and the spec now gives it "
+                    f"another config ({', '.join(changed[:4])} differ): restore the spec, or point \"out\" at a new "
+                    f"folder for the changed ladder")
+    registry = os.path.join(folder, "dataset_configs")
+    os.makedirs(registry, exist_ok=True)
+    written = []
+    for use in ladder.base.datasets:
+        _write_json(os.path.join(registry, use.dataset.id + ".json"), _dataset_json(use.dataset))
+    for path, raw in wanted.items():
+        _write_json(path, raw)
+        written.append(path)
+    _write_json(os.path.join(ladder.spec.out, PLAN_FILE),
+                {"ladder": ladder.spec.name, "spec": ladder.spec.path, "sizes": [s.record() for s in ladder.sizes]})
+    return written
+
+
+def _write_json(path: str, data) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def read_plan(out: str) -> Optional[dict]:
+    path = os.path.join(out, PLAN_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table and the LR schedule
+
+
+def measured_rate(model_path: str) -> Optional[float]:
+    """A size's achieved model FLOP/s (the whole mesh's) from its TensorBoard scalars: the median of its logged
+    throughput; None when it has not run."""
+    from tools.runs import read_scalars
+    if not os.path.isdir(model_path):
+        return None
+    values = [v for _, v in read_scalars(model_path).get("model_flops_per_sec", [])]
+    return sorted(values)[len(values) // 2] if values else None
+
+
+def estimates(ladder: Ladder) -> dict:
+    """name -> (seconds, source) for each size: at the spec's model_tflops per device, else at the rate measured in
+    that size's model_path, else at the nearest measured size's; None without any."""
+    measured = {s.name: measured_rate(s.run.model_path) for s in ladder.sizes}
+    found = {}
+    for s in ladder.sizes:
+        if ladder.spec.devices.model_tflops:
+            rate = ladder.spec.devices.model_tflops * 1e12 * s.cfg.n_devices
+            found[s.name] = (s.flops / rate, "given")
+            continue
+        if measured[s.name]:
+            found[s.name] = (s.flops / measured[s.name], "measured")
+            continue
+        others = [(abs(math.log(o.params["non_embedding"] / s.params["non_embedding"])), measured[o.name])
+                  for o in ladder.sizes if measured[o.name]]
+        found[s.name] = (s.flops / min(others)[1], "nearest measured") if others else None
+    return found
+
+
+def duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f}d"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def table(ladder: Ladder) -> str:
+    spec, times = ladder.spec, estimates(ladder)
+    head = (f"{'size':<10}{'N':>10}{'miss':>6}  {'shape':<14}{'batch':>12}{'lr':>9}{'warmup':>7}{'steps':>7}"
+            f"{'tokens':>9}{'tok/N':>6}{'FLOPs':>10}{'pflop-d':>9}  {'mesh':<8}{'micro':>8}{'accum':>6}{'time':>9}")
+    lines = [f"ladder {spec.name}: {len(ladder.sizes)} runs from {spec.base}, devices: up to {spec.devices.count} "
+             f"{spec.devices.kind} of {dry_run.human_bytes(ladder.sizes[0].device_bytes)}; nothing is trained", head]
+    for s in ladder.sizes:
+        r, n = s.run, s.params["non_embedding"]
+        shape = f"{r.shape.n_layer}x{r.shape.n_embd}/{r.shape.n_head}h"
+        time = times.get(s.name)
+        lines.append(
+            f"{r.name:<10}{n:>10,}{n / r.target - 1:>+6.0%}  {shape:<14}{f'{r.batch_sequences}x{s.cfg.n_ctx}':>12}"
+            f"{r.lr:>9.3g}{r.warmup_steps:>7}{r.steps:>7}{short_count(r.tokens):>9}{r.tokens / n:>6.0f}"
+            f"{s.flops:>10.2e}{s.flops / PFLOP_DAY:>9.1e}  {s.cfg.mesh_shape:<8}{s.micro_batch:>8}{s.micro_batches:>6}"
+            f"{duration(time[0]) if time else '?':>9}")
+    total = sum(t[0] for t in times.values() if t) if all(times.values()) else None
+    sources = sorted({t[1] for t in times.values() if t})
+    lines += [
+        f"total: {ladder.flops:.2e} FLOPs = {ladder.flops / PFLOP_DAY:.2e} pflop-days"
+        + (f", about {duration(total)} of training ({', '.join(sources)} throughput; start-up and evaluations not "
+           f"counted)" if total else ", time: ? (give \"devices\".model_tflops, or run a size to measure it)"),
+        "N: non-embedding parameters on the training graph; miss: against the target; shape: layers x width / heads; "
+        "batch: sequences x context; micro: sequences per replica per micro-batch; accum: micro-batches per step",
+    ]
+    return "\n".join(lines)
+
+
+def lr_schedules(ladder: Ladder, points: int = 200) -> dict:
+    """name -> (tokens, lr) along each size's run, from train/optimizer.py's schedule itself."""
+    import numpy as np
+    import tensorflow.compat.v1 as tf
+    from train.optimizer import learning_rate
+    found = {}
+    for s in ladder.sizes:
+        steps = np.unique(np.linspace(0, s.run.steps, points).round().astype(np.int64))
+        lr = learning_rate(s.cfg, tf.constant(steps))
+        found[s.name] = (steps * s.run.batch_tokens, np.asarray(lr))
+    return found
+
+
+def plot_lr(ladder: Ladder, path: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, (tokens, lr) in lr_schedules(ladder).items():
+        ax.plot(tokens, lr, label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("learning rate")
+    ax.set_title(f"ladder {ladder.spec.name}: learning-rate schedules")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def check_data(ladder: Ladder) -> None:
+    """Every dataset the sizes train on has files, and the eval set too (a run would otherwise fail at its start)."""
+    for use in ladder.base.datasets:
+        for what, pattern in (("training files", use.dataset.path), ("eval files", use.dataset.eval_path)):
+            if pattern and "://" not in pattern and not glob.glob(pattern):
+                raise LadderError(f"dataset {use.dataset.id!r} has no {what} matching {pattern}: tokenize them first "
+                                  f"(quickstart.sh does it for stdlib; docs/data.md), or fix the dataset config")
+

@@ -1,0 +1,273 @@
+"""`python -m ladder run SPEC`: every size trained in turn, smallest first, each in its own model_path, by the same
+command a user would type for it (`main.py --model OUT/configs/NAME.json`, in a child process), evaluating after
+each of its `eval_points` checkpoints (evenly spaced; the last at the end of the run).
+
+Resumable: a size whose last checkpoint is at its train_steps and whose final evaluation is recorded is skipped; one
+trained to the end but not evaluated is evaluated (`main.py --eval`); one cut off resumes from its last checkpoint
+(main.py's own resume: the same batches, no step trained twice). Ctrl-C (or SIGTERM) is passed once to the size
+training: it saves after its current step, and the ladder stops with a line saying how to go on. Finished sizes are
+never touched again.
+
+Progress: each size's own progress lines (with its ETA), each followed by the ladder's share of FLOPs done and its
+ETA at the rate this session has trained (start-ups and evaluations included).
+
+With a "launcher" in the spec, `run` trains nothing: it writes one script per size (SLURM sbatch, or a Kubernetes
+Indexed Job) into OUT/launch/ and prints how to submit them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from config.schema import REPO_ROOT
+
+from ladder import plan as ladder_plan
+from ladder.plan import Ladder, SizePlan, duration
+from ladder.spec import LadderError
+from ladder.status import results_file, validation_losses
+
+MAIN = os.path.join(REPO_ROOT, "main.py")
+_STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)")
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a size's model_path holds
+
+
+def checkpoint_steps(model_path: str) -> list[int]:
+    """The steps of the complete checkpoints in model_path, ascending."""
+    from runtime.checkpoints import steps
+    return steps(model_path)
+
+
+def eval_results(size: SizePlan) -> dict:
+    """step -> validation loss of the size (its eval_results.jsonl)."""
+    return validation_losses(results_file(size.record()))
+
+
+@dataclass
+class SizeState:
+    step: int                     # the last checkpoint's step
+    steps: int                    # the size's train_steps
+    evaluated: bool               # the final evaluation is recorded
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.steps and self.evaluated
+
+    def describe(self) -> str:
+        if self.done:
+            return "done"
+        if self.step >= self.steps:
+            return "trained, final evaluation missing"
+        return f"resumes at step {self.step}" if self.step else "new"
+
+
+def size_state(size: SizePlan) -> SizeState:
+    steps = checkpoint_steps(size.run.model_path)
+    step = steps[-1] if steps else 0
+    return SizeState(step, size.run.steps, size.run.steps in eval_results(size))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training here
+
+
+class Progress:
+    """The ladder's share of FLOPs done, and its ETA: the FLOPs left at the training rate measured between this
+    session's progress lines, plus each size still to start at the start-up and evaluation time its sizes took."""
+
+    def __init__(self, ladder: Ladder, states: dict):
+        self.total = ladder.flops
+        self.sizes = {s.name: s for s in ladder.sizes}
+        self.done = {s.name: s.flops * min(states[s.name].step, s.run.steps) / s.run.steps for s in ladder.sizes}
+        self.waiting = {s.name for s in ladder.sizes if not states[s.name].done}
+        self.train_seconds = self.train_flops = 0.0
+        self.overheads: list = []       # per size trained here: its wall time not spent between progress lines
+        self._size_start = self._last = None
+
+    def start(self, size: SizePlan) -> None:
+        self.waiting.discard(size.name)
+        self._size_start, self._last, self._size_training = time.monotonic(), None, 0.0
+
+    def update(self, size: SizePlan, step: int) -> None:
+        now = time.monotonic()
+        flops = size.flops * min(step, size.run.steps) / size.run.steps
+        if self._last is not None:
+            self.train_seconds += now - self._last
+            self._size_training += now - self._last
+            self.train_flops += flops - self.done[size.name]
+        self.done[size.name], self._last = flops, now
+
+    def finish(self, size: SizePlan) -> None:
+        self.done[size.name] = size.flops
+        self.overheads.append(time.monotonic() - self._size_start - self._size_training)
+
+    def line(self) -> str:
+        done = sum(self.done.values())
+        shown = f"ladder {100 * done / self.total:.0f}% of FLOPs"
+        if self.train_seconds <= 0 or self.train_flops <= 0:
+            return f"{shown}, eta ?"
+        overhead = (sum(self.overheads) / len(self.overheads) if self.overheads else
+                    time.monotonic() - self._size_start - self._size_training)
+        left = (self.total - done) / (self.train_flops / self.train_seconds) + overhead * len(self.waiting)
+        return f"{shown}, eta {duration(left)}"
+
+
+class _Forward:
+    """While a size trains: SIGINT and SIGTERM to the ladder are passed to it (once each), and noted."""
+
+    def __init__(self):
+        self.child: Optional[subprocess.Popen] = None
+        self.signum: Optional[int] = None
+        self._previous = {}
+
+    def __enter__(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+
+def _train_size(size: SizePlan, evaluate_only: bool, progress: Progress, forward: _Forward, say) -> int:
+    command = [sys.executable, MAIN, "--model", size.run.config_path] + (["--eval"] if evaluate_only else [])
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Its own session: a terminal's Ctrl-C reaches the ladder only, which passes it on once (twice would stop the
+    # size at once, without its checkpoint).
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+                             env=env, start_new_session=True)
+    forward.child = child
+    for line in child.stdout:
+        line = line.rstrip("\n")
+        match = _STEP_LINE.match(line)
+        if match:
+            progress.update(size, int(match.group(1)))
+            line = f"{line} | {progress.line()}"
+        say(f"[{size.name}] {line}")
+    return child.wait()
+
+
+def run_here(ladder: Ladder, say=print) -> int:
+    """Trains the sizes not done, smallest first; returns 0, or the exit code of the size that stopped."""
+    ladder_plan.check_data(ladder)
+    states = {s.name: size_state(s) for s in ladder.sizes}
+    progress = Progress(ladder, states)
+    total = len(ladder.sizes)
+    with _Forward() as forward:
+        for i, size in enumerate(ladder.sizes, 1):
+            state = states[size.name]
+            r = size.run
+            head = (f"ladder {ladder.spec.name}: size {i}/{total} {size.name}: N {size.params['non_embedding']:,}, "
+                    f"{r.shape.n_layer} x {r.shape.n_embd}, {r.steps} steps of {r.batch_tokens:,} tokens in "
+                    f"{r.model_path}")
+            if state.done:
+                say(f"{head}: done, skipped (final eval loss {eval_results(size)[r.steps]:.4f})")
+                continue
+            say(f"{head}: {state.describe()}")
+            started = time.monotonic()
+            progress.start(size)
+            code = _train_size(size, state.step >= r.steps, progress, forward, say)
+            if forward.signum is not None or code in (130, 143):
+                say(f"ladder stopped during {size.name} (its last checkpoint is kept; finished sizes are untouched): "
+                    f"run the same command to resume")
+                return code or 130
+            if code != 0:
+                print(f"error: size {size.name} stopped with exit code {code} (its error is above); the sizes before "
+                      f"it are kept: fix it and run the same command to go on", file=sys.stderr, flush=True)
+                return code
+            progress.finish(size)
+            final = eval_results(size).get(r.steps)
+            shown = f"final eval loss {final:.4f}" if final is not None else "no final evaluation recorded"
+            say(f"ladder: {size.name} done in {duration(time.monotonic() - started)} ({shown}); {i}/{total} sizes, "
+                f"{progress.line()}")
+    say(f"ladder {ladder.spec.name}: all {total} sizes trained; next: python -m ladder fit {ladder.spec.path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Scripts for a cluster
+
+
+def _gpu_ids(count: int) -> str:
+    return " ".join(f"device:GPU:{i}" for i in range(count))
+
+
+def launcher_scripts(ladder: Ladder) -> list[str]:
+    """One script per size in OUT/launch/: SLURM sbatch files or Kubernetes Indexed Jobs (docs/multihost.md)."""
+    launcher = ladder.spec.launcher
+    folder = os.path.join(ladder.spec.out, "launch")
+    os.makedirs(folder, exist_ok=True)
+    workdir = launcher.workdir or REPO_ROOT
+    written = []
+    for size in ladder.sizes:
+        devices = size.cfg.n_devices
+        nodes = math.ceil(devices / launcher.gpus_per_node)
+        per_node = min(devices, launcher.gpus_per_node)
+        if devices % per_node:
+            raise LadderError(f"size {size.name} uses {devices} GPUs, which do not split evenly over nodes of "
+                              f"{launcher.gpus_per_node}: set \"launcher\".gpus_per_node to a divisor or multiple")
+        main = (f"{launcher.python} main.py --model {size.run.config_path} --gpu_ids {_gpu_ids(per_node)}")
+        job = f"{ladder.spec.name}-{size.name}".lower().replace(".", "-").replace("_", "-")
+        if launcher.kind == "slurm":
+            path = os.path.join(folder, f"{size.name}.sbatch")
+            lines = ["#!/bin/bash", f"#SBATCH --job-name={job}", f"#SBATCH --nodes={nodes}",
+                     "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
+                     f"#SBATCH --time={launcher.time}",
+                     "#SBATCH --signal=TERM@300            # SIGTERM before the time limit: save and stop",
+                     "#SBATCH --requeue                    # a preempted size comes back and resumes"]
+            if launcher.partition:
+                lines.append(f"#SBATCH --partition={launcher.partition}")
+            lines += [f"cd {workdir}",
+                      f"# {size.name}: N {size.params['non_embedding']:,}, {size.run.steps} steps, mesh "
+                      f"{size.cfg.mesh_shape}; the ladder's evaluations run after each checkpoint",
+                      f"srun {main}", ""]
+            text = "\n".join(lines)
+        else:
+            path = os.path.join(folder, f"{size.name}.yaml")
+            workers = ", ".join(f'\\"{job}-{i}.{job}:2222\\"' for i in range(nodes))
+            text = "\n".join([
+                "apiVersion: batch/v1", "kind: Job", f"metadata: {{name: {job}}}", "spec:",
+                f"  completions: {nodes}", f"  parallelism: {nodes}", "  completionMode: Indexed",
+                "  backoffLimit: 20", "  template:", "    spec:", f"      subdomain: {job}",
+                "      restartPolicy: OnFailure", "      terminationGracePeriodSeconds: 300", "      containers:",
+                "      - name: train", f"        image: {launcher.image}", f"        workingDir: {workdir}",
+                '        command: ["bash", "-c"]', "        args:", "        - |",
+                *([f'          export TF_CONFIG="{{\\"cluster\\": {{\\"worker\\": [{workers}]}}, '
+                   f'\\"task\\": {{\\"type\\": \\"worker\\", \\"index\\": $JOB_COMPLETION_INDEX}}}}"']
+                  if nodes > 1 else []),
+                f"          exec {main}", "        ports: [{containerPort: 2222}]",
+                f"        resources: {{limits: {{nvidia.com/gpu: {per_node}}}}}", ""])
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        written.append(path)
+    return written
+
+
+def run(ladder: Ladder, say=print) -> int:
+    written = ladder_plan.write_configs(ladder)
+    if ladder.spec.launcher is None:
+        return run_here(ladder, say)
+    scripts = launcher_scripts(ladder)
+    say(f"ladder {ladder.spec.name}: wrote {len(written)} size configs and {len(scripts)} "
+        f"{ladder.spec.launcher.kind} scripts (nothing trains here):")
+    for path in scripts:
+        say(f"  {path}")
+    submit = "sbatch" if ladder.spec.launcher.kind == "slurm" else "kubectl apply -f"
+    say(f"submit them with: for f in {os.path.join(ladder.spec.out, 'launch')}/*; do {submit} $f; done   "
+        f"(model_paths and data on shared storage; `python -m ladder status` reads them)")
+    return 0
