@@ -200,7 +200,7 @@ def write_configs(ladder: Ladder) -> list[str]:
                                  if (existing or {}).get(k) != wanted[path].get(k))
                 raise LadderError(
                     f"size {size.name} has trained in {size.run.model_path} with {path}, and the spec now gives it "
-                    f"another config ({', '.join(changed[:4])} differ): restore the spec, or point \"out\" at a new "
+                    f"another config ({', '.join(changed[:4])} changed): restore the spec, or point \"out\" at a new "
                     f"folder for the changed ladder")
     registry = os.path.join(folder, "dataset_configs")
     os.makedirs(registry, exist_ok=True)

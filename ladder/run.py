@@ -164,7 +164,6 @@ def _train_size(size: SizePlan, evaluate_only: bool, progress: Progress, forward
 
 def run_here(ladder: Ladder, say=print) -> int:
     """Trains the sizes not done, smallest first; returns 0, or the exit code of the size that stopped."""
-    ladder_plan.check_data(ladder)
     states = {s.name: size_state(s) for s in ladder.sizes}
     progress = Progress(ladder, states)
     total = len(ladder.sizes)
@@ -259,6 +258,8 @@ def launcher_scripts(ladder: Ladder) -> list[str]:
 
 
 def run(ladder: Ladder, say=print) -> int:
+    if ladder.spec.launcher is None:
+        ladder_plan.check_data(ladder)  # before anything is written: the data is on this machine
     written = ladder_plan.write_configs(ladder)
     if ladder.spec.launcher is None:
         return run_here(ladder, say)

@@ -5,12 +5,14 @@ interpreter's standard library, which do), and close enough to what the committe
 to ~4 characters a token, as real source does.
 
     train: 5 documents of ~10 KB; eval: 3 of ~14 KB; eval_large: 5 of ~30 KB (the sizes of the standard
-    library files the tests read before)."""
+    library files the tests read before); ladder: 20 of ~30 KB (tests/test_ladder.py's sizes train on it without
+    repeating it much)."""
 from __future__ import annotations
 
 import os
 
-SPLITS = {"train": (1, 5, 10_000), "eval": (2, 3, 14_000), "eval_large": (3, 5, 30_000)}  # seed, documents, bytes
+SPLITS = {"train": (1, 5, 10_000), "eval": (2, 3, 14_000), "eval_large": (3, 5, 30_000),
+          "ladder": (4, 20, 30_000)}  # seed, documents, bytes
 
 VERBS = ["get", "set", "read", "write", "parse", "load", "dump", "make", "find", "check", "update", "encode",
          "decode", "split", "join", "format", "close", "open", "add", "remove", "copy", "convert", "build", "scan"]
@@ -85,7 +87,7 @@ def _document(s: _Stream, size: int) -> str:
 
 
 def documents(split: str) -> list[str]:
-    """The split's documents ("train", "eval" or "eval_large"): always the same text."""
+    """The split's documents ("train", "eval", "eval_large" or "ladder"): always the same text."""
     seed, count, size = SPLITS[split]
     stream = _Stream(seed)
     return [_document(stream, size) for _ in range(count)]
