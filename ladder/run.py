@@ -9,7 +9,7 @@ training: it saves after its current step, and the ladder stops with a line sayi
 never touched again.
 
 Progress: each size's own progress lines (with its ETA), each followed by the ladder's share of FLOPs done and its
-ETA at the rate this session has trained (start-ups and evaluations included).
+ETA (`Progress`: the FLOPs left at the last measured FLOP rate, plus start-ups and evaluations as they took).
 
 With a "launcher" in the spec, `run` trains nothing: it writes one script per size (SLURM sbatch, or a Kubernetes
 Indexed Job) into OUT/launch/ and prints how to submit them.
@@ -81,44 +81,51 @@ def size_state(size: SizePlan) -> SizeState:
 
 
 class Progress:
-    """The ladder's share of FLOPs done, and its ETA: the FLOPs left at the training rate measured between this
-    session's progress lines, plus each size still to start at the start-up and evaluation time its sizes took."""
+    """The ladder's share of FLOPs done, and its ETA: the rest of the size under way at its measured rate, the sizes
+    still to start at the FLOP rate of the last size measured (bigger sizes run at more FLOP/s, so this errs long
+    and shortens as they run), plus for each of them the start-up and evaluation time this session's sizes took."""
 
     def __init__(self, ladder: Ladder, states: dict):
         self.total = ladder.flops
-        self.sizes = {s.name: s for s in ladder.sizes}
         self.done = {s.name: s.flops * min(states[s.name].step, s.run.steps) / s.run.steps for s in ladder.sizes}
-        self.waiting = {s.name for s in ladder.sizes if not states[s.name].done}
-        self.train_seconds = self.train_flops = 0.0
+        self.waiting = {s.name: s.flops for s in ladder.sizes if not states[s.name].done}
+        self.rate = None                # FLOP/s of the size under way (or the last one), between its progress lines
         self.overheads: list = []       # per size trained here: its wall time not spent between progress lines
         self._size_start = self._last = None
+        self._size_training = self._size_flops = 0.0
 
     def start(self, size: SizePlan) -> None:
-        self.waiting.discard(size.name)
-        self._size_start, self._last, self._size_training = time.monotonic(), None, 0.0
+        self.waiting.pop(size.name, None)
+        self._size_start, self._last = time.monotonic(), None
+        self._size_training = self._size_flops = 0.0
+
+    def gap(self) -> None:
+        """A line that is not progress (an evaluation, a restart between checkpoints): the time to the next progress
+        line is not training."""
+        self._last = None
 
     def update(self, size: SizePlan, step: int) -> None:
         now = time.monotonic()
         flops = size.flops * min(step, size.run.steps) / size.run.steps
-        if self._last is not None:
-            self.train_seconds += now - self._last
+        if self._last is not None and now > self._last:
             self._size_training += now - self._last
-            self.train_flops += flops - self.done[size.name]
+            self._size_flops += flops - self.done[size.name]
+            self.rate = self._size_flops / self._size_training
         self.done[size.name], self._last = flops, now
 
     def finish(self, size: SizePlan) -> None:
         self.done[size.name] = size.flops
         self.overheads.append(time.monotonic() - self._size_start - self._size_training)
 
-    def line(self) -> str:
+    def line(self, size: SizePlan) -> str:
         done = sum(self.done.values())
         shown = f"ladder {100 * done / self.total:.0f}% of FLOPs"
-        if self.train_seconds <= 0 or self.train_flops <= 0:
+        if not self.rate:
             return f"{shown}, eta ?"
         overhead = (sum(self.overheads) / len(self.overheads) if self.overheads else
                     time.monotonic() - self._size_start - self._size_training)
-        left = (self.total - done) / (self.train_flops / self.train_seconds) + overhead * len(self.waiting)
-        return f"{shown}, eta {duration(left)}"
+        left = ((size.flops - self.done[size.name]) + sum(self.waiting.values())) / self.rate
+        return f"{shown}, eta {duration(left + overhead * len(self.waiting))}"
 
 
 class _Forward:
@@ -157,7 +164,9 @@ def _train_size(size: SizePlan, evaluate_only: bool, progress: Progress, forward
         match = _STEP_LINE.match(line)
         if match:
             progress.update(size, int(match.group(1)))
-            line = f"{line} | {progress.line()}"
+            line = f"{line} | {progress.line(size)}"
+        else:
+            progress.gap()
         say(f"[{size.name}] {line}")
     return child.wait()
 
@@ -193,7 +202,7 @@ def run_here(ladder: Ladder, say=print) -> int:
             final = eval_results(size).get(r.steps)
             shown = f"final eval loss {final:.4f}" if final is not None else "no final evaluation recorded"
             say(f"ladder: {size.name} done in {duration(time.monotonic() - started)} ({shown}); {i}/{total} sizes, "
-                f"{progress.line()}")
+                f"{progress.line(size)}")
     say(f"ladder {ladder.spec.name}: all {total} sizes trained; next: python -m ladder fit {ladder.spec.path}")
     return 0
 
