@@ -132,6 +132,14 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
     for key in scaling_law.NAMES:
         low, high = intervals[key]
         print(f"  {key:<6}{_fmt(result.params[key]):>10}   [{_fmt(low)}, {_fmt(high)}]")
+    stuck = result.at_bounds()
+    report["at_bounds"] = stuck
+    if stuck:
+        ratios = sorted({round(p.d / p.n) for p in used if p.final})
+        print(f"  warning: {', '.join(stuck)} at the bound of the search: these points do not determine them. With "
+              f"the final evaluations at {', '.join(map(str, ratios))} tokens/param, N and D move together and the fit "
+              f"cannot tell their terms apart: its predictions along those tokens/param hold, its compute-optimal split "
+              f"does not. Add Chinchilla multiples (\"chinchilla_multiples\": [0.25, 1]) to separate them")
     residuals = [math.log(p.loss) - math.log(result.predict(p.n, p.d)) for p in used]
     print(f"  residuals of log loss on the fitted points: rms {np.sqrt(np.mean(np.square(residuals))):.4f}")
     for size in hold_out:

@@ -29,7 +29,7 @@ from ladder import rules as ladder_rules
 from ladder.spec import LadderError, LadderSpec, short_count
 
 PFLOP_DAY = 1e15 * 86400
-PLAN_FILE = "ladder_plan.json"     # OUT/ladder_plan.json: the table's numbers, for status and fit
+PLAN_FILE = "{}.plan.json"        # OUT/SPEC_NAME.plan.json: the table's numbers, for status and fit (specs may share OUT)
 
 
 @dataclass
@@ -183,7 +183,7 @@ def started(model_path: str) -> bool:
 
 
 def write_configs(ladder: Ladder) -> list[str]:
-    """OUT/configs/NAME.json for every size, the datasets beside them, and OUT/ladder_plan.json. Refuses (before
+    """OUT/configs/NAME.json for every size, the datasets beside them, and OUT/SPEC_NAME.plan.json. Refuses (before
     writing anything) when a size that has started would get a config other than the one it started with."""
     folder = os.path.join(ladder.spec.out, "configs")
     wanted = {size.run.config_path: config_json(ladder, size) for size in ladder.sizes}
@@ -210,7 +210,7 @@ def write_configs(ladder: Ladder) -> list[str]:
     for path, raw in wanted.items():
         _write_json(path, raw)
         written.append(path)
-    _write_json(os.path.join(ladder.spec.out, PLAN_FILE),
+    _write_json(os.path.join(ladder.spec.out, PLAN_FILE.format(ladder.spec.name)),
                 {"ladder": ladder.spec.name, "spec": ladder.spec.path, "sizes": [s.record() for s in ladder.sizes]})
     return written
 
@@ -223,8 +223,8 @@ def _write_json(path: str, data) -> None:
     os.replace(path + ".tmp", path)
 
 
-def read_plan(out: str) -> Optional[dict]:
-    path = os.path.join(out, PLAN_FILE)
+def read_plan(spec) -> Optional[dict]:
+    path = os.path.join(spec.out, PLAN_FILE.format(spec.name))
     if not os.path.isfile(path):
         return None
     try:
@@ -276,7 +276,7 @@ def duration(seconds: float) -> str:
 
 def table(ladder: Ladder) -> str:
     spec, times = ladder.spec, estimates(ladder)
-    head = (f"{'size':<10}{'N':>10}{'miss':>6}  {'shape':<14}{'batch':>12}{'lr':>9}{'warmup':>7}{'steps':>7}"
+    head = (f"{'size':<12}{'N':>10}{'miss':>6}  {'shape':<14}{'batch':>12}{'lr':>9}{'warmup':>7}{'steps':>7}"
             f"{'tokens':>9}{'tok/N':>6}{'FLOPs':>10}{'pflop-d':>9}  {'mesh':<8}{'micro':>8}{'accum':>6}{'time':>9}")
     lines = [f"ladder {spec.name}: {len(ladder.sizes)} runs from {spec.base}, devices: up to {spec.devices.count} "
              f"{spec.devices.kind} of {dry_run.human_bytes(ladder.sizes[0].device_bytes)}; nothing is trained", head]
@@ -285,7 +285,7 @@ def table(ladder: Ladder) -> str:
         shape = f"{r.shape.n_layer}x{r.shape.n_embd}/{r.shape.n_head}h"
         time = times.get(s.name)
         lines.append(
-            f"{r.name:<10}{n:>10,}{n / r.target - 1:>+6.0%}  {shape:<14}{f'{r.batch_sequences}x{s.cfg.n_ctx}':>12}"
+            f"{r.name:<12}{n:>10,}{n / r.target - 1:>+6.0%}  {shape:<14}{f'{r.batch_sequences}x{s.cfg.n_ctx}':>12}"
             f"{r.lr:>9.3g}{r.warmup_steps:>7}{r.steps:>7}{short_count(r.tokens):>9}{r.tokens / n:>6.0f}"
             f"{s.flops:>10.2e}{s.flops / PFLOP_DAY:>9.1e}  {s.cfg.mesh_shape:<8}{s.micro_batch:>8}{s.micro_batches:>6}"
             f"{duration(time[0]) if time else '?':>9}")

@@ -46,9 +46,10 @@ class SizeRun:
                 "train_steps": self.steps, "steps_per_checkpoint": self.eval_every, "model_path": self.model_path}
 
 
-def run_name(target: float, multiple: float, several_multiples: bool) -> str:
+def run_name(target: float, multiple: float) -> str:
+    """n25K at multiple 1, n25K-x0.25 at another: adding a multiple to a spec renames no run that exists."""
     name = f"n{short_count(target)}"
-    return f"{name}-x{multiple:g}" if several_multiples else name
+    return name if multiple == 1 else f"{name}-x{multiple:g}"
 
 
 def batch_sequences(n: float, spec: LadderSpec, n_ctx: int) -> int:
@@ -71,7 +72,7 @@ def size_runs(spec: LadderSpec, base: GPTConfig) -> list[SizeRun]:
         beta2 = rules.small_batch_beta2 if batch_tokens < rules.small_batch_tokens else base.beta2
         for multiple in spec.multiples:
             steps = max(1, round(rules.tokens_per_param * n * multiple / batch_tokens))
-            name = run_name(target, multiple, len(spec.multiples) > 1)
+            name = run_name(target, multiple)
             runs.append(SizeRun(name, target, multiple, shape, sequences, batch_tokens, float(f"{lr:.4g}"), warmup,
                                 beta2, steps, math.ceil(steps / spec.eval_points), os.path.join(spec.out, name),
                                 os.path.join(spec.out, "configs", name + ".json")))

@@ -86,6 +86,12 @@ class Fit:
         found = np.array([list(as_params(t).values()) for t in self.samples])
         return {name: self.interval(found[:, i]) for i, name in enumerate(NAMES)}
 
+    def at_bounds(self) -> list:
+        """The parameters the optimiser left at a bound of BOUNDS: the points do not determine them."""
+        names = ("A", "B", "E", "alpha", "beta")
+        return [name for name, value, (low, high) in zip(names, self.theta, BOUNDS)
+                if min(value - low, high - value) < 1e-3]
+
     def predict(self, n, d):
         return law(self.theta, n, d)
 

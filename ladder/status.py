@@ -1,6 +1,6 @@
 """`python -m ladder status SPEC`: the training overview of every size, read from what its model_path holds (and
 works while sizes train, here or on a cluster): run_info.json (tokens per step, FLOPs per token), the TensorBoard
-scalars (step, loss, tokens/s, MFU), the checkpoints and eval_results.jsonl. The ladder's OUT/ladder_plan.json
+scalars (step, loss, tokens/s, MFU), the checkpoints and eval_results.jsonl. The ladder's OUT/SPEC_NAME.plan.json
 names the sizes and their targets (`plan` or `run` writes it)."""
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def validation_losses(path: str) -> dict:
 
 def size_records(spec: LadderSpec) -> list[dict]:
     """The sizes as `plan` recorded them (planned now when it has not run)."""
-    found = read_plan(spec.out)
+    found = read_plan(spec)
     if found and found.get("sizes"):
         return found["sizes"]
     return [size.record() for size in make_ladder(spec).sizes]
@@ -93,12 +93,12 @@ def _shown(value, pattern: str) -> str:
 def table(spec: LadderSpec) -> str:
     rows = [overview(r) for r in size_records(spec)]
     lines = [f"ladder {spec.name} ({spec.out})",
-             f"{'size':<10}{'N':>9}{'tokens':>16}{'pflop-days':>11}{'done':>6}{'tok/s':>8}{'MFU':>6}"
+             f"{'size':<12}{'N':>9}{'tokens':>16}{'pflop-days':>11}{'done':>6}{'tok/s':>8}{'MFU':>6}"
              f"{'train':>8}{'eval':>8}{'eta':>8}  state"]
     for r in rows:
         tokens = f"{_short(r['done_tokens'])} / {_short(r['target_tokens'])}"
         lines.append(
-            f"{r['name']:<10}{r['non_embedding']:>9,}{tokens:>16}{r['pflop_days']:>11.2e}{100 * r['fraction']:>5.0f}%"
+            f"{r['name']:<12}{r['non_embedding']:>9,}{tokens:>16}{r['pflop_days']:>11.2e}{100 * r['fraction']:>5.0f}%"
             f"{_shown(r['tokens_per_s'], '{:,.0f}'):>8}{_shown(r['mfu'] and 100 * r['mfu'], '{:.1f}%'):>6}"
             f"{_shown(r['train_loss'], '{:.3f}'):>8}{_shown(r['eval_loss'], '{:.3f}'):>8}"
             f"{duration(r['eta']) if r['eta'] is not None else '-':>8}  {r['state']}")

@@ -27,7 +27,7 @@ SMALL_RULES = {"aspect_ratio": 8, "head_width": 8, "lr_at_108M": 0.0006}
 
 
 def write_spec(folder, base: str, **changes) -> str:
-    spec = {"base": base, "sizes": ["6.6K", "22K", "51K"], "chinchilla_multiples": [0.1], "rules": SMALL_RULES,
+    spec = {"base": base, "sizes": ["6.6K", "22K", "51K"], "chinchilla_multiples": [1], "rules": SMALL_RULES,
             "eval_points": 2, "eval_steps": 4, "out": os.path.join(str(folder), "out")}
     spec.update(changes)
     path = os.path.join(str(folder), "ladder.json")
@@ -64,10 +64,10 @@ def test_fit_recovers_a_known_law_within_its_intervals():
 
 @pytest.mark.parametrize("config, n_layer, n_embd", [("gpt3_small", 12, 768), ("gpt3_large", 24, 1536)])
 def test_size_rule_gives_gpt3s_shape_for_gpt3s_size(config, n_layer, n_embd):
-    """The anchor: GPT-3 Small's and Large's non-embedding counts come back as their own shapes with the default
-    rules (aspect ratio 64, heads 64 wide). (Bug: choosing the shape nearest the target instead of the aspect.)"""
+    """The anchor: 3% above GPT-3 Small's and Large's non-embedding counts, the default rules (aspect ratio 64, heads
+    64 wide) give their shapes. (Bug: preferring the shape nearest the target to the one nearest the aspect ratio.)"""
     base = load_config(config)
-    target = shapes.non_embedding(base, n_layer, n_embd)
+    target = 1.03 * shapes.non_embedding(base, n_layer, n_embd)
     shape = shapes.shape_for(base, target, Rules())
     assert (shape.n_layer, shape.n_embd, shape.n_head) == (n_layer, n_embd, n_embd // 64)
 
@@ -75,7 +75,7 @@ def test_size_rule_gives_gpt3s_shape_for_gpt3s_size(config, n_layer, n_embd):
 def test_size_rule_hits_its_targets_within_5_percent_across_the_range():
     """Targets from 10K to 100B non-embedding parameters (the CPU ladder's rules below 1M, the defaults above) all
     get a shape within 5% whose heads are head_width wide; the count is models/flops.py's and the training graph's.
-    (Bug: n_embd rounded down to a multiple of head_width only, never up.)"""
+    (Bug: the tolerance compared with the signed miss, so any shape below the target passes.)"""
     base = load_config("default")
     for target, rules in [(t, Rules(**SMALL_RULES)) for t in np.logspace(4, 6, 9)] + \
                          [(t, Rules()) for t in np.logspace(6, 11, 11)]:
@@ -148,6 +148,9 @@ def ladder_workspace(root) -> str:
     return base
 
 
+SMALL, BIG = "n6.6K-x0.2", "n51K-x0.2"  # the two runs of the real ladder: its sizes at Chinchilla multiple 0.2
+
+
 @pytest.fixture(scope="module")
 def trained_ladder(tmp_path_factory):
     """Two tiny sizes (8x apart) on the test corpus, run here: the ladder gets SIGINT at the bigger size's first
@@ -159,15 +162,15 @@ def trained_ladder(tmp_path_factory):
 
     def say(line):
         first.append(line)
-        if re.match(r"\[n51K\] step\s+1/", line):
+        if re.match(r"\[n51K-x0\.2\] step\s+1/", line):
             os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C reaches the ladder
 
     first_code = ladder_run.run(ladder_plan.make_ladder(spec), say=say)
-    done = os.path.join(spec.out, "n6.6K")
+    done = os.path.join(spec.out, SMALL)
     kept = {name: os.stat(os.path.join(done, name)).st_mtime_ns for name in os.listdir(done)}
     with open(os.path.join(done, "eval_results.jsonl")) as f:
         kept_results = f.read()
-    cut = ladder_run.checkpoint_steps(os.path.join(spec.out, "n51K"))
+    cut = ladder_run.checkpoint_steps(os.path.join(spec.out, BIG))
     second = []
     second_code = ladder_run.run(ladder_plan.make_ladder(spec), say=second.append)
     return {"spec": spec, "first": "\n".join(first), "first_code": first_code, "second": "\n".join(second),
@@ -181,15 +184,15 @@ def test_cut_off_ladder_resumes_without_training_again(trained_ladder):
     SIGINT on twice, which stops the size at once without a checkpoint.)"""
     t = trained_ladder
     assert t["first_code"] == 130, t["first"][-3000:]
-    assert "ladder stopped during n51K" in t["first"]
+    assert f"ladder stopped during {BIG}" in t["first"]
     assert len(t["cut"]) == 1 and 1 <= t["cut"][0] < 10, t["cut"]
     out = t["second"]
     assert t["second_code"] == 0, out[-3000:]
-    assert re.search(r"size 1/2 n6\.6K: .*: done, skipped", out)
-    assert re.search(rf"size 2/2 n51K: .*: resumes at step {t['cut'][0]}$", out, re.M)
-    assert re.search(rf"\[n51K\] training .* steps {t['cut'][0]} -> ", out)
-    assert "[n6.6K]" not in out  # nothing of the finished size ran
-    done = os.path.join(t["spec"].out, "n6.6K")
+    assert re.search(r"size 1/2 n6\.6K-x0\.2: .*: done, skipped", out)
+    assert re.search(rf"size 2/2 n51K-x0\.2: .*: resumes at step {t['cut'][0]}$", out, re.M)
+    assert re.search(rf"\[n51K-x0\.2\] training .* steps {t['cut'][0]} -> ", out)
+    assert f"[{SMALL}]" not in out  # nothing of the finished size ran
+    done = os.path.join(t["spec"].out, SMALL)
     assert {n: os.stat(os.path.join(done, n)).st_mtime_ns for n in os.listdir(done)} == t["kept"]
     with open(os.path.join(done, "eval_results.jsonl")) as f:
         assert f.read() == t["kept_results"]
@@ -226,10 +229,10 @@ def test_a_started_size_keeps_its_config(trained_ladder, tmp_path):
     changed = os.path.join(str(tmp_path), "changed.json")
     with open(changed, "w") as f:
         json.dump(raw, f)
-    before = open(os.path.join(spec.out, "configs", "n6.6K.json")).read()
-    with pytest.raises(LadderError, match=r"size n6\.6K has trained .*\(lr changed\)"):
+    before = open(os.path.join(spec.out, "configs", SMALL + ".json")).read()
+    with pytest.raises(LadderError, match=r"size n6\.6K-x0\.2 has trained .*\(lr changed\)"):
         ladder_plan.write_configs(ladder_plan.make_ladder(load_spec(changed)))
-    assert open(os.path.join(spec.out, "configs", "n6.6K.json")).read() == before
+    assert open(os.path.join(spec.out, "configs", SMALL + ".json")).read() == before
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -300,8 +303,8 @@ def test_run_on_a_cluster_writes_one_script_per_size(tmp_path):
     ({"rules": {"aspect": 8}}, r"unknown key 'aspect' in \"rules\".*did you mean 'aspect_ratio'"),
 ])
 def test_bad_specs_are_one_error_line(tmp_path, capsys, change, message):
-    """Each bad spec: exit 1 and one `error:` line naming the fix, nothing written. (Bug: the fit check of the
-    devices skipped when the count is above one.)"""
+    """Each bad spec: exit 1 and one `error:` line naming the fix, nothing written. (Bug: place() refusing a size
+    that fits no mesh only when one device is given.)"""
     spec = write_spec(tmp_path, make_workspace(tmp_path), **change)
     assert ladder_cli.main(["plan", spec]) == 1
     err = capsys.readouterr().err.strip()
@@ -310,7 +313,8 @@ def test_bad_specs_are_one_error_line(tmp_path, capsys, change, message):
 
 
 def test_run_refuses_a_dataset_without_files(tmp_path, capsys):
-    """A base config whose dataset has no files: `run` says so in one line before writing or training anything."""
+    """A base config whose dataset has no files: `run` says so in one line before writing or training anything.
+    (Bug: the data checked after the sizes' configs are written.)"""
     base = make_workspace(tmp_path)
     for name in os.listdir(os.path.join(str(tmp_path), "train")):
         os.remove(os.path.join(str(tmp_path), "train", name))
