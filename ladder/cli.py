@@ -15,7 +15,7 @@ warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m ladder", description=__doc__)
     commands = p.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    for name, text in (("plan", "the table of every size and its LR schedule (plan/lr_schedule.png); trains nothing"),
+    for name, text in (("plan", "the table of every size and its LR schedules (OUT/plots/NAME_lr_schedule.png); trains nothing"),
                        ("run", "train every size not done (resumable); with a launcher: write one script per size"),
                        ("status", "the training overview of every size, from its model_path"),
                        ("fit", "fit L(N, D) = E + A/N^alpha + B/D^beta to the sizes' evaluations")):
@@ -61,7 +61,7 @@ def _run(args) -> int:
     if args.command == "plan":
         written = ladder_plan.write_configs(ladder)
         print(ladder_plan.table(ladder))
-        picture = ladder_plan.plot_lr(ladder, os.path.join(spec.out, "plots", "lr_schedule.png"))
+        picture = ladder_plan.plot_lr(ladder, os.path.join(spec.out, "plots", f"{spec.name}_lr_schedule.png"))
         print(f"wrote {len(written)} size configs to {os.path.dirname(written[0])} "
               f"(python main.py --model CONFIG --dry_run shows one in full) and {picture}")
         return 0

@@ -7,8 +7,8 @@ then what the fit says:
   (models/flops.py) of the shape the ladder's rule gives N (ladder/shapes.py), minimising L(N, C / FLOPs/token);
 * named configs (`--predict gpt3_XL`): the loss the fit gives their N (counted on their training graph) at
   train_steps x train_batch_size x n_ctx tokens (the ladder's data and tokenizer, carried to that size);
-* plots in OUT/fit/: loss against compute per size with the fitted frontier and Kaplan et al.'s L = 2.57 C^-0.048,
-  loss against N at fixed tokens per parameter, predicted against measured; and OUT/fit/fit.json.
+* plots in OUT/fit/SPEC_NAME/: loss against compute per size with the fitted frontier and Kaplan et al.'s L = 2.57 C^-0.048,
+  loss against N at fixed tokens per parameter, predicted against measured; and fit.json there.
 """
 from __future__ import annotations
 
@@ -136,10 +136,10 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
     report["at_bounds"] = stuck
     if stuck:
         ratios = sorted({round(p.d / p.n) for p in used if p.final})
-        print(f"  warning: {', '.join(stuck)} at the bound of the search: these points do not determine them. With "
-              f"the final evaluations at {', '.join(map(str, ratios))} tokens/param, N and D move together and the fit "
-              f"cannot tell their terms apart: its predictions along those tokens/param hold, its compute-optimal split "
-              f"does not. Add Chinchilla multiples (\"chinchilla_multiples\": [0.25, 1]) to separate them")
+        why = (f"; every run ends at {ratios[0]} tokens/param, so N and D move together: add Chinchilla multiples "
+               f"(\"chinchilla_multiples\": [1, 4]) to separate their terms" if len(ratios) == 1 else "")
+        print(f"  warning: {', '.join(stuck)} at the bound of the search: these points do not determine them, so the "
+              f"compute-optimal split below means nothing (predictions near the points may still hold){why}")
     residuals = [math.log(p.loss) - math.log(result.predict(p.n, p.d)) for p in used]
     print(f"  residuals of log loss on the fitted points: rms {np.sqrt(np.mean(np.square(residuals))):.4f}")
     for size in hold_out:
@@ -172,7 +172,7 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
                                   "interval_95": [low, high]})
         print(f"  {name}: N {target['n']:,.0f}, D {target['d']:,.0f} ({target['d'] * target['flops_per_token']:.3g} "
               f"FLOPs): predicted loss {predicted:.4f} [{low:.4f}, {high:.4f}] on the ladder's data and tokenizer")
-    folder = os.path.join(spec.out, "fit")
+    folder = os.path.join(spec.out, "fit", spec.name)  # specs may share OUT (a multiple added to a ladder)
     os.makedirs(folder, exist_ok=True)
     files = plots(spec, result, found, hold_out, fpt, folder)
     with open(os.path.join(folder, "fit.json"), "w", encoding="utf-8") as f:

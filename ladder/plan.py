@@ -308,7 +308,7 @@ def lr_schedules(ladder: Ladder, points: int = 200) -> dict:
     from train.optimizer import learning_rate
     found = {}
     for s in ladder.sizes:
-        steps = np.unique(np.linspace(0, s.run.steps, points).round().astype(np.int64))
+        steps = np.unique(np.linspace(1, s.run.steps, points).round().astype(np.int64))  # step 0 has no place on a log axis
         lr = learning_rate(s.cfg, tf.constant(steps))
         found[s.name] = (steps * s.run.batch_tokens, np.asarray(lr))
     return found

@@ -180,8 +180,8 @@ def trained_ladder(tmp_path_factory):
 def test_cut_off_ladder_resumes_without_training_again(trained_ladder):
     """SIGINT during the second size stops the ladder with that size's checkpoint saved where it stopped; the next
     run skips the finished size (its files untouched), resumes the cut one from its checkpoint and trains it to the
-    end. (Bugs: size_state not counting the final evaluation, so a finished size is run again; the ladder passing
-    SIGINT on twice, which stops the size at once without a checkpoint.)"""
+    end. (Bugs: SizeState.done comparing step > steps, so a finished size is evaluated again; the ladder not passing
+    SIGINT on to the size, which then trains on to its end.)"""
     t = trained_ladder
     assert t["first_code"] == 130, t["first"][-3000:]
     assert f"ladder stopped during {BIG}" in t["first"]
@@ -201,7 +201,7 @@ def test_cut_off_ladder_resumes_without_training_again(trained_ladder):
 
 def test_tiny_ladders_eval_loss_falls_with_n(trained_ladder):
     """At the same tokens per parameter (the same fraction of each run) the bigger size has the lower eval loss, at
-    every evaluation. (Bug: the batch rule's exponent negated, starving the bigger size of tokens.)"""
+    every evaluation. (Bug: size_runs shaping every size by the first target.)"""
     records = status.size_records(trained_ladder["spec"])
     small, big = (sorted(status.validation_losses(status.results_file(r)).items()) for r in records)
     assert len(small) == len(big) == 2
@@ -210,8 +210,8 @@ def test_tiny_ladders_eval_loss_falls_with_n(trained_ladder):
 
 
 def test_status_reads_the_model_paths(trained_ladder):
-    """status: every size done at 100%, with its final eval loss as recorded. (Bug: a size counted done before its
-    final evaluation.)"""
+    """status: every size done at 100%, with its final eval loss as recorded. (Bug: the eval loss shown from the
+    first evaluation instead of the latest.)"""
     text = status.table(trained_ladder["spec"])
     for r in status.size_records(trained_ladder["spec"]):
         row = next(line for line in text.splitlines() if line.startswith(r["name"] + " "))
@@ -259,7 +259,7 @@ def test_fit_predicts_a_held_out_size_from_the_others(tmp_path, capsys):
                         + "\n")
     assert ladder_fit.command(spec, ["n99K"], ["1e15"], ["default"], resamples=20, seed=0) == 0
     out = capsys.readouterr().out
-    with open(os.path.join(spec.out, "fit", "fit.json")) as f:
+    with open(os.path.join(spec.out, "fit", spec.name, "fit.json")) as f:
         report = json.load(f)
     assert report["sizes"] == ["n6.6K", "n22K", "n51K"] and report["points"] == 12
     held = report["held_out"][0]
@@ -270,7 +270,7 @@ def test_fit_predicts_a_held_out_size_from_the_others(tmp_path, capsys):
     default = load_config("default")
     assert report["configs"][0]["d"] == default.train_steps * default.train_batch_size * default.n_ctx
     for name in ("loss_vs_compute.png", "loss_vs_params.png", "predicted_vs_measured.png"):
-        assert os.path.getsize(os.path.join(spec.out, "fit", name)) > 1000
+        assert os.path.getsize(os.path.join(spec.out, "fit", spec.name, name)) > 1000
 
 
 # ----------------------------------------------------------------------------------------------------
