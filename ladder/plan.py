@@ -148,7 +148,7 @@ def make_ladder(spec: LadderSpec) -> Ladder:
         size_raw, cfg = size_config(raw, base, run, spec)
         facts = dry_run.collect(cfg)
         placed, used, family = place(cfg, facts, memory, spec.devices.count, run.name)
-        plan = dry_run.make_plan(placed)
+        plan = dry_run.make_plan(placed, facts=facts)  # the graph's facts do not depend on the mesh
         sizes.append(SizePlan(run, placed, dict(plan.params), plan.flops_per_token, used.total, memory, family))
     return Ladder(spec, base, raw, sizes)
 
