@@ -277,22 +277,27 @@ def test_fit_predicts_a_held_out_size_from_the_others(tmp_path, capsys):
 # Cluster scripts and bad specs
 
 
-def test_run_on_a_cluster_writes_one_script_per_size(tmp_path):
-    """With a SLURM launcher, run trains nothing and writes an sbatch file per size running main.py on that size's
-    config over its mesh's GPUs. (Bug: --gpu_ids listing the whole node's GPUs for a one-GPU size.)"""
+@pytest.mark.parametrize("kind, suffix", [("slurm", "sbatch"), ("kubernetes", "yaml")])
+def test_run_on_a_cluster_writes_one_script_per_size(tmp_path, kind, suffix):
+    """With a launcher, run trains nothing and writes a script per size (an sbatch file, an Indexed Job) running
+    main.py on that size's config over its mesh's GPUs. (Bug: --gpu_ids listing the whole node's GPUs for a one-GPU
+    size.)"""
     base = make_workspace(tmp_path)
     spec = load_spec(write_spec(tmp_path, base, sizes=["6.6K", "22K"], devices={"count": 8, "kind": "gpu",
-                     "memory": "80GB"}, launcher={"kind": "slurm", "gpus_per_node": 8, "partition": "gpu"}))
+                     "memory": "80GB"}, launcher={"kind": kind, "gpus_per_node": 8, "partition": "gpu"}))
     lines = []
     assert ladder_run.run(ladder_plan.make_ladder(spec), say=lines.append) == 0
     for name in ("n6.6K", "n22K"):
-        with open(os.path.join(spec.out, "launch", f"{name}.sbatch")) as f:
+        with open(os.path.join(spec.out, "launch", f"{name}.{suffix}")) as f:
             script = f.read()
         config = os.path.join(spec.out, "configs", f"{name}.json")
         assert f"main.py --model {config} --gpu_ids device:GPU:0\n" in script
-        assert "#SBATCH --nodes=1" in script and "#SBATCH --partition=gpu" in script
+        if kind == "slurm":
+            assert "#SBATCH --nodes=1" in script and "#SBATCH --partition=gpu" in script
+        else:
+            assert "completions: 1" in script and "nvidia.com/gpu: 1" in script
         assert not os.path.exists(os.path.join(spec.out, name))  # nothing trained
-    assert "sbatch" in lines[-1]
+    assert ("sbatch" if kind == "slurm" else "kubectl apply") in lines[-1]
 
 
 @pytest.mark.parametrize("change, message", [
