@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_decode.py                       # prompts of 16, 256 and 1024 tokens (~5 minutes)
     .venv/bin/python bench/bench_decode.py --repeats 2 --prompt_lengths 16   # a quick check
     .venv/bin/python bench/bench_decode.py --prompt_lengths 16 1024 --new_tokens 8 40 --recompute
+    .venv/bin/python bench/bench_decode.py --peers float32 bfloat16+compile --variants float32 bfloat16
 
 Same model in both (default: 6 layers, 512 wide, 8 heads, vocabulary 8192, context 2048, global/local with
 GPT-Neo's 256-token window), batch 1, greedy. For each prompt length, each side generates N1 and then N2 new
@@ -20,6 +21,12 @@ session.run per call, the prompt length fed, so one graph serves every prompt le
 (models/kv_cache.py) where the model allows it (`sampling.uses_cache`) and says which path it took.
 --recompute also times the full-recompute path (every new token recomputes the whole context).
 Every side runs in its own process, one after another.
+
+HF runs as a PyTorch user on this CPU would pick (--peers): generate in eager mode and with the model's forward
+under torch.compile (dynamic shapes: the cache grows every token; GPTNeo has no static cache, so generate does
+not compile it by itself), each in float32 and, where the CPU has bf16 matrix units, with the weights in
+bfloat16. Ours runs in float32 (--variants; what `precision: auto` resolves to for inference). The headline is
+ours / the best peer at each prompt length.
 """
 from __future__ import annotations
 
@@ -29,14 +36,19 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
     from console import quiet_tensorflow
     quiet_tensorflow()
 
+import bench_train  # noqa: E402  (peer_name; nothing heavy at module level)
+
 MARK = "BENCH_RESULT "
+PEERS = ["float32", "bfloat16", "float32+compile", "bfloat16+compile"]
 
 
 def attention_types(n_layer: int) -> list:
@@ -110,7 +122,8 @@ def per_token(times: dict, new_tokens) -> dict:
 
 
 def worker_hf(args, device: str = "cpu") -> dict:
-    """HF generate's decoding speed on the CPU or (bench_gpu.py) device "cuda", in args.precision where given."""
+    """HF generate's decoding speed on the CPU or (bench_gpu.py) device "cuda", in args.precision where given
+    (the weights in that dtype), the model's forward under torch.compile where args.compile."""
     import torch
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
@@ -124,6 +137,8 @@ def worker_hf(args, device: str = "cpu") -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(getattr(args, "precision", "float32"),
                                                                        torch.float32)
     model = GPTNeoForCausalLM(config).to(device=device, dtype=dtype).eval()
+    if getattr(args, "compile", False):
+        model.forward = torch.compile(model.forward, dynamic=True)
     generator = torch.Generator().manual_seed(0)
     results = {}
     for p in args.prompt_lengths:
@@ -145,7 +160,7 @@ def worker_hf(args, device: str = "cpu") -> dict:
                         torch.cuda.synchronize()
                     times.setdefault(new, []).append(time.perf_counter() - start)
         results[str(p)] = per_token(times, args.new_tokens)
-    return {"path": "HF generate, DynamicCache", "by_prompt": results, "torch_threads": torch.get_num_threads()}
+    return {"path": "DynamicCache", "by_prompt": results, "torch_threads": torch.get_num_threads()}
 
 
 def copy_bandwidth(megabytes: int = 256, repeats: int = 7) -> dict:
@@ -194,11 +209,14 @@ def bytes_per_token(args, position: float) -> float:
 WORKERS = {"ours": worker_ours, "hf": worker_hf, "bandwidth": worker_bandwidth}
 
 
-def run_worker(kind: str, args, recompute: bool = False, peer: bool = False) -> dict:
+def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, variant: str = "float32") -> dict:
     """One measurement in a fresh process: this checkout's worker, or (peer) the peer checkout's own worker
-    under the peer's Python (its stack)."""
+    under the peer's Python (its stack). `variant`: a precision, +compile for HF under torch.compile."""
     python, root = (args.peer_python, os.path.abspath(args.peer_repo)) if peer else (sys.executable, ROOT)
+    precision, _, extra = variant.partition("+")
     command = [python, os.path.join(root, "bench", "bench_decode.py"), "--worker", kind]
+    if variant != "float32":  # (a peer checkout's older bench may not know the flags)
+        command += ["--precision", precision] + (["--compile"] if extra == "compile" else [])
     for key in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window", "repeats", "cpus"):
         command += [f"--{key}", str(getattr(args, key))]
     command += ["--prompt_lengths", *map(str, args.prompt_lengths), "--new_tokens", *map(str, args.new_tokens)]
@@ -210,14 +228,15 @@ def run_worker(kind: str, args, recompute: bool = False, peer: bool = False) -> 
     if result.returncode != 0 or not lines:
         raise SystemExit(f"error: the {kind} worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
-    values.update(measure=("peer " if peer else "") + kind + (" recompute" if recompute else ""),
+    name = {"ours": "ours " + variant, "hf": bench_train.peer_name(variant)}.get(kind, kind)
+    values.update(measure=("peer " if peer else "") + name + (" recompute" if recompute else ""), variant=variant,
                   wall_s=round(time.time() - started, 1),
                   load=[round(x, 2) for x in os.getloadavg()])
     print(json.dumps(values), flush=True)
     return values
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n_layer", type=int, default=6)
     p.add_argument("--n_embd", type=int, default=512)
@@ -230,6 +249,11 @@ def main(argv=None) -> int:
                    help="two generation lengths; per-token time is the difference over N2 - N1")
     p.add_argument("--repeats", type=int, default=5, help="runs of each generation length; the median counts")
     p.add_argument("--recompute", action="store_true", help="also time this project's full-recompute path")
+    p.add_argument("--variants", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
+                   help="this project's precisions (default float32, what auto resolves to for inference)")
+    p.add_argument("--peers", nargs="+", choices=PEERS,
+                   help="HF's set-ups: the weights' dtype, +compile for the forward under torch.compile (default: "
+                        "float32 and float32+compile, and their bfloat16 where the CPU has bf16 matrix units)")
     p.add_argument("--skip_hf", action="store_true")
     p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0 or 0,1 (default: "
                    "all); on a shared machine one pinned core is disturbed less than all cores")
@@ -238,69 +262,102 @@ def main(argv=None) -> int:
     p.add_argument("--peer_repo", help="the peer checkout, e.g. a worktree of an older commit")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--recompute_worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
+    p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def measure(args) -> dict:
+    """Runs the measurements, printing one JSON line each; returns the summary the table prints."""
+    if max(args.prompt_lengths) + max(args.new_tokens) > args.n_ctx:
+        raise SystemExit(f"error: prompts of {max(args.prompt_lengths)} + {max(args.new_tokens)} new tokens do not fit "
+                         f"n_ctx {args.n_ctx}")
+    if bool(args.peer_python) != bool(args.peer_repo):
+        raise SystemExit("error: --peer_python and --peer_repo go together")
+    if args.repeats < 1:
+        raise SystemExit(f"error: --repeats must be at least 1 (got {args.repeats})")
+    from runtime import precision
+    cpu_name, flags = precision.cpu_info()
+    if args.peers is None:
+        args.peers = [p for p in PEERS if precision.units(flags) or not p.startswith("bfloat16")]
+    if args.skip_hf:
+        args.peers = []
+    cpu = precision.cpu_kind(cpu_name, flags)
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    print(f"# {cpu}; {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load "
+          f"average {load_start} at start; TF_ENABLE_ONEDNN_OPTS="
+          f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: TensorFlow decides by the CPU)')}", flush=True)
+    bandwidth = [run_worker("bandwidth", args)]
+    runs = [run_worker("ours", args, variant=v) for v in args.variants]
+    if args.peer_python:
+        runs.append(run_worker("ours", args, peer=True))
+    if args.recompute:
+        runs.append(run_worker("ours", args, recompute=True))
+    runs += [run_worker("hf", args, variant=v) for v in args.peers]
+    bandwidth.append(run_worker("bandwidth", args))  # before and after: how much the machine moved meanwhile
+    return dict(cpu=cpu, runs=runs, bandwidth=bandwidth, load_start=load_start,
+                load_end=[round(x, 2) for x in os.getloadavg()], prompt_lengths=args.prompt_lengths,
+                new_tokens=args.new_tokens, repeats=args.repeats,
+                model={k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window")})
+
+
+def ms(r: dict, p: int):
+    """The median per-token time at prompt `p`, None where noise made it meaningless (t(N2) <= t(N1))."""
+    value = r["by_prompt"][str(p)]["per_token_ms"]
+    return value if value > 0 else None
+
+
+def best_peer(s: dict, p: int):
+    """The peer run with the shortest per-token time at prompt `p` (None without peers)."""
+    peers = [r for r in s["runs"] if r["measure"].startswith("HF") and ms(r, p)]
+    return min(peers, key=lambda r: ms(r, p)) if peers else None
+
+
+def print_table(s: dict, args) -> None:
+    m, (n1, n2) = s["model"], s["new_tokens"]
+    copy = max(b["copy_bytes_per_s"] for b in s["bandwidth"])
+    print(f"\nmodel: {m['n_layer']} layers x {m['n_embd']} wide, {m['n_head']} heads, ctx {m['n_ctx']}, vocab "
+          f"{m['n_vocab']}, global/local (window {m['window']}); batch 1, greedy; per-token = (t({n2}) - t({n1})) / "
+          f"{n2 - n1}, median of {s['repeats']} (best in the JSON lines)")
+    print(f"memory bandwidth (NumPy copy, {s['bandwidth'][0]['threads']} threads, read + write): median "
+          f"{copy / 1e9:.1f} GB/s, best {max(b['copy_best_bytes_per_s'] for b in s['bandwidth']) / 1e9:.1f} GB/s "
+          f"(medians before and after: {', '.join(format(b['copy_bytes_per_s'] / 1e9, '.1f') for b in s['bandwidth'])})")
+    prompts = s["prompt_lengths"]
+    print(f"{'':<40}" + "".join(f"{'prompt ' + str(p):>22}" for p in prompts))
+    for r in s["runs"]:
+        cells = "".join(f"{ms(r, p):>9.2f} ms ({1e3 / ms(r, p):>5.0f}/s)" if ms(r, p) else f"{'too noisy':>22}"
+                        for p in prompts)
+        print(f"{r['measure'] + ' [' + r['path'] + ']':<40}{cells}")
+    needed = {p: bytes_per_token(SimpleNamespace(**m), p + (n1 + n2) / 2) for p in prompts}
+    print(f"{'fp32 bytes to read per token (MB)':<40}" + "".join(f"{needed[p] / 1e6:>22.1f}" for p in prompts))
+    for r in s["runs"]:
+        cells = "".join(f"{100 * needed[p] / (ms(r, p) / 1e3) / copy:>21.0f}%" if ms(r, p) else f"{'-':>22}"
+                        for p in prompts)
+        print(f"{'bandwidth use (fp32 bytes), ' + r['measure']:<40}{cells}")
+    ours = s["runs"][0]
+    if any(best_peer(s, p) for p in prompts):
+        print("decode tokens/s, ours / best peer: " + ", ".join(
+            f"prompt {p}: " + (f"{ms(best_peer(s, p), p) / ms(ours, p):.2f}x ({best_peer(s, p)['measure']})"
+                               if best_peer(s, p) and ms(ours, p) else "-") for p in prompts))
+    peer = next((r for r in s["runs"] if r["measure"].startswith("peer ")), None)
+    if peer:
+        print(f"decode tokens/s, ours / peer ({args.peer_repo}): " + ", ".join(
+            f"prompt {p}: " + (f"{ms(peer, p) / ms(ours, p):.2f}x" if ms(peer, p) and ms(ours, p) else "-")
+            for p in prompts))
+    if any(ms(r, p) is None for r in s["runs"] for p in prompts):
+        print("# too noisy: the median t(N2) - t(N1) was not positive (other work on the machine); rerun with more "
+              "--repeats or on pinned --cpus")
+    print(f"# load average {s['load_end']} at end")
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     if args.worker:
         if args.cpus:
             os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])  # before TF/torch size their pools
         print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
         return 0
-    if max(args.prompt_lengths) + max(args.new_tokens) > args.n_ctx:
-        raise SystemExit(f"error: prompts of {max(args.prompt_lengths)} + {max(args.new_tokens)} new tokens do not fit "
-                         f"n_ctx {args.n_ctx}")
-
-    print(f"# {os.cpu_count()} CPUs{' (measuring on CPUs ' + args.cpus + ')' if args.cpus else ''}, load average {[round(x, 2) for x in os.getloadavg()]} at start; TF_ENABLE_ONEDNN_OPTS="
-          f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: TensorFlow decides by the CPU)')}", flush=True)
-    if bool(args.peer_python) != bool(args.peer_repo):
-        raise SystemExit("error: --peer_python and --peer_repo go together")
-    if args.repeats < 1:
-        raise SystemExit(f"error: --repeats must be at least 1 (got {args.repeats})")
-    bandwidth = [run_worker("bandwidth", args)]
-    runs = [run_worker("ours", args)]
-    if args.peer_python:
-        runs.append(run_worker("ours", args, peer=True))
-    if args.recompute:
-        runs.append(run_worker("ours", args, recompute=True))
-    if not args.skip_hf:
-        runs.append(run_worker("hf", args))
-    bandwidth.append(run_worker("bandwidth", args))  # before and after: how much the machine moved meanwhile
-    copy = max(b["copy_bytes_per_s"] for b in bandwidth)
-    n1, n2 = args.new_tokens
-    print(f"\nmodel: {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, ctx {args.n_ctx}, vocab "
-          f"{args.n_vocab}, global/local (window {args.window}); batch 1, greedy; per-token = (t({n2}) - t({n1})) / "
-          f"{n2 - n1}, median of {args.repeats} (best in the JSON lines)")
-    print(f"memory bandwidth (NumPy copy, {bandwidth[0]['threads']} threads, read + write): median "
-          f"{copy / 1e9:.1f} GB/s, best {max(b['copy_best_bytes_per_s'] for b in bandwidth) / 1e9:.1f} GB/s "
-          f"(medians before and after: {', '.join(format(b['copy_bytes_per_s'] / 1e9, '.1f') for b in bandwidth)})")
-    header = "".join(f"{'prompt ' + str(p):>22}" for p in args.prompt_lengths)
-    print(f"{'':<34}{header}")
-    def ms(r, p):  # the median per-token time, None where noise made it meaningless (t(N2) <= t(N1))
-        value = r["by_prompt"][str(p)]["per_token_ms"]
-        return value if value > 0 else None
-
-    for r in runs:
-        cells = "".join(f"{ms(r, p):>9.2f} ms ({1e3 / ms(r, p):>5.0f}/s)" if ms(r, p) else f"{'too noisy':>22}"
-                        for p in args.prompt_lengths)
-        print(f"{r['measure'] + ' [' + r['path'] + ']':<34}{cells}")
-    needed = {p: bytes_per_token(args, p + (n1 + n2) / 2) for p in args.prompt_lengths}
-    print(f"{'bytes to read per token (MB)':<34}" + "".join(f"{needed[p] / 1e6:>22.1f}" for p in args.prompt_lengths))
-    for r in runs:
-        cells = "".join(f"{100 * needed[p] / (ms(r, p) / 1e3) / copy:>21.0f}%" if ms(r, p) else f"{'-':>22}"
-                        for p in args.prompt_lengths)
-        print(f"{'bandwidth use, ' + r['measure']:<34}{cells}")
-
-    def ratios(other, ours):
-        return ", ".join(f"prompt {p}: " + (f"{ms(other, p) / ms(ours, p):.2f}x" if ms(other, p) and ms(ours, p) else "-")
-                         for p in args.prompt_lengths)
-    hf = next((r for r in runs if r["measure"] == "hf"), None)
-    if hf:
-        print(f"decode tokens/s, ours / HF: {ratios(hf, runs[0])}")
-    peer = next((r for r in runs if r["measure"] == "peer ours"), None)
-    if peer:
-        print(f"decode tokens/s, ours / peer ({args.peer_repo}): {ratios(peer, runs[0])}")
-    if any(ms(r, p) is None for r in runs for p in args.prompt_lengths):
-        print("# too noisy: the median t(N2) - t(N1) was not positive (other work on the machine); rerun with more "
-              "--repeats or on pinned --cpus")
-    print(f"# load average {[round(x, 2) for x in os.getloadavg()]} at end")
+    print_table(measure(args), args)
     return 0
 
 

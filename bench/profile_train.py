@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/profile_train.py                  # the bench shape (context 256, batch 8)
     .venv/bin/python bench/profile_train.py --shape neo      # GPT-Neo's shape (context 2048, window 256, batch 1)
+    .venv/bin/python bench/profile_train.py --shape neo --precision bfloat16 --sequential   # bf16 (HF: autocast)
 
 Each side runs in its own process: --warmup untimed steps, then --steps profiled ones (ours: one session call
 each with RunOptions(trace_level=FULL_TRACE), the step's RunMetadata.step_stats; HF: torch.profiler over the
@@ -169,7 +170,7 @@ def worker_hf(args) -> dict:
     def step(i):
         rows = torch.arange(i * m["batch"], (i + 1) * m["batch"]) % data.shape[0]
         batch = data[rows]
-        with record_function("hf_forward"):
+        with record_function("hf_forward"), torch.autocast("cpu", torch.bfloat16, enabled=args.precision == "bfloat16"):
             logits = model(input_ids=batch[:, :-1]).logits
         with record_function("hf_loss"):
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, m["n_vocab"]),
@@ -216,11 +217,13 @@ def hf_model(args):
     torch.manual_seed(0)
     config = GPTNeoConfig(vocab_size=m["n_vocab"], max_position_embeddings=m["n_ctx"], hidden_size=m["n_embd"],
                           num_layers=m["n_layer"], num_heads=m["n_head"],
-                          attention_types=[[["global", "local"], m["n_layer"] // 2]], window_size=m["window"],
+                          attention_types=[[["global", "local"], m["n_layer"] // 2]] if m["n_layer"] % 2 == 0 else
+                          [[["global"], m["n_layer"]]], window_size=m["window"],
                           activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
     model = GPTNeoForCausalLM(config)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                                  fused=True)
     data = torch.randint(0, m["n_vocab"], (64, m["n_ctx"] + 1), generator=torch.Generator().manual_seed(0))
     return model, optimizer, data, m
 
@@ -231,10 +234,8 @@ WORKERS = {"ours": worker_ours, "hf": worker_hf}
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(bench_train.SHAPES), default="bench")
-    p.add_argument("--n_layer", type=int, default=6)
-    p.add_argument("--n_embd", type=int, default=512)
-    p.add_argument("--n_head", type=int, default=8)
-    p.add_argument("--n_vocab", type=int, default=8192)
+    for key in ("n_layer", "n_embd", "n_head", "n_vocab"):
+        p.add_argument(f"--{key}", type=int, help="(default: the shape's)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=2, help="profiled steps (their mean is shown)")
     p.add_argument("--top", type=int, default=15, help="also list the N most expensive ops of each side")
@@ -247,7 +248,8 @@ def main(argv=None) -> int:
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for key, value in bench_train.SHAPES[args.shape].items():
-        setattr(args, key, value)
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     if args.worker:
         if args.cpus:
             os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
@@ -270,7 +272,7 @@ def main(argv=None) -> int:
         print(json.dumps(dict(results[kind], measure=kind, load=[round(x, 2) for x in os.getloadavg()])), flush=True)
 
     print(f"\nshape {args.shape}: {args.n_layer} layers x {args.n_embd} wide, ctx {args.n_ctx}, batch {args.batch}, "
-          f"window {args.window}; mean of {args.steps} profiled steps after {args.warmup} warm-up")
+          f"window {args.window}, {args.precision}; mean of {args.steps} profiled steps after {args.warmup} warm-up")
     sides = list(results)
     print(f"{'op time per step':<44}" + "".join(f"{s + ' ms':>12}{'share':>8}" for s in sides))
     sums = {s: sum(results[s]["ms_per_step"].values()) or 1.0 for s in sides}

@@ -1,0 +1,193 @@
+"""The measurements docs/measured.md shows, in one run: training speed at the bench, neo and 125m shapes against
+HF's peers, memory and speed against the context at 125M, and decoding; printed as the doc's tables (Markdown),
+headed by the date, the CPU kind, the commit and the load.
+
+    .venv/bin/python bench/measure.py                         # everything (about 1.5-2 hours on a 2-core machine)
+    .venv/bin/python bench/measure.py --only train --shapes bench neo
+    .venv/bin/python bench/measure.py --memory_gib 8          # a shared machine: each memory run stops at 8 GiB
+    .venv/bin/python bench/measure.py --quick --out /tmp/measured.md   # a quick check of the whole pipeline
+
+It runs bench_train.py (--repeats, each set-up's best of the interleaved repeats), bench_memory.py (contexts 512 ...
+8192, then each side's longest context within the budget; the plot goes to --plot) and bench_decode.py (median
+of --decode_repeats), each printing its own JSON lines and table as it goes, then the Markdown tables together
+(also written to --out where given). Measure on a quiet machine: `uptime`'s load before and after is in the
+header; the peers' OpenMP kernels (inductor's, oneDNN's bf16) slow down far more than TF's when other work
+shares the cores.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+if __name__ == "__main__":
+    from console import quiet_tensorflow
+    quiet_tensorflow()
+
+import bench_decode  # noqa: E402
+import bench_memory  # noqa: E402
+import bench_train  # noqa: E402
+
+# The issue's targets (#34), by table: what ours / the best peer must reach.
+TRAIN_TARGETS = {"bench": 1.15, "neo": 2.5, "125m": 2.0}
+BENCH_BF16_MFU = 0.90
+MEMORY_TARGET = 2.0
+DECODE_TARGET = 1.5
+
+
+def commit() -> str:
+    def git(*a):
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    sha = git("rev-parse", "--short", "HEAD") or "unknown"
+    return sha + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def versions() -> str:
+    out = []
+    for name in ("tensorflow", "torch", "transformers"):
+        try:
+            from importlib.metadata import version
+            out.append(f"{name} {version(name)}")
+        except Exception:  # noqa: BLE001  (a package missing is said, not fatal)
+            out.append(f"{name} missing")
+    return ", ".join(out)
+
+
+def header(cpu: str, loads: list) -> str:
+    return (f"**{datetime.date.today().isoformat()}**, {cpu}, {os.cpu_count()} CPUs, {platform.machine()}; commit "
+            f"{commit()}; {versions()}; load average (1 min) {loads[0]:.2f} at start, {loads[-1]:.2f} at end.")
+
+
+def met(value, target) -> str:
+    return "-" if value is None else f"{'met' if value >= target else 'not met'} (≥ {target:g}x)"
+
+
+def train_table(summaries: list) -> str:
+    """One row per shape: tokens/s of every set-up (MFU against the peak of its precision, peak RSS), ours / the
+    best peer, the target."""
+    names = []
+    for s in summaries:
+        names += [r["name"] for r in s["rows"] if r["name"] not in names]
+    lines = ["| shape | " + " | ".join(names) + " | ours / best peer | target |",
+             "|---" * (len(names) + 3) + "|"]
+    for s in summaries:
+        m = s["model"]
+        by = {r["name"]: r for r in s["rows"]}
+        cells = [f"{by[n]['tokens_per_s']:,.0f} ({100 * by[n]['mfu']:.0f}% {'bf16' if by[n]['precision'] == 'bfloat16' else 'fp32'}"
+                 f" MFU, {by[n]['peak_rss'] / 2 ** 30:.1f} GiB)" if n in by else "" for n in names]
+        target = met(s["ratio"], TRAIN_TARGETS.get(s["shape"], 1.0))
+        auto = next((r for r in s["rows"] if r["side"] == "ours" and r["variant"] == s["auto"]), None)
+        if s["shape"] == "bench" and auto and auto["precision"] == "bfloat16":
+            target += f"; bf16 MFU {'met' if auto['mfu'] >= BENCH_BF16_MFU else 'not met'} (≥ {BENCH_BF16_MFU:.0%})"
+        ratio = f"**{s['ratio']:.2f}x** ({s['best_peer']})" if s["ratio"] else "-"
+        lines.append(f"| {s['shape']} ({m['n_layer']}x{m['n_embd']}, ctx {m['n_ctx']}, window {m['window']}, batch "
+                     f"{m['batch']}) | " + " | ".join(cells) + f" | {ratio} | {target} |")
+    peaks = "; ".join(f"{s['shape']}: TF fp32 {s['peak']['float32'] / 1e9:.0f}, bf16 {s['peak']['bfloat16'] / 1e9:.0f}"
+                      + (f", PyTorch fp32 {s['torch_peak']['float32'] / 1e9:.0f}, bf16 "
+                         f"{s['torch_peak']['bfloat16'] / 1e9:.0f}" if s.get("torch_peak") else "")
+                      for s in summaries)
+    return "\n".join(lines) + f"\n\nMatmul peaks measured in the same runs (GFLOP/s, 1024² products): {peaks}.\n"
+
+
+def memory_table(s: dict, plot: str | None) -> str:
+    contexts = sorted({r["n_ctx"] for rows in s["runs"].values() for r in rows})
+    lines = ["| | " + " | ".join(f"ctx {c}" for c in contexts) + " | longest within the budget |",
+             "|---" * (len(contexts) + 2) + "|"]
+    for name in s["sides"]:
+        by = {r["n_ctx"]: r for r in s["runs"][name]}
+        cells = [("" if c not in by else f"{by[c]['peak_rss'] / 2 ** 30:.2f} GiB, {by[c]['tokens_per_s']:,.0f} tok/s"
+                  if by[c]["status"] == "ok" else by[c]["status"]) for c in contexts]
+        limit = s["limits"][name]
+        longest = f"{limit['longest'] or '-'}" + ("" if limit["bounded"] else " or more")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {longest} |")
+    ours, peer = s["limits"][s["sides"][0]]["longest"], s["best_peer"] and s["limits"][s["best_peer"]]["longest"]
+    ratio = ours / peer if ours and peer else None
+    text = "\n".join(lines) + (f"\n\nBudget {s['budget'] / 2 ** 30:.1f} GiB. Longest context, ours / best peer "
+                               f"({s['best_peer']}): **{ratio:.1f}x**, target {met(ratio, MEMORY_TARGET)}.\n"
+                               if ratio else f"\n\nBudget {s['budget'] / 2 ** 30:.1f} GiB.\n")
+    return text + (f"\n![peak RSS and tokens/s against the context]({os.path.basename(plot)})\n" if plot else "")
+
+
+def decode_table(s: dict) -> str:
+    prompts = s["prompt_lengths"]
+    lines = ["| ms per token | " + " | ".join(f"prompt {p}" for p in prompts) + " |", "|---" * (len(prompts) + 1) + "|"]
+    for r in s["runs"]:
+        lines.append(f"| {r['measure']} | " + " | ".join(f"{bench_decode.ms(r, p):.2f}" if bench_decode.ms(r, p)
+                                                      else "too noisy" for p in prompts) + " |")
+    ours, ratios = s["runs"][0], []
+    for p in prompts:
+        peer = bench_decode.best_peer(s, p)
+        ratios.append(bench_decode.ms(peer, p) / bench_decode.ms(ours, p) if peer and bench_decode.ms(ours, p) else None)
+    lines.append("| **ours / best peer** | " + " | ".join(f"**{x:.2f}x**" if x else "-" for x in ratios) + " |")
+    worst = min((x for x in ratios if x), default=None)
+    return "\n".join(lines) + f"\n\nTarget ≥ {DECODE_TARGET:g}x at every prompt: {met(worst, DECODE_TARGET)}.\n"
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", choices=["train", "memory", "decode"], default=["train", "memory", "decode"])
+    p.add_argument("--shapes", nargs="+", choices=sorted(bench_train.SHAPES), default=["bench", "neo", "125m"])
+    p.add_argument("--repeats", type=int, default=2, help="bench_train's interleaved repeats (the best counts)")
+    p.add_argument("--decode_repeats", type=int, default=5)
+    p.add_argument("--memory_gib", type=float, help="bench_memory's budget (default: the machine's RAM)")
+    p.add_argument("--plot", default=os.path.join(ROOT, "docs", "memory_context.png"))
+    p.add_argument("--out", help="also write the Markdown here")
+    p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0")
+    p.add_argument("--quick", action="store_true", help="few steps and repeats, contexts 512 and 1024 only: checks "
+                   "that everything runs, figures not to quote")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    loads, cpu, parts = [bench_train.load()[0]], "", []
+    quick_train = ["--warmup", "1", "--steps", "2", "--peak_seconds", "1"] if args.quick else []
+    if "train" in args.only:
+        summaries = []
+        for shape in args.shapes:
+            s = bench_train.measure(bench_train.parse(["--shape", shape, "--repeats", "1" if args.quick else
+                                                       str(args.repeats), "--cpus", args.cpus] + quick_train))
+            bench_train.print_table(s, bench_train.parse([]))
+            summaries.append(s)
+            cpu = s["cpu"]
+        parts.append("### Training, tokens/s (`bench_train.py --shape S --repeats "
+                     f"{1 if args.quick else args.repeats}`)\n\n" + train_table(summaries))
+    if "memory" in args.only:
+        margv = ["--plot", args.plot, "--cpus", args.cpus] + (["--memory_gib", str(args.memory_gib)]
+                                                              if args.memory_gib else [])
+        if args.quick:
+            margv += ["--contexts", "512", "1024", "--no_limit", "--steps", "1"]
+        s = bench_memory.measure(bench_memory.parse(margv))
+        bench_memory.print_table(s)
+        if args.plot:
+            bench_memory.plot(s, args.plot)
+        cpu = s["cpu"]
+        parts.append("### Memory and context, 125M shape, batch 1 (`bench_memory.py`): peak RSS and tokens/s\n\n" +
+                     memory_table(s, args.plot))
+    if "decode" in args.only:
+        dargv = ["--repeats", "2" if args.quick else str(args.decode_repeats), "--cpus", args.cpus]
+        dargs = bench_decode.parse(dargv)
+        s = bench_decode.measure(dargs)
+        bench_decode.print_table(s, dargs)
+        cpu = s["cpu"]
+        parts.append(f"### Decoding, batch 1, greedy, context 2048 (`bench_decode.py --repeats "
+                     f"{dargs.repeats}`: median ms per new token)\n\n" + decode_table(s))
+    loads.append(bench_train.load()[0])
+    text = header(cpu, loads) + ("\n\n*--quick: a check of the pipeline, not figures to quote.*" if args.quick else "") \
+        + "\n\n" + "\n".join(parts)
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
