@@ -278,6 +278,34 @@ def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind
 
 
 @pytest.mark.usefixtures("kernel_path")
+@pytest.mark.parametrize("radius", [None, 100])
+def test_causal_attention_in_bfloat16_is_float32s_rounded_to_bfloat16(radius):
+    """bf16 q, k, v: the logits and their softmax are fp32, the weights multiply v in bf16 and the backward
+    products take bf16 operands; values and gradients are fp32's (on the same bf16-rounded inputs) to bf16
+    precision. The bug it guards: the weights handed to the bf16 products not being the softmax's (e.g. the
+    logits cast), which the fp32 tests cannot see: there the fp32 weights are used directly."""
+    rng = np.random.RandomState(3)
+    batch, seq, heads, kv = (mtf.Dimension("batch", 1), mtf.Dimension("sequence", 512), mtf.Dimension("heads", 2),
+                             mtf.Dimension("features_per_head", 8))
+    values = [rng.randn(batch.size, seq.size, heads.size, kv.size).astype(np.float32) for _ in range(4)]
+
+    def build(dtype):
+        def graph(mesh):
+            q, k, v, u = (mtf.cast(mtf.cast(mtf.import_tf_tensor(mesh, tf.constant(x), [batch, seq, heads, kv]),
+                                            tf.bfloat16), dtype) for x in values)
+            out = attention.causal_attention(q, k, v, seq, seq, kv, kv, radius)
+            grads = mtf.gradients([mtf.reduce_sum(mtf.cast(out * u, tf.float32))], [q, k, v])
+            return [mtf.cast(t, tf.float32) for t in [out] + grads]
+        return graph
+
+    expected = run(build(tf.float32), "all:1", "")
+    got = run(build(tf.bfloat16), "all:1", "")
+    for g, e in zip(got, expected):
+        scale = np.abs(e).max()
+        np.testing.assert_allclose(g / scale, e / scale, atol=2e-2)
+
+
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("length", [6, 2048])  # plain ops for small slices, the XLA-fused kernels for large ones
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,embd:y")])
 def test_gelu_matches_mtf_gelu_with_gradient(mesh_shape, layout, length):

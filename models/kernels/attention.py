@@ -110,16 +110,29 @@ def _visible_keys(start: int, end: int, radius: int | None) -> int:
     return 0 if radius is None else max(0, start - radius + 1)
 
 
+@tf.function(jit_compile=True)
+def _softmax_backward_as(y, dy, dtype):
+    """`_softmax_backward` for fp32 weights `y` and a 16-bit or fp32 `dy`, stored in `dtype` (the dtype of q and k,
+    which the logits' gradient is multiplied with next)."""
+    dy = f32(dy)
+    return tf.cast((dy - tf.reduce_sum(dy * y, axis=-1, keepdims=True)) * y, dtype)
+
+
 def _causal_blocks(q, k, v, block_length: int, radius: int | None):
-    """One device's causal attention: q, k [..., length, key] (fp32), v [..., length, value]. Each block of
-    queries against only the keys some query of it sees: from 0 (global) or the window's start (`radius`) to
-    the block's own end, masked where a query does not see a key.
+    """One device's causal attention: q, k [..., length, key], v [..., length, value], all in the activations'
+    dtype. Each block of queries against only the keys some query of it sees: from 0 (global) or the window's
+    start (`radius`) to the block's own end, masked where a query does not see a key.
+
+    The logits are fp32 products (q and k cast once; their softmax in fp32), as mtf's attention computes them.
+    The backward pass's products take their operands in the activations' dtype, as every other gradient product
+    does under bf16: the logits' gradient is stored in it by the fused softmax gradient, and multiplied with q
+    and k as they came (at bf16, oneDNN's bf16 kernels, several times fp32's rate on CPUs with bf16 units).
 
     The gradient is written out (TF's own would pad every block's key and value gradients to the whole length
     and add them up: at context 2048 that cost a tenth of the step). Going back from the last block, the key and
-    value gradients of the keys block i reads are carried and summed; the keys from block i's start on are final
-    once block i is done (no earlier query block sees them), and the rest is carried on to block i - 1, whose
-    keys begin at the same place or earlier."""
+    value gradients of the keys block i reads are carried (fp32) and summed; the keys from block i's start on are
+    final once block i is done (no earlier query block sees them), and the rest is carried on to block i - 1,
+    whose keys begin at the same place or earlier."""
     length = q.shape.as_list()[-2]
     spans = [(start, start + block_length, _visible_keys(start, start + block_length, radius))
              for start in range(0, length, block_length)]
@@ -131,11 +144,13 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None):
 
     @tf.custom_gradient
     def blocks(q, k, v):
-        weights, outputs = [], []  # the softmax weights are kept for the backward pass (kept_for_backward)
+        q32, k32 = f32(q), f32(k)
+        weights, cast_weights, outputs = [], [], []  # kept for the backward pass (kept_for_backward)
         for start, end, first in spans:
-            logits = tf.matmul(q[..., start:end, :], k[..., first:end, :], transpose_b=True)  # [..., block, keys]
+            logits = tf.matmul(q32[..., start:end, :], k32[..., first:end, :], transpose_b=True)  # [.., block, keys]
             weights.append(tf.nn.softmax(logits + mask(start, end, first), axis=-1))
-            outputs.append(tf.matmul(tf.cast(weights[-1], v.dtype), v[..., first:end, :]))
+            cast_weights.append(tf.cast(weights[-1], v.dtype))  # (fp32: the weights themselves)
+            outputs.append(tf.matmul(cast_weights[-1], v[..., first:end, :]))
 
         def gradient(d_out):
             d_q, d_k, d_v = [], [], []
@@ -145,18 +160,18 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None):
                 keys, values = k[..., first:end, :], v[..., first:end, :]  # sliced again: not kept meanwhile
                 d_out_i = d_out[..., start:end, :]
                 d_weights = tf.matmul(d_out_i, values, transpose_b=True)
-                d_logits = compiled(_softmax_backward, weights[i], f32(d_weights))
+                d_logits = compiled(_softmax_backward_as, weights[i], d_weights, q.dtype)
                 d_q.append(tf.matmul(d_logits, keys))
-                part_k = tf.matmul(d_logits, q[..., start:end, :], transpose_a=True)  # [..., end - first, key]
-                part_v = tf.matmul(tf.cast(weights[i], v.dtype), d_out_i, transpose_a=True)
+                part_k = f32(tf.matmul(d_logits, q[..., start:end, :], transpose_a=True))  # [.., end - first, key]
+                part_v = f32(tf.matmul(cast_weights[i], d_out_i, transpose_a=True))
                 if carry_k is not None:  # the carry covers [carried_from, start): pad its front to `first`
                     before = [[0, 0]] * (len(part_k.shape) - 2) + [[carried_from - first, 0], [0, 0]]
                     carry_k = part_k + tf.pad(carry_k, before) if carried_from > first else part_k + carry_k
                     carry_v = part_v + tf.pad(carry_v, before) if carried_from > first else part_v + carry_v
                 else:
                     carry_k, carry_v = part_k, part_v
-                d_k.append(carry_k[..., start - first:, :])
-                d_v.append(carry_v[..., start - first:, :])
+                d_k.append(tf.cast(carry_k[..., start - first:, :], k.dtype))
+                d_v.append(tf.cast(carry_v[..., start - first:, :], v.dtype))
                 carry_k, carry_v, carried_from = carry_k[..., :start - first, :], carry_v[..., :start - first, :], first
             return [tf.concat(d[::-1], axis=-2) for d in (d_q, d_k, d_v)]
 
@@ -177,8 +192,8 @@ def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim,
     there is no dropout."""
     output_shape = q.shape - key_dim + value_dim
     shared = [d for d in q.shape.dims if d in k.shape.dims and d not in (key_dim, length_dim, memory_length_dim)]
-    q = laid_out(mtf.cast(q, tf.float32), shared + [length_dim, key_dim])
-    k = laid_out(mtf.cast(k, tf.float32), shared + [memory_length_dim, key_dim])
+    q = laid_out(q, shared + [length_dim, key_dim])  # in the activations' dtype: _causal_blocks casts the logits'
+    k = laid_out(k, shared + [memory_length_dim, key_dim])  # operands to fp32 itself
     v = laid_out(v, shared + [memory_length_dim, value_dim])
     block_length = causal_block_length(length_dim.size, radius)
     out = mtf.slicewise(lambda q_, k_, v_: _causal_blocks(q_, k_, v_, block_length, radius), [q, k, v],
