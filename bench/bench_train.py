@@ -280,7 +280,9 @@ def run_worker(kind: str, args, variant: str = "float32", peer: bool = False) ->
     result = subprocess.run(command, capture_output=True, text=True, cwd=root)
     lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
     if result.returncode != 0 or not lines:
-        raise SystemExit(f"error: the {kind} worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+        killed = " (killed by SIGKILL: out of memory? see dmesg)" if result.returncode == -9 else ""
+        raise SystemExit(f"error: the {kind} worker failed with exit code {result.returncode}{killed}:\n"
+                         f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
     values.update(measure=("peer " if peer else "") + kind, variant=variant, wall_s=round(time.time() - started, 1),
                   load=load())
