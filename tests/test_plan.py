@@ -128,10 +128,13 @@ def test_activation_estimates_follow_recompute_batch_and_layout():
     assert per_micro.accumulators == off.gradients and off.accumulators == 0
 
 
-def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps():
+@pytest.mark.parametrize("precision,itemsize", [("float32", 4), ("bfloat16", 2)])
+def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps(precision, itemsize):
     """models/kernels/attention.causal_attention keeps every block's softmax weights for its backward pass inside
-    one op, where the mtf graph does not show them: the plan counts them from the op's kept_for_backward."""
-    cfg = tiny_config(n_layer=2, attention_types=[[["global", "local"], 1]], n_ctx=256, train_batch_size=2)
+    one op, where the mtf graph does not show them: the plan counts them from the op's kept_for_backward, in the
+    activations' dtype (under bf16 only the bf16 weights are kept)."""
+    cfg = tiny_config(n_layer=2, attention_types=[[["global", "local"], 1]], n_ctx=256, train_batch_size=2,
+                      precision=precision)
     facts = plan.collect(cfg, recompute_flags=(False,))
     # global: 4 blocks of 64 queries over 64, 128, 192 and 256 keys; local (radius 4): 4 blocks of 64 queries,
     # the first over its own 64 keys, the others over 3 more before them
@@ -139,8 +142,8 @@ def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps():
     kept = [(dict(key), itemsize, count) for (key, itemsize), count in facts.saved[False].groups.items()
             if "causal_attention_weights" in dict(key)]
     assert sorted(k["causal_attention_weights"] for k, _, _ in kept) == sorted(expected.values())
-    assert all(k["batch"] == 2 and k["heads"] == cfg.n_head and itemsize == 4 and count == 1
-               for k, itemsize, count in kept)
+    assert all(k["batch"] == 2 and k["heads"] == cfg.n_head and size == itemsize and count == 1
+               for k, size, count in kept)
     per_layer = [sum(dict(key).get("causal_attention_weights", 0) for (key, _), _ in layer.groups.items())
                  for layer in facts.layer_saved]
     assert per_layer == [expected["global"], expected["local"]]

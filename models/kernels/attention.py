@@ -112,9 +112,9 @@ def _visible_keys(start: int, end: int, radius: int | None) -> int:
 
 @tf.function(jit_compile=True)
 def _softmax_backward_as(y, dy, dtype):
-    """`_softmax_backward` for fp32 weights `y` and a 16-bit or fp32 `dy`, stored in `dtype` (the dtype of q and k,
-    which the logits' gradient is multiplied with next)."""
-    dy = f32(dy)
+    """`_softmax_backward` computed in fp32 for weights `y` and their gradient `dy` in the activations' dtype,
+    stored in `dtype` (the dtype of q and k, which the logits' gradient is multiplied with next)."""
+    y, dy = f32(y), f32(dy)
     return tf.cast((dy - tf.reduce_sum(dy * y, axis=-1, keepdims=True)) * y, dtype)
 
 
@@ -124,6 +124,9 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None):
     start (`radius`) to the block's own end, masked where a query does not see a key.
 
     The logits are fp32 products (q and k cast once; their softmax in fp32), as mtf's attention computes them.
+    The softmax weights are kept for the backward pass in v's dtype only, the one the product with v takes (under
+    bf16, 2 bytes per query-key pair instead of fp32's 4 plus the bf16 copy's 2: at 125M and context 8192 the
+    global layers' kept weights take 5 GiB instead of 15); the softmax gradient computes from them in fp32.
     The backward pass's products take their operands in the activations' dtype, as every other gradient product
     does under bf16: the logits' gradient is stored in it by the fused softmax gradient, and multiplied with q
     and k as they came (at bf16, oneDNN's bf16 kernels, several times fp32's rate on CPUs with bf16 units).
@@ -145,12 +148,11 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None):
     @tf.custom_gradient
     def blocks(q, k, v):
         q32, k32 = f32(q), f32(k)
-        weights, cast_weights, outputs = [], [], []  # kept for the backward pass (kept_for_backward)
+        weights, outputs = [], []  # in v's dtype, kept for the backward pass (kept_for_backward)
         for start, end, first in spans:
             logits = tf.matmul(q32[..., start:end, :], k32[..., first:end, :], transpose_b=True)  # [.., block, keys]
-            weights.append(tf.nn.softmax(logits + mask(start, end, first), axis=-1))
-            cast_weights.append(tf.cast(weights[-1], v.dtype))  # (fp32: the weights themselves)
-            outputs.append(tf.matmul(cast_weights[-1], v[..., first:end, :]))
+            weights.append(tf.cast(tf.nn.softmax(logits + mask(start, end, first), axis=-1), v.dtype))
+            outputs.append(tf.matmul(weights[-1], v[..., first:end, :]))
 
         def gradient(d_out):
             d_q, d_k, d_v = [], [], []
@@ -163,7 +165,7 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None):
                 d_logits = compiled(_softmax_backward_as, weights[i], d_weights, q.dtype)
                 d_q.append(tf.matmul(d_logits, keys))
                 part_k = f32(tf.matmul(d_logits, q[..., start:end, :], transpose_a=True))  # [.., end - first, key]
-                part_v = f32(tf.matmul(cast_weights[i], d_out_i, transpose_a=True))
+                part_v = f32(tf.matmul(weights[i], d_out_i, transpose_a=True))
                 if carry_k is not None:  # the carry covers [carried_from, start): pad its front to `first`
                     before = [[0, 0]] * (len(part_k.shape) - 2) + [[carried_from - first, 0], [0, 0]]
                     carry_k = part_k + tf.pad(carry_k, before) if carried_from > first else part_k + carry_k
@@ -200,12 +202,12 @@ def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim,
                         output_shape=mtf.Shape(shared + [length_dim, value_dim]), output_dtype=v.dtype,
                         splittable_dims=shared, name="causal_attention")
     # What the op keeps for its backward pass beyond its inputs and output, which the mtf graph does not show:
-    # every block's fp32 softmax weights (and their cast for a 16-bit v). The memory plan (plan/dry_run.py)
+    # every block's softmax weights, in v's dtype. The memory plan (plan/dry_run.py)
     # counts it with the activations the backward pass reads.
     pairs = sum(block_length * (start + block_length - _visible_keys(start, start + block_length, radius))
                 for start in range(0, length_dim.size, block_length))
     out.operation.kept_for_backward = [(mtf.Shape(shared + [mtf.Dimension("causal_attention_weights", pairs)]),
-                                        4 + (v.dtype.size if v.dtype != tf.float32 else 0))]
+                                        v.dtype.size)]
     return laid_out(out, output_shape.dims)
 
 
