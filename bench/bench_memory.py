@@ -185,7 +185,7 @@ def print_table(s: dict) -> None:
         print(f"{name:<28}" + "".join(f"{c:>18}" for c in cells) +
               f"{(str(limit['longest']) if limit['longest'] else '-') + ('' if limit['bounded'] else '+'):>10}")
     ours, peer = s["limits"][s["sides"][0]]["longest"], s["best_peer"] and s["limits"][s["best_peer"]]["longest"]
-    if ours and peer:
+    if ours and peer and s["limits"][s["best_peer"]]["bounded"]:  # else the peer's limit is not known
         print(f"longest context within the budget, ours / best peer ({s['best_peer']}): {ours} / {peer} = "
               f"{ours / peer:.1f}x{'' if s['limits'][s['sides'][0]]['bounded'] else ' (ours not bounded: at least)'}")
     print(f"# load average {s['load_end']} at end")

@@ -107,11 +107,15 @@ def memory_table(s: dict, plot: str | None) -> str:
         limit = s["limits"][name]
         longest = f"{limit['longest'] or '-'}" + ("" if limit["bounded"] else " or more")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {longest} |")
-    ours, peer = s["limits"][s["sides"][0]]["longest"], s["best_peer"] and s["limits"][s["best_peer"]]["longest"]
-    ratio = ours / peer if ours and peer else None
-    text = "\n".join(lines) + (f"\n\nBudget {s['budget'] / 2 ** 30:.1f} GiB. Longest context, ours / best peer "
-                               f"({s['best_peer']}): **{ratio:.1f}x**, target {met(ratio, MEMORY_TARGET)}.\n"
-                               if ratio else f"\n\nBudget {s['budget'] / 2 ** 30:.1f} GiB.\n")
+    ours, peer = s["limits"][s["sides"][0]], s["best_peer"] and s["limits"][s["best_peer"]]
+    text = "\n".join(lines) + f"\n\nBudget {s['budget'] / 2 ** 30:.1f} GiB. "
+    if ours["longest"] and peer and peer["longest"] and peer["bounded"]:
+        ratio = ours["longest"] / peer["longest"]
+        at_least = "" if ours["bounded"] else "at least "
+        text += (f"Longest context, ours / best peer ({s['best_peer']}): {at_least}**{ratio:.1f}x**, target "
+                 f"{met(ratio, MEMORY_TARGET)}.\n")
+    else:  # the peer trained every context tried: the ratio is not known
+        text += "Longest context, ours / best peer: not determined (the peer reached no limit within the runs).\n"
     return text + (f"\n![peak RSS and tokens/s against the context]({os.path.basename(plot)})\n" if plot else "")
 
 
@@ -177,7 +181,7 @@ def main(argv=None) -> int:
         s = bench_decode.measure(dargs)
         bench_decode.print_table(s, dargs)
         cpu = s["cpu"]
-        parts.append(f"### Decoding, batch 1, greedy, context 2048 (`bench_decode.py --repeats "
+        parts.append(f"### Decoding, batch 1, greedy, context {dargs.n_ctx} (`bench_decode.py --repeats "
                      f"{dargs.repeats}`: median ms per new token)\n\n" + decode_table(s))
     loads.append(bench_train.load()[0])
     text = header(cpu, loads) + ("\n\n*--quick: a check of the pipeline, not figures to quote.*" if args.quick else "") \

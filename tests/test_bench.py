@@ -129,6 +129,8 @@ def test_the_memory_and_decode_tables_compare_with_the_best_peer():
                      "HF compile": dict(longest=2048, bounded=True)})
     s["best_peer"] = bench_memory.longest_peer(s["limits"], ["HF eager", "HF compile"])
     assert "**4.0x**" in measure.memory_table(s, None)
+    s["limits"]["HF compile"]["bounded"] = False   # it trained every context tried: no ratio to claim
+    assert "not determined" in measure.memory_table(s, None)
     decode = dict(prompt_lengths=[16, 256], runs=[
         {"measure": "ours float32", "by_prompt": {"16": {"per_token_ms": 5.0}, "256": {"per_token_ms": 6.0}}},
         {"measure": "HF eager float32", "by_prompt": {"16": {"per_token_ms": 10.0}, "256": {"per_token_ms": 9.0}}},
