@@ -99,6 +99,7 @@ def run(args) -> int:
     """The switchboard: the config read once, then the one job the flags ask for, each given its typed options."""
     from cli import eval_flags, gpu_flags, predict_flags, scale_flags, train_flags
     from cli.config_loading import load_config
+    from config.schema import warn_unrecorded_tokenizers
     from data import check as data_check
     from evals.job import run_evaluation
     from infer.job import run_export, run_prediction
@@ -121,6 +122,8 @@ def run(args) -> int:
     handled = scale_flags.dispatch(args, cfg)  # --dry_run, --auto_layout*, non-chief hosts of a cluster
     if handled is not None:
         return handled
+    if not args.export:  # training, --eval and --predict read the data's tokens (--check_dataset warns itself)
+        warn_unrecorded_tokenizers(cfg)
     placement = select_devices(args, cfg)
     # Every refusal comes before anything is deleted or written: --new deletes model_path last, once the
     # question is answered and every check has passed (the memory check, training's data).

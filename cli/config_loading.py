@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES,
                            ConfigError, DatasetConfig, DatasetUse, GPTConfig, check_counts, check_type, closest,
-                           expand_attention_types, parse_model_options, validate)
+                           check_tokenizer_ids, expand_attention_types, parse_model_options, parse_tokenizer_id,
+                           validate)
 from data.inputs import INPUT_FNS, SAMPLING_MODES
 from evals.tasks import TASKS
 from models.activations import ACTIVATIONS
@@ -76,13 +77,14 @@ def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -
 
     tokenizer_is_pretrained = bool(raw.get("tokenizer_is_pretrained", False))
     tokenizer_path = raw.get("tokenizer_path")
-    if tokenizer_path and not tokenizer_is_pretrained:
+    # A pretrained tokenizer is a folder (relative like the other paths when it is one) or a hub name ("gpt2").
+    if tokenizer_path and (not tokenizer_is_pretrained or os.path.isdir(local(tokenizer_path))):
         tokenizer_path = local(tokenizer_path)
     return DatasetConfig(
         id=dataset_id, n_vocab=check_type("n_vocab", raw["n_vocab"], int), path=local(raw["path"]),
         eval_path=local(raw.get("eval_path") or None), tokenizer_path=tokenizer_path,
         tokenizer_is_pretrained=tokenizer_is_pretrained, eos_id=raw.get("eos_id"),
-        padding_id=raw.get("padding_id"))
+        padding_id=raw.get("padding_id"), tokenizer_id=parse_tokenizer_id(raw.get("tokenizer_id"), path))
 
 
 def _parse_datasets(value: Any, config_dir: str, input_fn: Optional[str] = None) -> tuple:
@@ -155,7 +157,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
         if required not in values:
             raise ConfigError(f"{source} lacks {required!r}, which has no default")
     for name, value in list(values.items()):
-        if name in ("attention_types", "datasets"):
+        if name in ("attention_types", "datasets", "tokenizer_id"):
             continue
         expected = FIELD_TYPES.get(str(fields[name].type))
         if value is None and str(fields[name].type).startswith("Optional"):
@@ -166,6 +168,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
     values["attention_types"] = expand_attention_types(
         values.get("attention_types", [[["global"], values["n_layer"]]]), values["n_layer"])
     values["datasets"] = _parse_datasets(values.get("datasets", []), dataset_config_dir, values.get("input_fn"))
+    values["tokenizer_id"] = parse_tokenizer_id(values.get("tokenizer_id"), source)
     values.update(parse_model_options(values))
     values["eval_tasks"] = _parse_eval_tasks(values.get("eval_tasks") or [])
     values["harness_tasks"] = parse_harness_tasks(values.get("harness_tasks") or [])
@@ -173,7 +176,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
         last = values["datasets"][-1].dataset
         values.setdefault("eos_id", last.eos_id)
         values.setdefault("padding_id", last.padding_id)
-    return check_registries(validate(GPTConfig(**values)))
+    return check_registries(check_tokenizer_ids(validate(GPTConfig(**values)), source))
 
 
 def _parse_eval_tasks(value: Any) -> tuple:

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -28,6 +29,41 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class TokenizerId:
+    """Which tokenizer a dataset was encoded with, or a model was trained with: a SHA-256 of its vocabulary and
+    merges (data/tokenizer.py's LoadedTokenizer.tokenizer_id) and its size. The `tokenizer_id` key of dataset and
+    model configs, {"sha256": HEX, "size": N, "from": PATH}; "from" only says where it was read, for messages."""
+    sha256: str
+    size: int
+    source: Optional[str] = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        where = f", {self.source}" if self.source else ""
+        return f"{self.sha256[:12]} ({self.size} tokens{where})"
+
+    def to_json(self) -> dict:
+        record = {"sha256": self.sha256, "size": self.size}
+        if self.source:
+            record["from"] = self.source
+        return record
+
+
+def parse_tokenizer_id(value: Any, where: str) -> Optional[TokenizerId]:
+    """A config's tokenizer_id record (None when absent); a ConfigError naming `where` when malformed."""
+    if value is None:
+        return None
+    if isinstance(value, TokenizerId):
+        return value
+    if (not isinstance(value, dict) or not set(value) <= {"sha256", "size", "from"}
+            or not isinstance(value.get("sha256"), str) or len(value["sha256"]) != 64
+            or isinstance(value.get("size"), bool) or not isinstance(value.get("size"), int) or value["size"] < 1):
+        raise ConfigError(f'tokenizer_id in {where} must be {{"sha256": "<64 hex digits>", "size": N}} as '
+                          f"data/create_tfrecords.py or tools/hf.py writes it, got {value!r}: delete it, or encode "
+                          f"again to write it")
+    return TokenizerId(value["sha256"].lower(), value["size"], value.get("from"))
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     """One registered dataset: `configs/dataset_configs/<id>.json`."""
     id: str
@@ -38,6 +74,7 @@ class DatasetConfig:
     tokenizer_is_pretrained: bool = False
     eos_id: Optional[int] = None
     padding_id: Optional[int] = None
+    tokenizer_id: Optional[TokenizerId] = None  # what encoded it; None in dataset configs written before the record
 
 
 @dataclass(frozen=True)
@@ -79,6 +116,7 @@ class GPTConfig:
     recompute_grad: bool = False
     z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
     model: str = "GPT"
+    tokenizer_id: Optional[TokenizerId] = None  # the model's tokenizer (tools/hf.py records it); its data must match
 
     # Model options (docs/models.md, "Model options"). Their defaults are the plain GPT above; a new one is declared
     # with option(), which is how incremental decoding and the HF converter know it changes the model.
@@ -483,6 +521,55 @@ def validate(cfg: GPTConfig) -> GPTConfig:
                               f"n_vocab {cfg.n_vocab}: set n_vocab >= {ds.n_vocab}")
     _validate_mesh(cfg)
     return cfg
+
+
+def reference_tokenizer(cfg: GPTConfig, source: str = "the config") -> tuple:
+    """(the tokenizer the config's data must have been encoded with, a phrase naming it), or (None, None): the
+    config's own tokenizer_id (its model's, recorded by tools/hf.py), else that of its first dataset that records
+    one."""
+    if cfg.tokenizer_id is not None:
+        return cfg.tokenizer_id, f"{source}'s model uses tokenizer {cfg.tokenizer_id}"
+    for use in cfg.datasets:
+        if use.dataset.tokenizer_id is not None:
+            return (use.dataset.tokenizer_id,
+                    f"dataset {use.dataset.id!r} of the same model was encoded with {use.dataset.tokenizer_id}")
+    return None, None
+
+
+def check_tokenizer_ids(cfg: GPTConfig, source: str = "the config") -> GPTConfig:
+    """Every dataset that records the tokenizer that encoded it (tokenizer_id) was encoded with the model's
+    (reference_tokenizer): a model reads one tokenizer's ids, and another's would train it on garbage without a
+    sign. A ConfigError naming both."""
+    reference, named = reference_tokenizer(cfg, source)
+    for use in cfg.datasets:
+        dataset = use.dataset
+        if dataset.tokenizer_id is None or dataset.tokenizer_id == reference:
+            continue
+        how = f" (python data/create_tfrecords.py --tokenizer_from {reference.source} ...)" if reference.source else ""
+        raise ConfigError(f"dataset {dataset.id!r} was encoded with tokenizer {dataset.tokenizer_id}, but {named}: "
+                          f"encode the text with the model's tokenizer{how}, or train on data encoded with it")
+    return cfg
+
+
+_WARNED_UNRECORDED: set = set()
+
+
+def warn_unrecorded_tokenizers(cfg: GPTConfig) -> None:
+    """A `warning:` line, once per dataset per process, for each dataset that does not record what encoded it (a
+    dataset config written before the record) in a config whose model's tokenizer is known
+    (reference_tokenizer): its tokens cannot be checked against the model's."""
+    reference, named = reference_tokenizer(cfg)
+    if reference is None:
+        return
+    for use in cfg.datasets:
+        dataset = use.dataset
+        if dataset.tokenizer_id is not None or dataset.id in _WARNED_UNRECORDED:
+            continue
+        _WARNED_UNRECORDED.add(dataset.id)
+        print(f"warning: dataset {dataset.id!r} does not record the tokenizer that encoded it (its config predates "
+              f"the record), so it is not checked against the model's ({named}): encode it again with "
+              f"data/create_tfrecords.py --write_dataset_config {dataset.id}, which records it",
+              file=sys.stderr, flush=True)
 
 
 def _validate_sampling(cfg: GPTConfig) -> None:

@@ -1,10 +1,12 @@
 """`main.py --check_dataset`: each dataset of the config read through (files, documents, tokens, the token id
-range and document lengths), its ids checked against the model's and the dataset's n_vocab, and the start of
-its first document decoded with its tokenizer. Reads with data/inputs.py's CRC-checking reader, so a corrupt or
-foreign file is named."""
+range and document lengths), its ids checked against the model's and the dataset's n_vocab, its tokenizer file
+checked against the tokenizer its config records as having encoded it, and the start of its first document
+decoded with its tokenizer. Reads with data/inputs.py's CRC-checking reader, so a corrupt or foreign file is
+named. (A dataset encoded with another tokenizer than the model's never gets here: the config is refused when
+it is read, config/schema.py's check_tokenizer_ids.)"""
 from __future__ import annotations
 
-from config.schema import GPTConfig
+from config.schema import GPTConfig, warn_unrecorded_tokenizers
 from data.errors import DataError
 from data.inputs import first_document_tokens, token_stats
 from data.tokenizer import load_for_dataset
@@ -12,6 +14,7 @@ from data.tokenizer import load_for_dataset
 
 def run(cfg: GPTConfig) -> int:
     """Prints what each dataset holds; a DataError naming every token id beyond a vocabulary."""
+    warn_unrecorded_tokenizers(cfg)
     failures = []
     for use in cfg.datasets:
         ds = use.dataset
@@ -30,8 +33,13 @@ def run(cfg: GPTConfig) -> int:
                 failures.append(f"{ds.id} ({kind}) has token id {top} >= its registered n_vocab {ds.n_vocab}: "
                                 f"fix n_vocab in its dataset config to the tokenizer's size")
         if ds.tokenizer_path:
+            tokenizer = load_for_dataset(ds)
+            if ds.tokenizer_id is not None and tokenizer.tokenizer_id != ds.tokenizer_id:
+                failures.append(f"{ds.id}'s tokenizer_path {ds.tokenizer_path} is tokenizer {tokenizer.tokenizer_id}, "
+                                f"but its config records that {ds.tokenizer_id} encoded it: point tokenizer_path at "
+                                f"the tokenizer that encoded it, or encode the text again")
             sample = first_document_tokens(ds.path or ds.eval_path, 64)
-            print(f"{ds.id} decoded sample: {load_for_dataset(ds).decode(sample)!r}")
+            print(f"{ds.id} decoded sample: {tokenizer.decode(sample)!r}")
     if failures:
         raise DataError("; ".join(failures))
     print("dataset check passed")

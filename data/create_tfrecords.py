@@ -290,10 +290,14 @@ def _check_or_write_manifest(output_dir: str, settings: EncodingSettings, tokeni
         "settings": asdict(settings) | {"separator": list(settings.separator)},
         "tokenizer_sha256": hashlib.sha256(tokenizer.backend.to_str().encode("utf-8")).hexdigest(),
         "inputs_sha256": hashlib.sha256(json.dumps([[path, os.path.getsize(path)] for path in files]).encode("utf-8")).hexdigest(),
+        # What tools/hf.py compares with a model's tokenizer (without "from": a path is no part of a tokenizer).
+        "tokenizer_id": {"sha256": tokenizer.tokenizer_id.sha256, "size": tokenizer.tokenizer_id.size},
     }
     path = _manifest_path(output_dir, settings.name)
     if os.path.exists(path):
         previous, problem = _read_manifest(path)
+        if previous is not None and "tokenizer_id" not in previous:  # written before the record: resume over it
+            manifest.pop("tokenizer_id")
         if problem and finished:
             raise DataError(
                 f"{path} is corrupt ({problem}), so the {len(finished)} finished {settings.name!r} files in "
@@ -585,10 +589,15 @@ def write_dataset_config(
         "tokenizer_path": tokenizer_path,
         "eos_id": tokenizer.eos_id,
         "padding_id": tokenizer.padding_id,
+        # What encoded the files: a model config that records another tokenizer refuses this dataset.
+        "tokenizer_id": {**tokenizer.tokenizer_id.to_json(), "from": tokenizer_path},
     }
     if os.path.exists(config_path):
         previous = _read_previous_config(config_path)
         same_tokenizer = all(previous.get(key) == config[key] for key in ("n_vocab", "tokenizer_path", "tokenizer_is_pretrained"))
+        recorded = previous.get("tokenizer_id")
+        if isinstance(recorded, dict) and recorded.get("sha256") != config["tokenizer_id"]["sha256"]:
+            same_tokenizer = False  # the same path, but another tokenizer there now (a file retrained in place)
         if not same_tokenizer:
             raise DataError(f"{config_path} was written for tokenizer {previous.get('tokenizer_path')!r}; delete it or pass another --write_dataset_config id")
         config["path"], config["eval_path"] = previous.get("path"), previous.get("eval_path")
@@ -667,6 +676,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--use_gpt2_tokenizer", action="store_true", help="use the pretrained GPT-2 tokenizer (separator defaults to its eos, 50256)")
     parser.add_argument("--gpt2_tokenizer_path", default="gpt2", help="local folder holding the GPT-2 tokenizer files (vocab.json + merges.txt or tokenizer.json)")
     parser.add_argument("--encoder_path", default=None, help="tokenizer json (e.g. from data/train_tokenizer.py) when not using GPT-2")
+    parser.add_argument("--tokenizer_from", metavar="DIR", default=None, help="encode with the tokenizer of this model folder (a released GPT-Neo's or HF's: tokenizer.json, or vocab.json and merges.txt), as a model imported from it reads")
     parser.add_argument("--separator", default=None, help="JSON list of token ids appended to every document (default: [eos_id] of the tokenizer)")
     parser.add_argument("--minimum_size", type=int, default=100, help="documents with fewer tokens are discarded; choose stitch so that stitch * minimum_size >= n_ctx")
     parser.add_argument("--files_per", type=int, default=100000, help="input documents per output file")
@@ -705,6 +715,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # only there can signals be handled
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
+        if args.tokenizer_from is not None:
+            if args.encoder_path or args.use_gpt2_tokenizer:
+                raise DataError("--tokenizer_from names the tokenizer already: drop --encoder_path / --use_gpt2_tokenizer")
+            if not os.path.isdir(args.tokenizer_from):
+                raise DataError(f"--tokenizer_from {args.tokenizer_from} is not a folder: pass the folder of a released "
+                                f"model (or of tools.hf to_hf's export), which holds its tokenizer files")
+            args.use_gpt2_tokenizer, args.gpt2_tokenizer_path = True, args.tokenizer_from
         if args.write_dataset_config is not None:
             _check_dataset_id(args.write_dataset_config)  # before the work, not after it
         summary = create_tfrecords(

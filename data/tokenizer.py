@@ -8,6 +8,8 @@ pretrained GPT-2 tokenizer loaded through ``transformers``. Both end up as a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from typing import Iterable, Optional
 
 from tokenizers import Tokenizer
 
+from config.schema import TokenizerId
 from data.errors import DataError
 
 EOS_TOKEN = "<|endoftext|>"
@@ -49,6 +52,13 @@ class LoadedTokenizer:
         padding = self.backend.token_to_id(PADDING_TOKEN)
         return self.eos_id if padding is None else padding
 
+    @cached_property
+    def tokenizer_id(self) -> TokenizerId:
+        """What the configs record of this tokenizer: a SHA-256 of its vocabulary (added tokens included) and its
+        merges, and its size. The same tokenizer hashes the same whichever files it was read from (an HF folder's
+        vocab.json and merges.txt, or its tokenizer.json, or ours); another vocabulary or merge order does not."""
+        return TokenizerId(vocabulary_sha256(self.backend), self.vocab_size, self.path or None)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; no special tokens are added, so decode(encode(x)) == x."""
         return self.backend.encode(text, add_special_tokens=False).ids
@@ -65,6 +75,16 @@ class LoadedTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``, keeping special tokens so that nothing is silently lost."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def vocabulary_sha256(backend: Tokenizer) -> str:
+    """SHA-256 of the model type, the vocabulary (token -> id, added tokens included) and the merges, in a form
+    that does not depend on how the tokenizers library wrote them ("a b" strings or [a, b] pairs)."""
+    model = json.loads(backend.to_str()).get("model", {})
+    merges = [merge.split(" ", 1) if isinstance(merge, str) else list(merge) for merge in model.get("merges") or []]
+    record = {"type": model.get("type"), "vocab": sorted(backend.get_vocab(with_added_tokens=True).items()),
+              "merges": merges}
+    return hashlib.sha256(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def load_tokenizer(path: str, pretrained: bool = False) -> LoadedTokenizer:
@@ -86,11 +106,41 @@ def load_tokenizer(path: str, pretrained: bool = False) -> LoadedTokenizer:
     return LoadedTokenizer(backend, path, False)
 
 
+def load_tokenizer_folder(folder: str) -> Tokenizer:
+    """The tokenizer of an HF model or tokenizer folder (a released GPT-Neo's, or to_hf's): its tokenizer.json
+    read directly, else its vocab.json and merges.txt as GPT2TokenizerFast reads them. Without transformers'
+    class check, so a folder saved by another tokenizer class loads without its three warning lines."""
+    whole = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(whole):
+        try:
+            return Tokenizer.from_file(whole)
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise DataError(f"cannot read {whole}: {_first_line(exc)}: copy the folder again") from None
+    missing = [name for name in ("vocab.json", "merges.txt") if not os.path.isfile(os.path.join(folder, name))]
+    if missing:
+        raise DataError(f"{folder} holds no tokenizer: it needs tokenizer.json, or vocab.json and merges.txt "
+                        f"(missing {', '.join(missing)}); pass the folder of a released model or of to_hf's export")
+    from transformers import GPT2TokenizerFast  # heavy import, only needed on this path
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # GPT2TokenizerFast is what vocab.json + merges.txt are: no class warning
+    try:
+        return GPT2TokenizerFast.from_pretrained(folder, local_files_only=True).backend_tokenizer
+    except Exception as exc:  # OSError / ValueError for damaged files
+        raise DataError(f"cannot read the tokenizer files in {folder} ({_first_line(exc)}): copy the folder "
+                        f"again") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def _load_pretrained_backend(name_or_folder: str) -> Tokenizer:
-    """Load GPT2TokenizerFast from local files; go to the hub only when it is reachable."""
+    """A local folder's tokenizer (load_tokenizer_folder), or GPT2TokenizerFast by hub name from the local
+    cache; go to the hub only when it is reachable."""
+    name_or_folder = name_or_folder or "gpt2"
+    if os.path.isdir(name_or_folder):
+        return load_tokenizer_folder(name_or_folder)
     from transformers import GPT2TokenizerFast  # heavy import, only needed on this path
 
-    name_or_folder = name_or_folder or "gpt2"
     attempts = [True] if not _hub_reachable() else [True, False]
     last_error: Exception | None = None
     for local_files_only in attempts:

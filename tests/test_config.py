@@ -93,7 +93,7 @@ def test_datasets_resolve_and_are_checked_against_the_model(tmp_path):
     with pytest.raises(ConfigError, match="old"):
         config_from_dict(dict(TINY, datasets=[["a*.tfrecords", "", 1, "documents_random", 1.0]]),
                          dataset_config_dir=folder)
-    write_dataset(tmp_path, "typo", n_vocab=10, path="x", tokenizer="t.json")
+    write_dataset(tmp_path, "typo", n_vocab=10, path="x", tokeniser_path="t.json")
     with pytest.raises(ConfigError, match="did you mean 'tokenizer_path'"):
         config_from_dict(dict(TINY, datasets=[["typo", 1, "documents_random", 1.0]]), dataset_config_dir=folder)
 

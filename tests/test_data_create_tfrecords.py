@@ -254,8 +254,11 @@ def test_cli_success_writes_dataset_config_with_both_paths(tmp_path, capsys):
         "tokenizer_path": TOKENIZER_PATH,  # outside the folder holding configs/: absolute
         "eos_id": TOKENIZER.eos_id,
         "padding_id": TOKENIZER.padding_id,
+        "tokenizer_id": {"sha256": TOKENIZER.tokenizer_id.sha256, "size": TOKENIZER.vocab_size,
+                         "from": TOKENIZER_PATH},
     }
     dataset = loaded("tiny", tmp_path / "configs" / "dataset_configs")
+    assert dataset.tokenizer_id == TOKENIZER.tokenizer_id
     assert tf.io.gfile.glob(dataset.path) and tf.io.gfile.glob(dataset.eval_path)
 
 
@@ -287,7 +290,8 @@ def test_dataset_config_train_then_eval_keeps_the_train_path_and_loads(tmp_path,
     write_split(tmp_path, "train", "stdlib", registry)  # a rerun of the train split keeps the eval split
     assert (loaded("ds", registry).path, loaded("ds", registry).eval_path) == (train, evaluation)
     assert set(json.loads((registry / "ds.json").read_text())) == {
-        "n_vocab", "path", "eval_path", "tokenizer_is_pretrained", "tokenizer_path", "eos_id", "padding_id"}
+        "n_vocab", "path", "eval_path", "tokenizer_is_pretrained", "tokenizer_path", "eos_id", "padding_id",
+        "tokenizer_id"}
     assert loaded("ds", registry).tokenizer_path == TOKENIZER_PATH and os.path.isfile(loaded("ds", registry).tokenizer_path)
 
 
