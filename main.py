@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--xla", action="store_true", help="fuse element-wise ops with XLA (matmuls stay TF's); faster "
                    "training steps after a one-off compile (runtime/xla.py)")
     gpu_flags.add_arguments(p)  # --gpu_memory, --plain_kernels, --tpu_timeout
-    train_flags.add_arguments(p)  # --new, --yes, --log_every, --peak_tflops, --sacred_id
+    train_flags.add_arguments(p)  # --new, --yes, --log_every, --peak_tflops, --sacred_id, --train_steps, --lr, ...
     predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
     eval_flags.add_arguments(p)  # --harness_tasks, --harness_include_path, --num_fewshot, --limit, ...
     scale_flags.add_arguments(p)  # --dry_run, --auto_layout*, multi-host
@@ -112,6 +112,7 @@ def run(args) -> int:
     overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
     if args.layout is not None:
         overrides["layout"] = args.layout
+    overrides.update(train_flags.config_overrides(args))
     overrides.update(predict_flags.config_overrides(args))
     overrides.update(eval_flags.config_overrides(args))
     overrides.update(scale_flags.config_overrides(args))

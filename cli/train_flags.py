@@ -1,5 +1,7 @@
-"""main.py's training flags (--new, --yes, --log_every, --peak_tflops, --sacred_id) and what they do: the
-options of train/job.py, and --new's question and deletion (main.py deletes last, after every check)."""
+"""main.py's training flags (--new, --yes, --log_every, --peak_tflops, --sacred_id; --train_steps, --lr,
+--warmup_steps) and what they do: the options of train/job.py, the config keys a run overrides (a fine-tune's
+everyday changes, recorded in run_info.json), and --new's question and deletion (main.py deletes last, after
+every check)."""
 from __future__ import annotations
 
 import os
@@ -19,6 +21,18 @@ def add_arguments(p) -> None:
                    "GPU, else measured on the first mesh device in the training dtype; runtime/peaks.py)")
     p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
                    "model_path/run_info.json")
+    p.add_argument("--train_steps", type=whole_number(1), default=None,
+                   help="train to this step (overrides the config's train_steps; counts from the imported step 0 "
+                   "in a fine-tune)")
+    p.add_argument("--lr", type=number_above(0), default=None, help="peak learning rate (overrides the config's lr)")
+    p.add_argument("--warmup_steps", type=whole_number(0), default=None,
+                   help="steps of linear learning-rate warm-up (overrides the config's warmup_steps)")
+
+
+def config_overrides(args) -> dict:
+    """The config keys the training flags override (None: the config's own); run_info.json records the values
+    trained with."""
+    return {"train_steps": args.train_steps, "lr": args.lr, "warmup_steps": args.warmup_steps}
 
 
 def options(args):

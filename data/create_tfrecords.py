@@ -120,17 +120,22 @@ def create_tfrecords(
     n_ctx: int = 2048,
     glob: Optional[str] = None,
     show_progress: bool = True,
+    tokenizer: Optional[LoadedTokenizer] = None,
+    files: Optional[Sequence[str]] = None,
 ) -> Summary:
     """Tokenize every document under ``input_dir`` into ``output_dir/{name}_{i}_{N}.tfrecords``.
 
     Returns the run's Summary. Raises DataError (and leaves no new output file) for bad
     input: missing/empty folder, glob matching nothing, missing tokenizer, invalid settings,
     or when no document survives (all undecodable or all shorter than ``minimum_size``).
+    ``tokenizer`` (one already loaded) replaces the three tokenizer arguments; ``files`` (some of
+    ``input_dir``'s, e.g. a held-out part) replaces listing it.
     """
     _check_settings(mode, name, minimum_size, files_per, processes, n_ctx)
-    tokenizer = _load_chosen_tokenizer(encoder_path, use_gpt2_tokenizer, gpt2_tokenizer_path)
+    if tokenizer is None:
+        tokenizer = _load_chosen_tokenizer(encoder_path, use_gpt2_tokenizer, gpt2_tokenizer_path)
     settings = EncodingSettings(mode, _check_separator(separator, tokenizer), minimum_size, n_ctx if mode == "chunks" else 0, files_per, name)
-    files = list_input_files(input_dir, glob)
+    files = list(files) if files is not None else list_input_files(input_dir, glob)
     made = _first_missing_folder(output_dir)
     _make_output_dir(output_dir)
     try:
@@ -313,7 +318,30 @@ def _check_or_write_manifest(output_dir: str, settings: EncodingSettings, tokeni
             return False
     elif finished:
         raise DataError(f"{output_dir} holds {settings.name!r} files but no manifest, so they cannot be resumed safely; delete them or choose another --output_dir/--name")
-    _write_json_atomically(path, manifest)
+    write_json_atomically(path, manifest)
+    return True
+
+
+def read_manifest_tokenizer(output_dir: str, tokenizer: LoadedTokenizer):
+    """Whether the files of output_dir's manifests were encoded with `tokenizer`: True, or the TokenizerId (or a
+    description) of the tokenizer one of them records instead; None when the folder has no manifest to tell. A
+    manifest written before the tokenizer_id record is compared by its hash of the tokenizer's JSON."""
+    from config.schema import ConfigError, parse_tokenizer_id
+    manifests = sorted(entry for entry in os.listdir(output_dir) if entry.endswith(".manifest.json"))
+    if not manifests:
+        return None
+    for entry in manifests:
+        manifest, problem = _read_manifest(os.path.join(output_dir, entry))
+        if problem:
+            return f"unknown ({entry} is damaged: {problem})"
+        try:
+            recorded = parse_tokenizer_id(manifest.get("tokenizer_id"), entry)
+        except ConfigError as exc:
+            return f"unknown ({exc})"
+        if recorded is not None and recorded != tokenizer.tokenizer_id:
+            return recorded
+        if recorded is None and manifest["tokenizer_sha256"] != hashlib.sha256(tokenizer.backend.to_str().encode("utf-8")).hexdigest():
+            return f"of JSON sha256 {manifest['tokenizer_sha256'][:12]} (per {entry})"
     return True
 
 
@@ -334,7 +362,7 @@ def _read_manifest(path: str) -> tuple:
     return previous, None
 
 
-def _write_json_atomically(path: str, payload: dict) -> None:
+def write_json_atomically(path: str, payload: dict) -> None:
     temporary = path + TEMPORARY_SUFFIX
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2)
@@ -559,6 +587,7 @@ def write_dataset_config(
     tokenizer: LoadedTokenizer,
     split: str = "train",
     config_dir: str = DEFAULT_DATASET_CONFIG_DIR,
+    note_missing_split: bool = True,
 ) -> str:
     """Write or update ``config_dir/{dataset_id}.json`` so a model config can name this dataset.
 
@@ -577,9 +606,9 @@ def write_dataset_config(
     config_path = os.path.join(config_dir, f"{dataset_id}.json")
     base = _config_base(config_dir)
     files_glob = _portable_path(os.path.join(output_dir, f"{name}_*.tfrecords"), base)
-    if tokenizer.pretrained:  # a hub name, or a folder; the loader does not resolve pretrained paths, so keep folders absolute
-        tokenizer_path = os.path.abspath(tokenizer.path) if os.path.isdir(tokenizer.path) else tokenizer.path
-    else:
+    if tokenizer.pretrained and not os.path.isdir(tokenizer.path):  # a hub name ("gpt2")
+        tokenizer_path = tokenizer.path
+    else:  # a file, or a model folder: the loader resolves both like the data paths
         tokenizer_path = _portable_path(tokenizer.path, base)
     config = {
         "n_vocab": tokenizer.vocab_size,
@@ -610,11 +639,12 @@ def write_dataset_config(
         _check_splits_do_not_overlap(config, base, config_path)
     else:
         config[other] = None
+    if not config[other] and note_missing_split:
         consequence = "training evaluates nothing and --eval has no data" if other == "eval_path" else "there is nothing to train on"
         print(f"note: {config_path}: {other} is null until the {'eval' if split == 'train' else 'train'} split is written "
               f"(--split {'eval' if split == 'train' else 'train'}); until then {consequence}", file=sys.stderr)
     os.makedirs(config_dir, exist_ok=True)
-    _write_json_atomically(config_path, config)
+    write_json_atomically(config_path, config)
     return config_path
 
 
@@ -654,6 +684,12 @@ def _check_splits_do_not_overlap(config: dict, base: str, config_path: str) -> N
             f"{config_path}: path {config['path']!r} and eval_path {config['eval_path']!r} both match {len(shared)} files "
             f"(e.g. {shared[0]}): keep each split in its own --output_dir (move those files there and rerun)"
         )
+
+
+def dataset_config_path(path: str, config_dir: str) -> str:
+    """`path` as a dataset config in config_dir stores it: relative to the folder holding configs/ when inside it
+    (the loader resolves it there), else absolute."""
+    return _portable_path(path, _config_base(config_dir))
 
 
 def _portable_path(path: str, base: str = REPO_ROOT) -> str:

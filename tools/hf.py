@@ -44,6 +44,7 @@ import re
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -182,18 +183,13 @@ def hf_tokenizer(cfg: GPTConfig):
     dataset = cfg.tokenizer_dataset
     if dataset is None or not dataset.tokenizer_path:
         return None
-    from data.tokenizer import EOS_TOKEN, PADDING_TOKEN
-    if dataset.tokenizer_is_pretrained:
-        from transformers import GPT2TokenizerFast
-        try:
-            return GPT2TokenizerFast.from_pretrained(dataset.tokenizer_path, local_files_only=True)
-        except OSError as e:
-            raise ConversionError(f"the tokenizer {dataset.tokenizer_path!r} of dataset {dataset.id!r} is not a local "
-                                  f"folder of GPT-2 tokenizer files ({str(e).splitlines()[0]}): set its "
-                                  f"tokenizer_path to such a folder") from None
-    from tokenizers import Tokenizer
+    from data.errors import DataError
+    from data.tokenizer import EOS_TOKEN, PADDING_TOKEN, load_for_dataset
     from transformers import PreTrainedTokenizerFast
-    backend = Tokenizer.from_file(dataset.tokenizer_path)
+    try:  # a folder's tokenizer is read as it is (data/tokenizer.py): no "tokenizer class" warning lines
+        backend = load_for_dataset(dataset).backend
+    except DataError as e:
+        raise ConversionError(f"the tokenizer of dataset {dataset.id!r} cannot be read: {e}") from None
     special = {}
     if backend.token_to_id(EOS_TOKEN) is not None:
         special.update(eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, unk_token=EOS_TOKEN)
@@ -298,8 +294,20 @@ def install(staging: str, out_dir: str) -> None:
 # HF -> ours
 
 
+def dataset_entries(base: dict, dataset_ids: list) -> list:
+    """The `datasets` entries for dataset_ids, each read as the base config's entry in its place (or its first)
+    is: the same stitch, sampling mode and weight (and a bare id stays bare), only the id replaced."""
+    entries = base.get("datasets") or []
+    made = []
+    for i, dataset_id in enumerate(dataset_ids):
+        entry = entries[min(i, len(entries) - 1)] if entries else [dataset_id]
+        made.append(dataset_id if isinstance(entry, str) else [dataset_id] + list(entry[1:]))
+    return made
+
+
 def config_from_hf(hf_config, base: dict, model_path: str, datasets: Optional[list] = None) -> dict:
-    """Our model config (JSON dict): the base config's settings with the HF model's architecture."""
+    """Our model config (JSON dict): the base config's settings with the HF model's architecture. `datasets`
+    (entries) replace the base's."""
     activation = hf_config.activation_function
     if activation not in FROM_HF_ACTIVATION:
         raise ConversionError(f"HF activation {activation!r} has no equivalent here (HF 'gelu' is the exact erf "
@@ -329,23 +337,59 @@ def config_from_hf(hf_config, base: dict, model_path: str, datasets: Optional[li
     return raw
 
 
-def register_tokenizer_dataset(hf_dir: str, dataset_id: str, data_path: str, eval_path: Optional[str],
+def folder_tokenizer(folder: str, what: str = "the HF folder"):
+    """data/tokenizer.py's LoadedTokenizer of a model folder's tokenizer files (tokenizer.json, or vocab.json and
+    merges.txt); None when the folder has none."""
+    from data.errors import DataError
+    from data.tokenizer import load_tokenizer
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in ("tokenizer.json", "vocab.json")):
+        return None
+    try:
+        return load_tokenizer(folder, pretrained=True)
+    except DataError as e:
+        raise ConversionError(f"the tokenizer of {what} cannot be read: {e}") from None
+
+
+def check_encoded_with(tokenizer, data_glob: str, what: str) -> None:
+    """The tfrecords of data_glob were encoded with `tokenizer`, as the create_tfrecords manifests beside them
+    record; a ConversionError naming both when they were not. Files without a manifest (written by another
+    tool) cannot be checked: a warning says so."""
+    import glob as globlib
+    from data.create_tfrecords import read_manifest_tokenizer
+    files = sorted(globlib.glob(data_glob))
+    if not files:
+        raise ConversionError(f"{what} {data_glob} matches no files: encode your text first (python "
+                              f"data/create_tfrecords.py --tokenizer_from MODEL_DIR ...), or fix the glob")
+    folders = sorted({os.path.dirname(path) for path in files})
+    for folder in folders:
+        found = read_manifest_tokenizer(folder, tokenizer)
+        if found is None:
+            print(f"warning: {folder} has no create_tfrecords manifest, so what encoded {what} {data_glob} cannot be "
+                  f"checked against the model's tokenizer {tokenizer.tokenizer_id}", file=sys.stderr)
+        elif found is not True:
+            raise ConversionError(f"{what} {data_glob} was encoded with tokenizer {found}, but the model's is "
+                                  f"{tokenizer.tokenizer_id}: encode the text with the model's tokenizer (python "
+                                  f"data/create_tfrecords.py --tokenizer_from {tokenizer.path} ...)")
+
+
+def register_tokenizer_dataset(tokenizer, dataset_id: str, data_path: str, eval_path: Optional[str],
                                registry: str) -> str:
-    """Writes registry/<id>.json: the HF folder's tokenizer (as a pretrained GPT-2 style tokenizer) and data."""
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
-    entry = {"n_vocab": len(tokenizer), "path": os.path.abspath(data_path), "tokenizer_is_pretrained": True,
-             "tokenizer_path": os.path.abspath(hf_dir)}
+    """Writes registry/<id>.json for tfrecords already encoded with `tokenizer` (a model folder's, checked against
+    the files' manifests): paths relative to the folder holding configs/ where they are inside it, and the
+    tokenizer's record."""
+    from data.create_tfrecords import dataset_config_path, write_json_atomically
+    check_encoded_with(tokenizer, data_path, "--data_path")
     if eval_path:
-        entry["eval_path"] = os.path.abspath(eval_path)
-    if tokenizer.eos_token_id is not None:
-        entry["eos_id"] = tokenizer.eos_token_id
-    if tokenizer.pad_token_id is not None:
-        entry["padding_id"] = tokenizer.pad_token_id
+        check_encoded_with(tokenizer, eval_path, "--eval_path")
+    tokenizer_path = dataset_config_path(tokenizer.path, registry)
+    entry = {"n_vocab": tokenizer.vocab_size, "path": dataset_config_path(data_path, registry),
+             "eval_path": dataset_config_path(eval_path, registry) if eval_path else None,
+             "tokenizer_is_pretrained": True, "tokenizer_path": tokenizer_path, "eos_id": tokenizer.eos_id,
+             "padding_id": tokenizer.padding_id,
+             "tokenizer_id": {**tokenizer.tokenizer_id.to_json(), "from": tokenizer_path}}
     os.makedirs(registry, exist_ok=True)
     path = os.path.join(registry, dataset_id + ".json")
-    with open(path, "w") as f:
-        json.dump(entry, f, indent=2)
+    write_json_atomically(path, entry)
     return path
 
 
@@ -458,17 +502,79 @@ def read_hf_weights(hf_dir: str) -> dict:
     return state
 
 
+@dataclass(frozen=True)
+class OwnText:
+    """--text_dir: the user's text to encode with the imported model's tokenizer and train on, as dataset
+    `dataset_id` (data/own_text.py)."""
+    text_dir: str
+    dataset_id: str = "mine"
+    eval_text_dir: Optional[str] = None
+    data_dir: Optional[str] = None  # default: data/<dataset_id> beside the configs/ folder of the config written
+
+
+def check_import_target(config_out: str, model_path: str) -> None:
+    if checkpoints.latest(model_path):
+        raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
+    if os.path.isdir(config_out):
+        raise ConversionError(f"--config {config_out} is a folder: pass the path of the .json to write")
+
+
+def imported_config(raw: dict, config_out: str, tokenizer, datasets: Optional[list], own_text: Optional[OwnText],
+                    show_progress: bool = True) -> GPTConfig:
+    """Finishes an imported model's config (JSON dict `raw`: the base's settings, the model's architecture):
+    records the model's tokenizer, sets its datasets (`datasets` ids, or --text_dir's text encoded now with the
+    tokenizer), checks it whole and writes it to config_out. Nothing is written before the checks that need no
+    data have passed; the text's encoding comes before the config."""
+    registry = dataset_registry_for(config_out)
+    if tokenizer is not None:
+        from data.create_tfrecords import dataset_config_path
+        raw["tokenizer_id"] = {**tokenizer.tokenizer_id.to_json(), "from": dataset_config_path(tokenizer.path, registry)}
+    if own_text is not None:
+        if tokenizer is None:
+            raise ConversionError("--text_dir needs the model's tokenizer to encode the text, and the model folder "
+                                  "has no tokenizer files: pass --tokenizer_from a folder holding them")
+        datasets = [own_text.dataset_id]
+    if datasets is not None:
+        raw["datasets"] = dataset_entries(raw, datasets)
+    source = os.path.basename(config_out)
+    model = config_from_dict({**raw, "datasets": []}, source=source, dataset_config_dir=registry)  # but the data
+    if own_text is not None:
+        from data.errors import DataError
+        from data.own_text import encode_own_text
+        entry = raw["datasets"][0]  # a bare id is read sequentially, a list's mode defaults to documents_random
+        mode = "sequential" if isinstance(entry, str) else (entry[2] if len(entry) > 2 and entry[2] else
+                                                            "documents_random")
+        stitch = 1 if isinstance(entry, str) or len(entry) < 2 or entry[1] is None else entry[1]
+        data_dir = own_text.data_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(registry))),
+                                                     "data", own_text.dataset_id)
+        try:
+            encoded = encode_own_text(own_text.text_dir, own_text.eval_text_dir, own_text.dataset_id, tokenizer,
+                                      model.n_ctx, stitch, mode, data_dir, registry, show_progress)
+        except DataError as e:
+            raise ConversionError(f"--text_dir: {e}") from None
+        print(f"encoded {own_text.text_dir} with the model's tokenizer: training {encoded.train.line()}; held out "
+              f"({encoded.held_out_files} files) {encoded.held_out.line()}; registered {encoded.config_path}")
+    cfg = config_from_dict(raw, source=source, dataset_config_dir=registry)  # the data too, and its tokenizer
+    os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
+    with open(config_out, "w") as f:
+        json.dump(raw, f, indent=2)
+    return cfg
+
+
 def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "default",
-            datasets: Optional[list] = None) -> tuple[GPTConfig, str]:
-    """HF folder -> our config JSON at config_out and a step-0 checkpoint in model_path. Needs no PyTorch."""
+            datasets: Optional[list] = None, own_text: Optional[OwnText] = None,
+            show_progress: bool = True) -> tuple[GPTConfig, str]:
+    """HF folder -> our config JSON at config_out (recording the folder's tokenizer, when it has one) and a step-0
+    checkpoint in model_path. `datasets` (ids) replace the base config's, each read as the base's entry is;
+    `own_text` encodes a folder of text with the model's tokenizer into a new dataset to train on. Needs no
+    PyTorch."""
     from transformers import GPTNeoConfig
     from cli.config_loading import resolve_config_path
 
     config_path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(config_path):
         raise ConversionError(f"{hf_dir} has no config.json: pass a GPTNeoForCausalLM folder (save_pretrained's output)")
-    if checkpoints.latest(model_path):
-        raise ConversionError(f"{model_path} already holds a checkpoint: choose an empty --model_path")
+    check_import_target(config_out, model_path)
     model_type = read_json_file(config_path, "HF config").get("model_type")
     if model_type not in (None, "gpt_neo"):
         raise ConversionError(f"{config_path} is a {model_type} model, not GPTNeo: the converter reads GPTNeoForCausalLM "
@@ -484,26 +590,108 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
     if "lm_head.weight" in hf_state and not np.array_equal(hf_state["lm_head.weight"],
                                                             hf_state.get("transformer.wte.weight")):
         raise ConversionError("the HF model's lm_head is not tied to wte; this model always ties them")
+    tokenizer = folder_tokenizer(hf_dir)
     base = read_json(resolve_config_path(base_config), "base config")
-    raw = config_from_hf(hf_config, base, model_path, datasets)
-    cfg = config_from_dict(raw, source=os.path.basename(config_out),  # checked before anything is written
-                           dataset_config_dir=dataset_registry_for(config_out))
+    raw = config_from_hf(hf_config, base, model_path)
+    architecture = config_from_dict({**raw, "datasets": []}, source=os.path.basename(config_out),
+                                    dataset_config_dir=dataset_registry_for(config_out))
     state = {}
-    for name in gpt.variable_shapes(cfg):
+    for name in gpt.variable_shapes(architecture):
         mapped = hf_name(name)
         if mapped is None or mapped[0] not in hf_state:
             raise ConversionError(f"variable {name} has no weight in the HF model")
         key, transpose = mapped
         state[name] = np.ascontiguousarray(hf_state[key].T if transpose else hf_state[key])
-    os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
-    with open(config_out, "w") as f:
-        json.dump(raw, f, indent=2)
+    imported_config(raw, config_out, tokenizer, datasets, own_text, show_progress)
+    cfg = load_config(config_out)
+    return cfg, write_checkpoint(cfg, state)
+
+
+# GPT-Neo's config keys that describe the model (its architecture, options and special ids), taken from a
+# mesh-tf release's config.json; every other key (training, data, mesh) comes from the base config.
+NEO_MODEL_KEYS = ("n_layer", "n_embd", "n_head", "n_heads", "n_vocab", "n_ctx", "attention_types",
+                  "local_attention_radius", "window_size", "activation_function", "scale_by_depth", "scale_by_in",
+                  "embed_dropout", "attn_dropout", "res_dropout", "eos_id", "padding_id", "axial_pos_emb_")
+
+
+def neo_model_keys() -> tuple:
+    """NEO_MODEL_KEYS and every model option (config/schema.py's option() fields)."""
+    import dataclasses
+    return NEO_MODEL_KEYS + tuple(f.name for f in dataclasses.fields(GPTConfig) if f.metadata.get("model_option"))
+
+
+def from_neo(neo_dir: str, config_out: str, model_path: str, tokenizer_dir: str, base_config: str = "default",
+             datasets: Optional[list] = None, own_text: Optional[OwnText] = None,
+             show_progress: bool = True) -> tuple[GPTConfig, str]:
+    """GPT-Neo's own (mesh-tensorflow) release -> our config JSON and a step-0 checkpoint: the model keys of its
+    config.json with the base config's training settings, and the weights of its newest checkpoint (stored in
+    bfloat16 or float32; optimizer slots and global_step are left behind: a fine-tune starts its own). The
+    release ships no tokenizer: tokenizer_dir is a folder with GPT-2's files (a released HF GPT-Neo folder has
+    them), recorded as the model's."""
+    import tensorflow.compat.v1 as tf
+    from cli.config_loading import resolve_config_path
+
+    config_path = os.path.join(neo_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise ConversionError(f"{neo_dir} has no config.json: pass the folder of a GPT-Neo release (its config.json "
+                              f"beside the model.ckpt-STEP files)")
+    check_import_target(config_out, model_path)
+    release = read_json_file(config_path, "GPT-Neo config")
+    if "model_type" in release:
+        raise ConversionError(f"{config_path} is an HF config (model_type {release['model_type']!r}): import an HF "
+                              f"folder with from_hf")
+    checkpoint = resolve_checkpoint(neo_dir)
+    tokenizer = folder_tokenizer(tokenizer_dir, "--tokenizer_from")
+    if tokenizer is None:
+        raise ConversionError(f"--tokenizer_from {tokenizer_dir} holds no tokenizer files (tokenizer.json, or "
+                              f"vocab.json and merges.txt): pass a folder with GPT-2's, such as a released HF "
+                              f"GPT-Neo folder")
+    raw = {key: value for key, value in read_json(resolve_config_path(base_config), "base config").items()
+           if key not in neo_model_keys()}
+    raw.update({key: release[key] for key in neo_model_keys() if key in release})
+    raw["model_path"] = model_path
+    architecture = config_from_dict({**raw, "datasets": []}, source=os.path.basename(config_out),
+                                    dataset_config_dir=dataset_registry_for(config_out))
+    if tokenizer.vocab_size > architecture.n_vocab:
+        raise ConversionError(f"--tokenizer_from's tokenizer has {tokenizer.vocab_size} tokens, more than the "
+                              f"model's n_vocab {architecture.n_vocab}: pass the tokenizer the model was trained with")
+    reader = tf.train.load_checkpoint(checkpoint)
+    stored = reader.get_variable_to_shape_map()
+    state = {}
+    for name, shape in sorted(gpt.variable_shapes(architecture).items()):
+        if name not in stored:
+            raise ConversionError(f"{checkpoint} lacks {name}: is it a checkpoint of {config_path}'s model?")
+        value = np.asarray(reader.get_tensor(name)).astype(np.float32)
+        if np.squeeze(value).shape != np.squeeze(np.zeros(shape, np.int8)).shape:
+            raise ConversionError(f"{name} is {list(value.shape)} in {checkpoint} but {list(shape)} in "
+                                  f"{config_path}'s model")
+        state[name] = value.reshape(shape)
+    imported_config(raw, config_out, tokenizer, datasets, own_text, show_progress)
     cfg = load_config(config_out)
     return cfg, write_checkpoint(cfg, state)
 
 
 # ----------------------------------------------------------------------------------------------------
 # CLI
+
+
+def add_import_arguments(p) -> None:
+    """The arguments from_hf and from_neo share: where to write, the base config, and the data to train on."""
+    p.add_argument("--config", required=True, help="path of the model config JSON to write")
+    p.add_argument("--model_path", required=True, help="empty folder for the checkpoint (the config's model_path)")
+    p.add_argument("--base_config", default="default",
+                   help="config whose training settings, datasets and mesh to keep (default: default; configs/"
+                        "finetune.json holds a fine-tune's)")
+    p.add_argument("--dataset", action="append", metavar="ID",
+                   help="train on this registered dataset id instead of the base config's (repeatable), read as "
+                        "the base's entry is (stitch, sampling mode, weight)")
+    p.add_argument("--text_dir", help="a folder of your text (.txt files, one document each, or lm_dataformat "
+                   "archives): encoded with the model's tokenizer into dataset --dataset_id, with every tenth file "
+                   "held out for --eval")
+    p.add_argument("--eval_text_dir", help="with --text_dir: held-out text of its own (then all of --text_dir trains)")
+    p.add_argument("--dataset_id", default="mine", help="with --text_dir: the dataset id to register (default: mine)")
+    p.add_argument("--data_dir", help="with --text_dir: where the tfrecords go (default: data/<dataset_id> beside "
+                   "the configs/ folder of --config)")
 
 
 def main(argv=None) -> int:
@@ -517,18 +705,21 @@ def main(argv=None) -> int:
     out.add_argument("--yes", action="store_true", help="write into an --out that holds other files too, without "
                      "asking (they stay; its HF files are replaced)")
     into = sub.add_parser("from_hf", help="a GPTNeoForCausalLM folder -> our config and checkpoint")
-    into.add_argument("hf_dir", help="folder with config.json and the weights (e.g. a downloaded EleutherAI model)")
-    into.add_argument("--config", required=True, help="path of the model config JSON to write")
-    into.add_argument("--model_path", required=True, help="empty folder for the checkpoint (the config's model_path)")
-    into.add_argument("--base_config", default="default",
-                      help="config whose training settings, datasets and mesh to keep (default: default)")
-    into.add_argument("--dataset", action="append", metavar="ID",
-                      help="train on this registered dataset id instead of the base config's (repeatable)")
+    into.add_argument("hf_dir", help="folder with config.json and the weights (e.g. a downloaded EleutherAI model); "
+                      "its tokenizer files, when it has them, are the model's tokenizer")
+    add_import_arguments(into)
     into.add_argument("--tokenizer_dataset", metavar="ID",
-                      help="register dataset ID whose tokenizer is the HF folder's (needs --data_path); it becomes "
-                           "the config's last dataset, so --predict uses that tokenizer")
+                      help="register dataset ID for tfrecords already encoded with the HF folder's tokenizer (needs "
+                           "--data_path; their manifest is checked); it becomes the config's last dataset")
     into.add_argument("--data_path", help="tfrecords glob of --tokenizer_dataset")
     into.add_argument("--eval_path", help="eval tfrecords glob of --tokenizer_dataset")
+    neo = sub.add_parser("from_neo", help="GPT-Neo's own release (config.json and a mesh-tf checkpoint) -> our "
+                         "config and checkpoint")
+    neo.add_argument("neo_dir", help="folder with the release's config.json and model.ckpt-STEP files")
+    neo.add_argument("--tokenizer_from", metavar="DIR", required=True,
+                     help="folder with the model's tokenizer files (GPT-2's: vocab.json and merges.txt, or "
+                          "tokenizer.json; a released HF GPT-Neo folder has them)")
+    add_import_arguments(neo)
     args = p.parse_args(argv)
 
     import tensorflow.compat.v1 as tf
@@ -549,16 +740,28 @@ def main(argv=None) -> int:
             path = to_hf(cfg, args.checkpoint or cfg.model_path, args.out, among_other_files=among)
             print(f"wrote GPTNeoForCausalLM folder {path}")
             return 0
-        datasets = [[d] for d in args.dataset] if args.dataset else None
-        if args.tokenizer_dataset:
-            if not args.data_path:
-                raise ConversionError("--tokenizer_dataset needs --data_path (the tfrecords it registers)")
-            registry = dataset_registry_for(args.config)
-            written = register_tokenizer_dataset(args.hf_dir, args.tokenizer_dataset, args.data_path,
-                                                 args.eval_path, registry)
-            print(f"registered dataset {args.tokenizer_dataset} at {written}")
-            datasets = (datasets or []) + [[args.tokenizer_dataset]]
-        cfg, checkpoint = from_hf(args.hf_dir, args.config, args.model_path, args.base_config, datasets)
+        own_text = OwnText(args.text_dir, args.dataset_id, args.eval_text_dir, args.data_dir) if args.text_dir else None
+        if own_text and (args.dataset or getattr(args, "tokenizer_dataset", None)):
+            raise ConversionError("--text_dir makes the dataset to train on: drop --dataset / --tokenizer_dataset")
+        if args.command == "from_neo":
+            cfg, checkpoint = from_neo(args.neo_dir, args.config, args.model_path, args.tokenizer_from,
+                                       args.base_config, args.dataset, own_text)
+        else:
+            datasets = list(args.dataset or [])
+            if args.tokenizer_dataset:
+                if not args.data_path:
+                    raise ConversionError("--tokenizer_dataset needs --data_path (the tfrecords it registers)")
+                tokenizer = folder_tokenizer(args.hf_dir)
+                if tokenizer is None:
+                    raise ConversionError(f"{args.hf_dir} has no tokenizer files (tokenizer.json, or vocab.json and "
+                                          f"merges.txt) for --tokenizer_dataset: copy them into it")
+                check_import_target(args.config, args.model_path)
+                written = register_tokenizer_dataset(tokenizer, args.tokenizer_dataset, args.data_path,
+                                                     args.eval_path, dataset_registry_for(args.config))
+                print(f"registered dataset {args.tokenizer_dataset} at {written}")
+                datasets.append(args.tokenizer_dataset)
+            cfg, checkpoint = from_hf(args.hf_dir, args.config, args.model_path, args.base_config,
+                                      datasets or None, own_text)
         print(f"wrote config {args.config} and checkpoint {checkpoint}: train with python main.py --model "
               f"{args.config}")
         return 0

@@ -1,7 +1,7 @@
 """What a training run leaves in its model_path for the tools that read it afterwards.
 
 * `run_info.json`, written when training starts: the model's shape, tokens per step and model FLOPs per token
-  (models/flops.py), so that `tools/plot_runs.py` can put a run's loss against training tokens and compute
+  (models/flops.py), the training length and learning rate it ran with (--train_steps, --lr, --warmup_steps), so that `tools/plot_runs.py` can put a run's loss against training tokens and compute
   from the model_path alone, and the Sacred run ids (`--sacred_id`, set by run_experiment.py) that trained it.
 * `read_scalars`: the TensorBoard scalars (loss, learning_rate, tokens_per_sec, mfu, ...) of a model_path
   (or of its `eval/` folder), step by step, from the event files, without TensorBoard running.
@@ -26,7 +26,7 @@ def run_info(cfg) -> dict:
         "n_vocab": cfg.n_vocab, "attention_types": list(cfg.attention_types),
         "train_batch_size": cfg.train_batch_size, "tokens_per_step": cfg.train_batch_size * cfg.n_ctx,
         "flops_per_token": flops.training_flops_per_token(cfg), "parameters": flops.parameter_count(cfg)["total"],
-        "precision": cfg.precision, "train_steps": cfg.train_steps,
+        "precision": cfg.precision, "train_steps": cfg.train_steps, "lr": cfg.lr, "warmup_steps": cfg.warmup_steps,
     }
 
 
@@ -42,8 +42,9 @@ def write_run_info(cfg, start_step: int, sacred_id: Optional[str] = None) -> str
     previous = previous or {}
     info = run_info(cfg)
     starts = previous.get("starts") if isinstance(previous.get("starts"), list) else []
-    info["starts"] = starts + [
-        {"step": start_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "sacred_id": sacred_id}]
+    info["starts"] = starts + [  # each start with what it trained to and at (a fine-tune's --train_steps, --lr)
+        {"step": start_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "sacred_id": sacred_id,
+         "train_steps": cfg.train_steps, "lr": cfg.lr, "warmup_steps": cfg.warmup_steps}]
     os.makedirs(cfg.model_path, exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(info, f, indent=1)
