@@ -176,7 +176,8 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
         last = values["datasets"][-1].dataset
         values.setdefault("eos_id", last.eos_id)
         values.setdefault("padding_id", last.padding_id)
-    return check_registries(check_tokenizer_ids(validate(GPTConfig(**values)), source))
+    # The tokenizers first: data of another tokenizer is the problem to name, whatever else differs (its n_vocab).
+    return check_registries(validate(check_tokenizer_ids(GPTConfig(**values), source)))
 
 
 def _parse_eval_tasks(value: Any) -> tuple:

@@ -78,3 +78,18 @@ def test_the_codes_pointers_into_docs_name_files_that_exist():
              for name in re.findall(r"docs/([\w-]+\.md)", p.read_text(errors="ignore"))}
     assert named, "no pointer into docs/ found: the pattern no longer matches how the code cites docs"
     assert not [f"{p}: docs/{name}" for p, name in named if not (ROOT / "docs" / name).exists()]
+
+
+def test_every_prompt_file_the_commands_name_exists_or_is_written_before():
+    """The everyday commands run as written: each `--prompt FILE ...` on a page names a file of the repository, or
+    one a command earlier on the same page writes (`> FILE`). Bug it catches: the README's `--prompt p.txt`,
+    a file nobody had (issue 33)."""
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in re.finditer(r"--prompt((?: [^\s`|&;#-][^\s`|&;]*)+)", text):
+            written = re.findall(r">\s*(\S+)", text[:match.start()])
+            for name in match.group(1).split():
+                if name.endswith(".txt") and not (ROOT / name).is_file() and name not in written:  # not FILE, ...
+                    missing.append(f"{page.relative_to(ROOT)}: --prompt {name}")
+    assert not missing, "\n".join(missing)
