@@ -1,13 +1,20 @@
 """A small on-disk workspace for tests that run main.py or read a config from disk: tokenized text
 (tests/corpus.py's generated train and eval splits, the same on every Python version), a dataset registry
-entry using the committed stdlib tokenizer, and configs/tiny.json."""
+entry using the committed stdlib tokenizer, and configs/tiny.json.
+
+The corpus is tokenized once per test process (`tokenized_corpus`) and each workspace gets its own copy of the
+tfrecords, so a test may damage or add files in its workspace without touching another's."""
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -18,17 +25,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 
 
-def make_workspace(root, **model_changes) -> str:
-    """Writes the workspace under root; returns the path of configs/tiny.json (model_changes override it)."""
+@functools.cache
+def tokenized_corpus() -> str:
+    """A folder holding train/ and eval/: tests/corpus.py's splits tokenized by create_tfrecords, made on first
+    use in this process and removed when it exits. Read it, never write it: make_workspace copies it."""
     from data.create_tfrecords import create_tfrecords
 
-    root = str(root)
+    root = tempfile.mkdtemp(prefix="tests-corpus-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     for split in ("train", "eval"):
         text_dir = os.path.join(root, f"{split}_text")
         corpus.write_documents(text_dir, split)
         create_tfrecords(input_dir=text_dir, output_dir=os.path.join(root, split), name=split, mode="documents",
                          encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None,
                          separator=None, minimum_size=40, show_progress=False)
+    return root
+
+
+def make_workspace(root, **model_changes) -> str:
+    """Writes the workspace under root; returns the path of configs/tiny.json (model_changes override it)."""
+    root = str(root)
+    for split in ("train", "eval"):
+        shutil.copytree(os.path.join(tokenized_corpus(), split), os.path.join(root, split))
     registry = os.path.join(root, "configs", "dataset_configs")
     os.makedirs(registry, exist_ok=True)
     with open(os.path.join(registry, "tiny.json"), "w") as f:
