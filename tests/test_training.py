@@ -51,9 +51,20 @@ def expected_variables(cfg):
     return names
 
 
-def test_checkpoint_holds_gpt_neo_variables_with_their_shapes(tmp_path):
-    cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=1)
-    train(cfg, random_tokens([8, 17]))
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """One uninterrupted run that the resume, save and Ctrl-C tests compare with: the config and data of the
+    TF 2.15 Estimator's checkpoint (tests/fixtures/make_tf215_checkpoint.py: 4 steps, a checkpoint every 2, 16
+    rows of seed 21, so one pass over the data), its losses and its final weights. Read it, never write it."""
+    data = random_tokens([16, 17], seed=21)
+    cfg = tiny_config(model_path=str(tmp_path_factory.mktemp("straight") / "run"), train_steps=4,
+                      steps_per_checkpoint=2)
+    losses = train(cfg, data)
+    return cfg, data, losses, model_weights(cfg.model_path)
+
+
+def test_checkpoint_holds_gpt_neo_variables_with_their_shapes(straight):
+    cfg = straight[0]
     shapes = dict(tf.train.list_variables(checkpoints.latest(cfg.model_path)))
     model_vars = {n for n in shapes if n.startswith("gpt2/") and "adam" not in n}
     assert model_vars == expected_variables(cfg)
@@ -67,17 +78,15 @@ def test_checkpoint_holds_gpt_neo_variables_with_their_shapes(tmp_path):
     assert {n[:-len("/adam_m")] for n in shapes if n.endswith("/adam_m")} == expected_variables(cfg)
 
 
-def test_resume_continues_step_count_and_loss_curve(tmp_path):
-    data = random_tokens([40, 17], seed=11)
-    straight = tiny_config(model_path=str(tmp_path / "straight"), train_steps=6, steps_per_checkpoint=3)
-    straight_losses = train(straight, data)
-
-    resumed = straight.replace(model_path=str(tmp_path / "resumed"))
-    first = train(resumed, data, steps=3)
-    assert int(tf.train.load_variable(checkpoints.latest(resumed.model_path), "global_step")) == 3
-    second = train(resumed, data, steps=6)  # a new graph and session: restores weights and Adam state
-    assert int(tf.train.load_variable(checkpoints.latest(resumed.model_path), "global_step")) == 6
-    assert len(first) == 3 and len(second) == 3
+def test_resume_continues_step_count_and_loss_curve(straight, tmp_path):
+    """Bug caught: the input pipeline handed step 0 on a resume (the first batches trained again)."""
+    cfg, data, straight_losses, _ = straight
+    resumed = cfg.replace(model_path=str(tmp_path / "resumed"))
+    first = train(resumed, data, steps=2)
+    assert int(tf.train.load_variable(checkpoints.latest(resumed.model_path), "global_step")) == 2
+    second = train(resumed, data, steps=4)  # a new graph and session: restores weights and Adam state
+    assert int(tf.train.load_variable(checkpoints.latest(resumed.model_path), "global_step")) == 4
+    assert len(first) == 2 and len(second) == 2
     np.testing.assert_allclose(first + second, straight_losses, atol=1e-5)
 
 
@@ -94,24 +103,22 @@ def test_training_reduces_loss_on_learnable_data(tmp_path):
 ESTIMATOR_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tf215_estimator")
 
 
-def test_a_checkpoint_the_tf215_estimator_wrote_resumes_here(tmp_path):
-    data = random_tokens([16, 17], seed=21)
-    straight = tiny_config(model_path=str(tmp_path / "straight"), train_steps=4, steps_per_checkpoint=2)
-    straight_losses = train(straight, data)
-    resumed = straight.replace(model_path=str(tmp_path / "resumed"))
+def test_a_checkpoint_the_tf215_estimator_wrote_resumes_here(straight, tmp_path):
+    cfg, data, straight_losses, straight_weights = straight
+    resumed = cfg.replace(model_path=str(tmp_path / "resumed"))
     shutil.copytree(ESTIMATOR_FIXTURE, resumed.model_path)
     assert checkpoints.steps(resumed.model_path)[-1] == 2
     # Weights and Adam's state restored: the last two steps are the straight run's, to rounding (the first two
     # ran on TF 2.15's kernels; Adam divides by sqrt(v), which magnifies that rounding for near-zero gradients,
     # as in test_layouts_give_the_same_losses_and_weights).
     np.testing.assert_allclose(train(resumed, data), straight_losses[2:], atol=1e-5)
-    for name, value in model_weights(straight.model_path).items():
+    for name, value in straight_weights.items():
         np.testing.assert_allclose(model_weights(resumed.model_path)[name], value, atol=2e-5, err_msg=name)
 
 
-def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(tmp_path, monkeypatch):
-    data = random_tokens([16, 17], seed=12)
-    cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=4, steps_per_checkpoint=2)
+def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(straight, tmp_path, monkeypatch):
+    straight_cfg, data, _, straight_weights = straight
+    cfg = straight_cfg.replace(model_path=str(tmp_path / "run"))
     rename = tf.io.gfile.rename
 
     def dies_at_the_index(source, target, overwrite=False):
@@ -130,9 +137,7 @@ def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(tmp
     assert train(cfg, data) and checkpoints.steps(cfg.model_path) == [2, 4]  # resumed from step 2
     leftovers = [n for n in os.listdir(cfg.model_path) if n.startswith(checkpoints.STAGING)]
     assert leftovers == []
-    straight = cfg.replace(model_path=str(tmp_path / "straight"))
-    train(straight, data)
-    for name, value in model_weights(straight.model_path).items():
+    for name, value in straight_weights.items():
         np.testing.assert_array_equal(model_weights(cfg.model_path)[name], value, err_msg=name)
 
 
@@ -153,9 +158,10 @@ def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(tm
     assert os.path.basename(state.model_checkpoint_path) == "model.ckpt-3"
 
 
-def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exactly(tmp_path):
-    data = random_tokens([16, 17], seed=14)
-    cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=5, steps_per_checkpoint=5)
+def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exactly(straight, tmp_path):
+    straight_cfg, data, straight_losses, _ = straight
+    # No scheduled checkpoint before the end: the one at step 2 is the interruption's.
+    cfg = straight_cfg.replace(model_path=str(tmp_path / "run"), steps_per_checkpoint=4)
 
     def press_ctrl_c(step, values):
         if step == 2:
@@ -168,8 +174,7 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exa
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
 
     rest = train(cfg, data)
-    straight = cfg.replace(model_path=str(tmp_path / "straight"))
-    np.testing.assert_allclose(rest, train(straight, data)[2:], atol=1e-6)
+    np.testing.assert_allclose(rest, straight_losses[2:], atol=1e-6)
 
 
 def test_a_non_finite_loss_inside_a_call_of_several_steps_names_its_own_step(tmp_path, monkeypatch):
