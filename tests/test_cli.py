@@ -1,22 +1,16 @@
-"""main.py end to end, as a user runs it: train, resume, eval, predict, check a dataset, and each error."""
+"""main.py end to end, as a user runs it: train, resume, eval, predict, check a dataset, and each error. main()
+runs in this process (TensorFlow starts once); test_console.py runs main.py as a process of its own."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-import corpus
-from data.create_tfrecords import create_tfrecords
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
+from workspace import make_workspace, run_main_in_process
 
 
-def run_main(*args, stdin=None):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, os.path.join(REPO, "main.py"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, input=stdin, timeout=600)
+@pytest.fixture
+def run_main(capsys):
+    return lambda *args: run_main_in_process(capsys, *args)
 
 
 @pytest.fixture(scope="module")
@@ -24,22 +18,8 @@ def workspace(tmp_path_factory):
     """A folder with configs/tiny.json, its dataset config and tokenized text (tests/corpus.py's train split,
     and its larger eval split)."""
     root = tmp_path_factory.mktemp("cli")
-    for split, text in (("train", "train"), ("eval", "eval_large")):
-        text_dir = root / f"{split}_text"
-        corpus.write_documents(text_dir, text)
-        create_tfrecords(input_dir=str(text_dir), output_dir=str(root / split), name=split, mode="documents",
-                         encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None,
-                         separator=None, minimum_size=40, show_progress=False)
-    configs = root / "configs"
-    (configs / "dataset_configs").mkdir(parents=True)
-    (configs / "dataset_configs" / "tiny.json").write_text(json.dumps({
-        "n_vocab": 4096, "path": "train/train_*.tfrecords", "eval_path": "eval/eval_*.tfrecords",
-        "tokenizer_path": TOKENIZER, "eos_id": 0, "padding_id": 1}))
-    model = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=32, attention_types=[[["global", "local"], 1]],
-                 local_attention_radius=8, train_batch_size=4, eval_batch_size=4, eval_steps=0, train_steps=6,
-                 steps_per_checkpoint=3, lr=3e-3, datasets=[["tiny", 4, "documents_random", 1.0]],
-                 model_path=str(root / "run"), max_new_tokens=5, top_k=10, predict_batch_size=2)
-    (configs / "tiny.json").write_text(json.dumps(model))
+    make_workspace(root, eval_split="eval_large", train_steps=6, steps_per_checkpoint=3, max_new_tokens=5, top_k=10,
+                   predict_batch_size=2)
     return root
 
 
@@ -60,7 +40,7 @@ def scalar_tags(model_path):
     return set(events.Tags()["scalars"])
 
 
-def test_train_resume_eval_predict(workspace):
+def test_train_resume_eval_predict(workspace, run_main):
     cfg = config_path(workspace, train_steps=3)
     first = run_main("--model", cfg, "--log_every", "1")
     assert first.returncode == 0, first.stderr
@@ -91,7 +71,7 @@ def test_train_resume_eval_predict(workspace):
     assert written.count("import json\n") == 2  # each sample starts with the prompt
 
 
-def test_check_dataset_reports_ids_and_catches_ids_beyond_n_vocab(workspace):
+def test_check_dataset_reports_ids_and_catches_ids_beyond_n_vocab(workspace, run_main):
     ok = run_main("--model", config_path(workspace), "--check_dataset")
     assert ok.returncode == 0, ok.stderr
     assert "token ids" in ok.stdout and "decoded sample" in ok.stdout and "dataset check passed" in ok.stdout
@@ -107,7 +87,7 @@ def test_check_dataset_reports_ids_and_catches_ids_beyond_n_vocab(workspace):
         assert bad.stderr.startswith("error: ") and expected in bad.stderr
 
 
-def test_bad_inputs_exit_non_zero_with_one_line(workspace):
+def test_bad_inputs_exit_non_zero_with_one_line(workspace, run_main):
     cases = [
         (["--model", config_path(workspace, n_embed=32)], "unknown key 'n_embed'"),
         (["--model", config_path(workspace), "--mesh_shape", "x:2", "--gpu_ids", "device:CPU:0"],
@@ -124,7 +104,7 @@ def test_bad_inputs_exit_non_zero_with_one_line(workspace):
         assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (args, result.stderr)
 
 
-def test_new_asks_before_deleting(workspace):
+def test_new_asks_before_deleting(workspace, run_main):
     victim = workspace / "victim"
     victim.mkdir()
     (victim / "model.ckpt-1.index").write_text("x")

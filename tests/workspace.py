@@ -26,27 +26,29 @@ TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 
 
 @functools.cache
-def tokenized_corpus() -> str:
-    """A folder holding train/ and eval/: tests/corpus.py's splits tokenized by create_tfrecords, made on first
-    use in this process and removed when it exits. Read it, never write it: make_workspace copies it."""
+def tokenized_corpus(eval_split: str = "eval") -> str:
+    """A folder holding train/ and eval/: tests/corpus.py's train split and `eval_split` ("eval" or the larger
+    "eval_large") tokenized by create_tfrecords, made on first use in this process and removed when it exits.
+    Read it, never write it: make_workspace copies it."""
     from data.create_tfrecords import create_tfrecords
 
     root = tempfile.mkdtemp(prefix="tests-corpus-")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    for split in ("train", "eval"):
+    for split, text in (("train", "train"), ("eval", eval_split)):
         text_dir = os.path.join(root, f"{split}_text")
-        corpus.write_documents(text_dir, split)
+        corpus.write_documents(text_dir, text)
         create_tfrecords(input_dir=text_dir, output_dir=os.path.join(root, split), name=split, mode="documents",
                          encoder_path=TOKENIZER, use_gpt2_tokenizer=False, gpt2_tokenizer_path=None,
                          separator=None, minimum_size=40, show_progress=False)
     return root
 
 
-def make_workspace(root, **model_changes) -> str:
-    """Writes the workspace under root; returns the path of configs/tiny.json (model_changes override it)."""
+def make_workspace(root, eval_split: str = "eval", **model_changes) -> str:
+    """Writes the workspace under root; returns the path of configs/tiny.json (model_changes override it).
+    `eval_split`: the corpus split tokenized as the eval data (tokenized_corpus)."""
     root = str(root)
     for split in ("train", "eval"):
-        shutil.copytree(os.path.join(tokenized_corpus(), split), os.path.join(root, split))
+        shutil.copytree(os.path.join(tokenized_corpus(eval_split), split), os.path.join(root, split))
     registry = os.path.join(root, "configs", "dataset_configs")
     os.makedirs(registry, exist_ok=True)
     with open(os.path.join(registry, "tiny.json"), "w") as f:
@@ -61,6 +63,21 @@ def make_workspace(root, **model_changes) -> str:
     with open(path, "w") as f:
         json.dump(model, f)
     return path
+
+
+def run_main_in_process(capsys, *args) -> subprocess.CompletedProcess:
+    """main.py's main() in this process, as run_main would run it in another (returncode, stdout, stderr),
+    without starting TensorFlow again: for tests of what main.py does and prints, not of the process itself
+    (signals, exit status through sys.exit, the console filter). TensorFlow's state is this process's: the CPU
+    split into 4 devices in conftest.py."""
+    import main
+    capsys.readouterr()  # what the test printed before is not main's
+    try:
+        code = main.main([str(arg) for arg in args])
+    except SystemExit as e:  # argparse's errors and --help, as the process would exit
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["main.py", *args], code, out.out, out.err)
 
 
 def run_main(*args, timeout=600):
