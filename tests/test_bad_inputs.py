@@ -19,7 +19,7 @@ from runtime.checkpoints import CheckpointError
 from tiny import placement_for, random_tokens, train
 from tools import hf
 from train.job import run_training
-from workspace import REPO, TOKENIZER, run_main
+from workspace import REPO, TOKENIZER, run_main_in_process
 
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
             local_attention_radius=4, train_batch_size=4, train_steps=1, steps_per_checkpoint=1, mesh_shape="all:1",
@@ -43,11 +43,11 @@ def error_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_flags_of_the_wrong_type_and_log_every_0_are_one_error_line_naming_the_fix(tmp_path):
+def test_flags_of_the_wrong_type_and_log_every_0_are_one_error_line_naming_the_fix():
     for flags, expected in ((["--steps_per_checkpoint", "ten"], "--steps_per_checkpoint: invalid int value: 'ten'"),
                             (["--log_every", "0"], "--log_every: must be at least 1, got 0"),
                             (["--no_such_flag"], "unrecognized arguments: --no_such_flag")):
-        result = run_main("--model", "default", *flags, "--dry_run")
+        result = run_main_in_process("--model", "default", *flags, "--dry_run")
         assert result.returncode == 2, (flags, result.stdout, result.stderr)
         line = error_line(result.stderr)
         assert expected in line and "python main.py --help" in line, line

@@ -5,12 +5,7 @@ import os
 
 import pytest
 
-from workspace import make_workspace, run_main_in_process
-
-
-@pytest.fixture
-def run_main(capsys):
-    return lambda *args: run_main_in_process(capsys, *args)
+from workspace import make_workspace, run_main_in_process as run_main
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +35,7 @@ def scalar_tags(model_path):
     return set(events.Tags()["scalars"])
 
 
-def test_train_resume_eval_predict(workspace, run_main):
+def test_train_resume_eval_predict(workspace):
     cfg = config_path(workspace, train_steps=3)
     first = run_main("--model", cfg, "--log_every", "1")
     assert first.returncode == 0, first.stderr
@@ -71,7 +66,7 @@ def test_train_resume_eval_predict(workspace, run_main):
     assert written.count("import json\n") == 2  # each sample starts with the prompt
 
 
-def test_check_dataset_reports_ids_and_catches_ids_beyond_n_vocab(workspace, run_main):
+def test_check_dataset_reports_ids_and_catches_ids_beyond_n_vocab(workspace):
     ok = run_main("--model", config_path(workspace), "--check_dataset")
     assert ok.returncode == 0, ok.stderr
     assert "token ids" in ok.stdout and "decoded sample" in ok.stdout and "dataset check passed" in ok.stdout
@@ -87,7 +82,7 @@ def test_check_dataset_reports_ids_and_catches_ids_beyond_n_vocab(workspace, run
         assert bad.stderr.startswith("error: ") and expected in bad.stderr
 
 
-def test_bad_inputs_exit_non_zero_with_one_line(workspace, run_main):
+def test_bad_inputs_exit_non_zero_with_one_line(workspace):
     cases = [
         (["--model", config_path(workspace, n_embed=32)], "unknown key 'n_embed'"),
         (["--model", config_path(workspace), "--mesh_shape", "x:2", "--gpu_ids", "device:CPU:0"],
@@ -104,7 +99,7 @@ def test_bad_inputs_exit_non_zero_with_one_line(workspace, run_main):
         assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (args, result.stderr)
 
 
-def test_new_asks_before_deleting(workspace, run_main):
+def test_new_asks_before_deleting(workspace):
     victim = workspace / "victim"
     victim.mkdir()
     (victim / "model.ckpt-1.index").write_text("x")

@@ -3,23 +3,16 @@ every data error main.py can hit (at config load, at pipeline build time inside 
 or while training reads the data) is one `error:` line on stderr with exit code 1, not a traceback."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
 from data import create_tfrecords as ct
 from data.create_tfrecords import output_file_name
+from workspace import run_main_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
-
-
-def run_main(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, os.path.join(REPO, "main.py"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
 
 
 def write_records(path, documents):
@@ -122,7 +115,7 @@ def test_bad_ids_found_while_training_are_one_line_from_the_real_cli(workspace):
     """The first file passes the build-time check; a batch from the second fails the in-graph one."""
     config = model_config(workspace, "late", n_vocab=64, train_steps=200, train_batch_size=16,
                           datasets=[["late", 1, "documents_fixed", 1.0]])
-    result = run_main("--model", config, "--log_every", "1000")
+    result = run_main_in_process("--model", config, "--log_every", "1000")
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert len(lines) == 1, result.stderr

@@ -19,7 +19,7 @@ from evals import tasks as eval_tasks
 from cli.config_loading import load_config
 from config.schema import ConfigError
 from tiny import compute_logits, devices_for, tiny_config
-from workspace import run_main
+from workspace import run_main_in_process
 
 CYCLE = " abcdefghij"
 
@@ -179,7 +179,7 @@ def test_eval_reports_lambada_and_validation_loss_with_known_answers(bigram_run)
     hits, ppl = oracle_lambada(cfg, checkpoint)
     assert hits == [expected for _, expected in LAMBADA]  # the constructed model knows exactly these answers
 
-    result = run_main("--model", config, "--eval")
+    result = run_main_in_process("--model", config, "--eval")
     assert result.returncode == 0, result.stderr
     records = read_results(root)
     assert [(r["task"], r["step"]) for r in records] == [("validation", 0), ("lambada", 0)]
@@ -196,7 +196,7 @@ def test_eval_reports_lambada_and_validation_loss_with_known_answers(bigram_run)
     assert "eval task lambada at step 0: lambada_acc 0.7500" in result.stdout
 
     # Training runs the tasks after each checkpoint too, appending results with the new step.
-    trained = run_main("--model", config)
+    trained = run_main_in_process("--model", config)
     assert trained.returncode == 0, trained.stderr
     records = read_results(root)
     assert [(r["task"], r["step"]) for r in records[2:]] == [("validation", 1), ("lambada", 1)]

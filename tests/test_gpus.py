@@ -267,11 +267,11 @@ def test_placement_listing_reads_where_a_session_ran_each_op(capsys):
 def test_main_says_what_is_missing_in_one_line_where_no_gpu_is_visible(tmp_path):
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("this machine has a GPU")
-    from workspace import run_main
+    from workspace import run_main_in_process
     config = tmp_path / "m.json"
     config.write_text(json.dumps(dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, train_steps=1,
                                       mesh_shape="all:1", layout="", model_path=str(tmp_path / "run"))))
-    result = run_main("--model", str(config), "--gpu_ids", "device:GPU:0")
+    result = run_main_in_process("--model", str(config), "--gpu_ids", "device:GPU:0")
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
     assert errors[0].startswith("error: device:GPU:0 not found: ")

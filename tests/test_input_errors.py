@@ -15,7 +15,7 @@ import tensorflow as tf
 from data import create_tfrecords as ct
 from data.errors import DataError
 from infer.predict import read_prompts
-from workspace import REPO, TOKENIZER, run_main
+from workspace import REPO, TOKENIZER, run_main_in_process as run_main
 
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16, attention_types=[[["global", "local"], 1]])
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89"
@@ -34,7 +34,7 @@ def write_config(tmp_path, **changes) -> str:
     return str(path)
 
 
-# ----------------------------------------------------------------------------- main.py
+# ----------------------------------------------------------------------------- main.py (main() in this process)
 
 
 def test_main_refuses_steps_per_checkpoint_below_1_from_the_flag_and_the_config(tmp_path):

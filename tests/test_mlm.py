@@ -107,16 +107,16 @@ def test_invalid_mlm_configs_are_one_line_errors(changes, message):
 
 def test_mlm_trains_and_evaluates_through_main_and_refuses_to_sample(tmp_path):
     """The command line's input pipeline masks its batches (train and eval); sampling is refused."""
-    from workspace import make_workspace, run_main
+    from workspace import make_workspace, run_main_in_process
 
     config = make_workspace(tmp_path, mlm_training=True, mlm_mask_id=2, mlm_cls_token_id=3, mlm_mask_ignore_ids=[0],
                             eval_steps=2)
-    trained = run_main("--model", config)
+    trained = run_main_in_process("--model", config)
     assert trained.returncode == 0, trained.stderr[-2000:]
     eval_line = [line for line in trained.stdout.splitlines() if line.startswith("eval at step 2")]
     assert eval_line, trained.stdout[-2000:]
     # Two steps in, the loss on masked tokens is still about that of a uniform guess over the vocabulary.
     assert 0.5 * np.log(4096) < float(eval_line[0].split("loss ")[1].split()[0]) < 1.5 * np.log(4096)
-    sampled = run_main("--model", config, "--predict")
+    sampled = run_main_in_process("--model", config, "--predict")
     assert sampled.returncode != 0 and "masked language model" in sampled.stderr
     assert len(sampled.stderr.strip().splitlines()) == 1, sampled.stderr

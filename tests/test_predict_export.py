@@ -1,5 +1,6 @@
 """main.py --predict (batched prompts, text and jsonl, seeds) and --export (a SavedModel that a fresh process
-loads with tf.saved_model.load and that samples exactly what --predict sampled)."""
+loads with tf.saved_model.load and that samples exactly what --predict sampled). main() runs in this process;
+the SavedModel is loaded in another, which has not built the model's graph."""
 import json
 import os
 
@@ -11,7 +12,7 @@ from infer.export import export_saved_model
 from cli.config_loading import load_config
 from config.schema import ConfigError
 from tiny import compute_logits, devices_for, random_tokens, train
-from workspace import TOKENIZER, make_workspace, run_main, run_python
+from workspace import TOKENIZER, make_workspace, run_main_in_process as run_main, run_python
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,9 @@ tfrecords, so a test may damage or add files in its workspace without touching a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import io
 import json
 import os
 import re
@@ -65,19 +67,22 @@ def make_workspace(root, eval_split: str = "eval", **model_changes) -> str:
     return path
 
 
-def run_main_in_process(capsys, *args) -> subprocess.CompletedProcess:
-    """main.py's main() in this process, as run_main would run it in another (returncode, stdout, stderr),
-    without starting TensorFlow again: for tests of what main.py does and prints, not of the process itself
-    (signals, exit status through sys.exit, the console filter). TensorFlow's state is this process's: the CPU
-    split into 4 devices in conftest.py."""
+def run_main_in_process(*args) -> subprocess.CompletedProcess:
+    """main.py's main() in this process, as run_main runs it in another: (returncode, stdout, stderr) of a
+    CompletedProcess, without starting TensorFlow again. For tests of what main.py does and prints, not of the
+    process itself (signals, an exit through sys.exit, the console filter, a fresh TensorFlow). TensorFlow's
+    state is this process's: the CPU split into 4 devices in conftest.py, and what earlier tests left."""
     import main
-    capsys.readouterr()  # what the test printed before is not main's
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, [os.path.join(REPO, "main.py"), *map(str, args)]  # the program name in messages
     try:
-        code = main.main([str(arg) for arg in args])
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main.main(sys.argv[1:])
     except SystemExit as e:  # argparse's errors and --help, as the process would exit
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(["main.py", *args], code, out.out, out.err)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(sys.argv[:1] + list(args), code, out.getvalue(), err.getvalue())
 
 
 def run_main(*args, timeout=600):
