@@ -56,17 +56,19 @@ def tf_category(op_type: str, name: str) -> str:
     lower = name.lower()
     if "wte_final" in lower and op_type in MATMULS:
         return "matmul: output logits (tied embedding)"
-    if re.match(r"(adam|assign|square|reduce|global_norm|clip)", lower) or "optimizer" in lower:
-        return "optimizer (Adam, clipping)"
+    if re.match(r"(adam|assign|square|reduce|global_norm|clip|sum_of_squares)", lower) or "optimizer" in lower:
+        return "optimizer (Adam, clipping)"  # sum_of_squares: the clipping's norm, one product per gradient
     if re.search(r"xentropy|cross_entropy|z_loss|logsumexp", lower):
         return "loss"
+    if op_type in MATMULS and "layer_norm" in lower:  # its gradient's sums over the row, as products with ones
+        return "LayerNorm"
+    if (op_type in MATMULS or op_type == "Sum") and re.search(r"/bias_add/gradients/|/add/gradients/reduce", lower):
+        return "bias gradients (sums)"  # dy summed over the tokens, a product with a row of ones
     if op_type in MATMULS:
         return "matmul: attention" if "/attention/" in lower and "transpose" not in lower else "matmul: projections"
     if op_type in ("UnsortedSegmentSum", "ScatterAdd", "ResourceScatterAdd") or "embd/gather/gradients" in lower:
         return "embedding gradient"
-    if op_type == "Sum" and re.search(r"/add/gradients/reduce", lower):
-        return "bias gradients (sums)"
-    if op_type in COPIES:
+    if re.sub(r"^_Mkl(Native)?", "", op_type) in COPIES:  # oneDNN's rewrites (_MklTranspose) too
         return "copies (transpose, reshape, cast, concat)"
     if "/attention/" in lower or "softmax" in lower:
         return "attention: softmax, mask"
@@ -108,6 +110,20 @@ def torch_category(name: str, phase: str, shapes: list, n_vocab: int, n_embd: in
     return "other"
 
 
+def timeline_ops(metadata) -> list:
+    """(op type, node name, milliseconds) of each op that a session call traced with FULL_TRACE ran on the CPU
+    devices (its RunMetadata's step_stats)."""
+    ops = []
+    for device in metadata.step_stats.dev_stats:
+        if "/device:CPU" not in device.device or "stream" in device.device:
+            continue
+        for node in device.node_stats:
+            op_type = node.timeline_label.split("(")[0].split("=")[-1].strip() if node.timeline_label else ""
+            op_type = op_type.split()[0] if op_type else node.node_name
+            ops.append((op_type, node.node_name, (node.all_end_rel_micros or node.op_end_rel_micros) / 1e3))
+    return ops
+
+
 def worker_ours(args) -> dict:
     import numpy as np
     import models  # noqa: F401
@@ -143,17 +159,9 @@ def worker_ours(args) -> dict:
                 start = time.perf_counter()
                 session.session.run(fetches, options=options, run_metadata=metadata)
                 walls.append(time.perf_counter() - start)
-                for device in metadata.step_stats.dev_stats:
-                    if "/device:CPU" not in device.device or "stream" in device.device:
-                        continue
-                    for node in device.node_stats:
-                        op_type = node.timeline_label.split("(")[0].split("=")[-1].strip() if node.timeline_label \
-                            else ""
-                        op_type = op_type.split()[0] if op_type else node.node_name
-                        micros = node.all_end_rel_micros or node.op_end_rel_micros
-                        totals[tf_category(op_type, node.node_name)] += micros / 1e3
-                        top[(tf_category(op_type, node.node_name), op_type,
-                             re.sub(r"/h\d+/", "/h*/", node.node_name))] += micros / 1e3
+                for op_type, node_name, ms in timeline_ops(metadata):
+                    totals[tf_category(op_type, node_name)] += ms
+                    top[(tf_category(op_type, node_name), op_type, re.sub(r"/h\d+/", "/h*/", node_name))] += ms
     return {"ms_per_step": {k: v / args.steps for k, v in totals.items()},
             "wall_ms": [round(1e3 * w, 1) for w in walls],
             "top": [[c, t, n, round(ms / args.steps, 1)] for (c, t, n), ms in top.most_common(args.top)]}

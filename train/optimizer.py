@@ -35,8 +35,10 @@ def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
 
 def sum_of_squares(g: mtf.Tensor) -> mtf.Tensor:
     """g's sum of squares as its dot product with itself: one matrix product, one read of g, where
-    square-then-sum writes a squared copy of it first."""
-    return matmul(g, g, mtf.Shape([]))
+    square-then-sum writes a squared copy of it first. Named so that a profile counts it as the clipping's
+    (bench/profile_train.py), not as a projection."""
+    with tf.variable_scope("sum_of_squares"):
+        return matmul(g, g, mtf.Shape([]))
 
 
 def clipping_scale(grads: list, clip_norm: float) -> tuple[mtf.Tensor, mtf.Tensor]:
