@@ -2,10 +2,16 @@
 
 TensorFlow can split the CPU into logical devices only before it starts, and pytest runs every test in one
 process, so the split happens here, once, at import: four CPU devices serve meshes of 1, 2 and 4.
+
+Session fixtures (made once, shared by every test that asks; read them, never write them):
+    trained_workspace    a workspace (tests/workspace.py) whose model is trained to step 2, checkpoints at 1 and
+                         2; workspace.copy_workspace gives a test its own copy to change.
 """
 import os
 import sys
 import warnings
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -24,3 +30,20 @@ CPU_DEVICES = devices.configure(devices.cpu_devices(4))
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
+
+
+@pytest.fixture(scope="session")
+def trained_workspace(tmp_path_factory):
+    """A workspace (workspace.make_workspace's tiny model: 2 layers, global and local attention) trained on
+    random tokens to step 2 with a checkpoint at each step (model.ckpt-1, model.ckpt-2). Shared by the whole
+    session: copy it (workspace.copy_workspace) before running anything that writes."""
+    from cli.config_loading import load_config
+    from runtime import checkpoints
+    from tiny import random_tokens, train
+    from workspace import make_workspace
+
+    root = tmp_path_factory.mktemp("trained_workspace")
+    cfg = load_config(make_workspace(root, train_steps=2, steps_per_checkpoint=1, keep_checkpoint_max=5))
+    train(cfg, random_tokens([8, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=4))
+    assert checkpoints.steps(cfg.model_path) == [1, 2]
+    return root

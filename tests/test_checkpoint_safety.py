@@ -19,23 +19,19 @@ import tensorflow.compat.v1 as tf
 import main
 from permissions import read_only
 from runtime import checkpoints
-from tiny import random_tokens, train
-from workspace import make_workspace
+from workspace import copy_workspace
 
-# One layer, 32 wide: the smallest model main.py trains on the workspace's tokenized text.
-MODEL = dict(n_layer=1, attention_types=[[["global"], 1]], train_steps=2, steps_per_checkpoint=1, keep_checkpoint_max=5,
-             predict_batch_size=2, max_new_tokens=3, sampling_seed=1)
+# The session's trained workspace (conftest.py: 2 layers, 32 wide, checkpoints at steps 1 and 2), sampling
+# settings for --predict.
+MODEL = dict(predict_batch_size=2, max_new_tokens=3, sampling_seed=1)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A workspace and a model_path holding model.ckpt-1 and model.ckpt-2 (and its state file)."""
-    from cli.config_loading import load_config
+def trained(trained_workspace, tmp_path_factory):
+    """This module's copy of the trained workspace: a model_path holding model.ckpt-1 and model.ckpt-2 (and its
+    state file), and a prompt."""
     root = tmp_path_factory.mktemp("safety")
-    config = make_workspace(root, **MODEL)
-    cfg = load_config(config)
-    train(cfg, random_tokens([8, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=4))
-    assert checkpoints.steps(cfg.model_path) == [1, 2]
+    copy_workspace(trained_workspace, root, **MODEL)
     (root / "prompt.txt").write_text("import json\n")
     return root
 

@@ -11,19 +11,18 @@ from data.tokenizer import load_tokenizer
 from infer.export import export_saved_model
 from cli.config_loading import load_config
 from config.schema import ConfigError
-from tiny import compute_logits, devices_for, random_tokens, train
-from workspace import TOKENIZER, make_workspace, run_main_in_process as run_main, run_python
+from tiny import compute_logits, devices_for
+from workspace import TOKENIZER, copy_workspace, run_main_in_process as run_main, run_python
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(trained_workspace, tmp_path_factory):
+    """This module's copy of the session's trained workspace (a step-2 checkpoint), with sampling settings."""
     root = tmp_path_factory.mktemp("predict")
-    config = make_workspace(root, sampling_seed=5, top_k=10, temperature=0.9)
-    cfg = load_config(config)
-    train(cfg, random_tokens([8, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=3))  # a step-2 checkpoint
+    config, _ = copy_workspace(trained_workspace, root, sampling_seed=5, top_k=10, temperature=0.9)
     (root / "lines.txt").write_text("import json\n\nimport os\n")
     (root / "class.txt").write_text("class Foo")
-    return root, config, cfg
+    return root, config, load_config(config)
 
 
 def read_jsonl(path):

@@ -67,6 +67,21 @@ def make_workspace(root, eval_split: str = "eval", **model_changes) -> str:
     return path
 
 
+def copy_workspace(trained, dest, **model_changes) -> tuple[str, str]:
+    """A test's own copy of a workspace (the session's `trained_workspace`, conftest.py) under dest: its data,
+    configs and model_path, with configs/tiny.json pointing at the copy's model_path and `model_changes` applied.
+    Returns (config path, model_path)."""
+    dest = str(dest)
+    shutil.copytree(str(trained), dest, dirs_exist_ok=True)
+    path = os.path.join(dest, "configs", "tiny.json")
+    with open(path) as f:
+        model = json.load(f)
+    model.update(model_changes, model_path=os.path.join(dest, "run"))
+    with open(path, "w") as f:
+        json.dump(model, f)
+    return path, model["model_path"]
+
+
 def run_main_in_process(*args) -> subprocess.CompletedProcess:
     """main.py's main() in this process, as run_main runs it in another: (returncode, stdout, stderr) of a
     CompletedProcess, without starting TensorFlow again. For tests of what main.py does and prints, not of the
