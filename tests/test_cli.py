@@ -35,6 +35,7 @@ def scalar_tags(model_path):
     return set(events.Tags()["scalars"])
 
 
+@pytest.mark.slow
 def test_train_resume_eval_predict(workspace):
     cfg = config_path(workspace, train_steps=3)
     first = run_main("--model", cfg, "--log_every", "1")
@@ -99,6 +100,7 @@ def test_bad_inputs_exit_non_zero_with_one_line(workspace):
         assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (args, result.stderr)
 
 
+@pytest.mark.slow
 def test_new_asks_before_deleting(workspace):
     victim = workspace / "victim"
     victim.mkdir()

@@ -103,6 +103,7 @@ def free_port_pair():
     pytest.skip("no two consecutive free ports on loopback")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["TF_CONFIG", "SLURM"])
 def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, launcher):
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,

@@ -173,6 +173,7 @@ def read_results(root):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_eval_reports_lambada_and_validation_loss_with_known_answers(bigram_run):
     root, config, cfg = bigram_run
     checkpoint = str(root / "run" / "model.ckpt-0")

@@ -100,6 +100,7 @@ def test_an_overflow_skips_the_update_and_halves_the_scale(tmp_path):
         assert torch.equal(model.state_dict()[key], torch.from_numpy(value)), key
 
 
+@pytest.mark.slow
 def test_the_scale_grows_after_its_window_and_a_resumed_run_keeps_it(tmp_path):
     """A float32 checkpoint (no loss scale) resumes in float16 with the initial scale; with a window of 2 the
     scale doubles after every 2 finite steps, and a resumed run goes on with the stored scale and count of

@@ -94,6 +94,7 @@ def test_our_checkpoint_becomes_a_folder_transformers_loads_with_equal_logits(tm
         hf.check_convertible(cfg.replace(attention_types=("global", "local", "global", "none")))
 
 
+@pytest.mark.slow
 def test_hf_folder_becomes_a_checkpoint_that_main_trains_and_predicts_from(tmp_path, capsys):
     """main.py runs in this process: TensorFlow starts once (as two main.py processes the test took 25 s here,
     62 s on CI; now ~10 s).
@@ -162,6 +163,7 @@ assert "torch" not in [name.split(".")[0] for name, module in sys.modules.items(
 """
 
 
+@pytest.mark.slow
 def test_models_trained_from_each_gpt3_config_convert_both_ways_without_pytorch(tmp_path):
     """Each shipped gpt3 config, shrunk (its other keys kept: bfloat16, recompute_grad,
     tokens_per_mb_per_replica, its optimizer settings), trains a step and converts to a folder that

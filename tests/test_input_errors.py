@@ -150,6 +150,7 @@ def test_an_output_dir_that_is_a_file_is_one_line(tmp_path, capsys, where):
     assert blocker.read_text() == "keep me"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl_c", "sigterm"])
 def test_a_killed_run_stops_quietly_and_leaves_resumable_state(tmp_path, how):
     """Ctrl-C in a terminal sends SIGINT to the parent and every worker; a service manager's SIGTERM reaches

@@ -105,6 +105,7 @@ def test_invalid_mlm_configs_are_one_line_errors(changes, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_mlm_trains_and_evaluates_through_main_and_refuses_to_sample(tmp_path):
     """The command line's input pipeline masks its batches (train and eval); sampling is refused."""
     from workspace import make_workspace, run_main_in_process

@@ -60,6 +60,7 @@ def pattern_batches(cfg, count=2):
     return [(w[:, :-1], w[:, 1:]) for w in windows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_option_trains_and_every_variable_gets_a_gradient(name):
     cfg = option_config(name, log_grads=True)  # every variable's gradient norm, logged with each step
@@ -76,6 +77,7 @@ def test_option_trains_and_every_variable_gets_a_gradient(name):
         np.testing.assert_array_less(run.losses, run.objectives)  # the MoE loss is part of the objective
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name, (_, layout, _) in OPTIONS.items() if layout])
 def test_option_gives_the_same_loss_on_a_model_parallel_mesh(name):
     cfg = option_config(name)

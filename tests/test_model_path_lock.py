@@ -151,6 +151,7 @@ def test_a_checkpoint_removed_during_its_restore_is_retried_once_from_the_newest
         compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 3))
 
 
+@pytest.mark.slow
 def test_while_one_trainer_runs_a_second_is_refused_and_predict_reads_the_rotating_checkpoints(tmp_path):
     """The issue's scenario with real processes: a trainer saving every 10 steps (about a second here) and keeping
     two checkpoints, so that the one --predict chose is rotated away while it builds its graph; a second trainer

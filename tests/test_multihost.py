@@ -66,6 +66,7 @@ def training_graph(model_path):
     raise AssertionError(f"no graph in the events of {model_path}")
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_process_on_two_devices(tmp_path, capsys):
     make_workspace(tmp_path)  # tokenized text and the "tiny" dataset entry under tmp_path/configs/
     config = tmp_path / "configs" / "tiny_x2.json"

@@ -59,6 +59,7 @@ def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
     assert np.abs(expected["w/adam_m"]).max() > 0  # the step ran
 
 
+@pytest.mark.slow
 def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_path):
     """On the real tiny model, independent of models/optimizers.NO_DECAY (the test above hands NO_DECAY to both
     optimizers, so it never tests the list): two runs resume from one checkpoint with nonzero biases and norm

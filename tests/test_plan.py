@@ -30,6 +30,7 @@ def checkpoint_parameters(model_path):
             if name.startswith("gpt2/") and "adam" not in name}
 
 
+@pytest.mark.slow
 def test_parameter_count_is_exactly_the_trained_checkpoints_variables(tmp_path):
     cfg = tiny_config(n_layer=3, attention_types=[[["local", "global", "local"], 1]], activation_function="relu",
                       model_path=str(tmp_path / "run"), train_steps=1)
@@ -62,6 +63,7 @@ def allocated_slices(cfg):
     return per_device
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape,layout,opt_name", [
     ("x:2,y:2", "batch:x,embd:y,memory_length:y", "adam"),
     ("x:4", "heads:x,intermediate_expanded:x,vocab:x", "adafactor"),
@@ -235,6 +237,7 @@ def test_dry_run_cli(capsys):
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))),
                          ids=lambda p: os.path.basename(p)[:-5])
+@pytest.mark.slow
 def test_every_config_splits_every_tensor_of_its_graph_evenly(path):
     cfg = load_config(path)  # loads and validates
     built = model_graph.build(cfg)  # the whole training graph: every layer, gradients and optimizer

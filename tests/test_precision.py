@@ -64,6 +64,7 @@ def test_cpu_flags_and_name_are_read_from_cpuinfo(tmp_path):
     assert precision.cpu_kind("", AVX2) == "unknown CPU: AVX2, bf16 matrix units none"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,trained", [(AVX2, "float32"), (AVX512_BF16, "bfloat16")])
 def test_training_resolves_auto_for_this_cpu_and_says_which_precision_trained(tmp_path, monkeypatch, capsys,
                                                                               flags, trained):

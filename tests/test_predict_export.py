@@ -85,6 +85,7 @@ np.savez(out_path, tokens=out["tokens"].numpy(), lengths=out["lengths"].numpy(),
 """
 
 
+@pytest.mark.slow
 def test_export_writes_a_saved_model_that_samples_what_predict_sampled(trained, predicted):
     root, config, cfg = trained
     _, records = predicted

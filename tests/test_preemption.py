@@ -32,6 +32,7 @@ def with_train_steps(config, steps, model_path):
     return path
 
 
+@pytest.mark.slow
 def test_sigterm_saves_after_the_step_says_so_and_the_run_resumes_exactly(tmp_path, capsys):
     config = make_workspace(tmp_path, **MODEL)
     model_path = str(tmp_path / "run")
@@ -66,6 +67,7 @@ def test_sigterm_saves_after_the_step_says_so_and_the_run_resumes_exactly(tmp_pa
         np.testing.assert_array_equal(value, straight_weights[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_loop_stops_after_the_step_with_exit_code_143(tmp_path):
     data = random_tokens([16, 17], seed=21)
     cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=5, steps_per_checkpoint=5)
@@ -142,6 +144,7 @@ def test_checkpoint_minutes_must_be_positive(capsys):
     assert err.startswith("error: --checkpoint_minutes must be more than 0"), err
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_worker_of_two_hosts_makes_the_chief_save_and_both_resume_exactly(tmp_path, capsys):
     """A scheduler preempting one host of a multi-host run: the worker keeps serving, asks the chief to stop, the
     chief saves (through the worker: each host saves its variables) and releases it; both exit 143. The run

@@ -75,6 +75,7 @@ def runs(tmp_path_factory):
     return root / "straight", root / "resumed", starts
 
 
+@pytest.mark.slow
 def test_a_resumed_run_trains_on_what_the_straight_run_trained_on(runs):
     straight, resumed, _ = runs
     straight_losses, resumed_losses = losses_logged(straight), losses_logged(resumed)
@@ -89,6 +90,7 @@ def test_a_resumed_run_trains_on_what_the_straight_run_trained_on(runs):
         np.testing.assert_allclose(resumed_weights[name], value, atol=2e-5, rtol=0, err_msg=name)
 
 
+@pytest.mark.slow
 def test_the_pipeline_starts_at_the_restored_step(runs):
     _, _, starts = runs
     assert starts == [[("train_dataset", 0), ("mask_dataset", 0)],   # straight, from scratch

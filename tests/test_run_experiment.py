@@ -10,6 +10,8 @@ import pytest
 import corpus
 from data.create_tfrecords import create_tfrecords
 
+pytestmark = pytest.mark.slow  # main.py through Sacred, and the plot command line, as processes
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 

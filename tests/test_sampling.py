@@ -77,6 +77,7 @@ def test_kv_cache_gives_the_same_tokens_as_full_recompute(cfg, rows, greedy, sam
         assert (row[n:] == PADDING).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "memory_length:x")])
 def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_decides_them(tmp_path, mesh_shape,
                                                                                          layout):
@@ -98,6 +99,7 @@ def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_deci
     np.testing.assert_array_equal(cached[0], full[0])
 
 
+@pytest.mark.slow
 def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, sampled):
     again = sample(cfg, *rows, **SAMPLED)[0]
     other = sample(cfg, *rows, seeds=np.full(6, 8), **SAMPLED)[0]
@@ -107,12 +109,14 @@ def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, samp
     assert (sampled[0][0] != sampled[0][3]).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape,layout", [("x:2,y:2", "batch:x,heads:y"), ("x:2", "vocab:x")])
 def test_samples_are_the_same_on_every_layout(cfg, rows, sampled, mesh_shape, layout):
     split = sample(cfg.replace(mesh_shape=mesh_shape, layout=layout), *rows, **SAMPLED)
     np.testing.assert_array_equal(split[0], sampled[0])
 
 
+@pytest.mark.slow
 def test_top_k_and_top_p_sample_only_from_the_allowed_tokens(cfg, rows, greedy):
     tokens, lengths = rows
 
@@ -135,6 +139,7 @@ def test_top_k_and_top_p_sample_only_from_the_allowed_tokens(cfg, rows, greedy):
         assert all(len(allowed) > 1 for _, allowed in pairs[:3]) and (out != greedy[0]).any(), options  # not greedy
 
 
+@pytest.mark.slow
 def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greedy):
     tokens, lengths = rows
     free_new = new_tokens(*greedy, lengths)
@@ -157,6 +162,7 @@ def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greed
         assert (cut[row, cut_lengths[row]:] == PADDING).all()
 
 
+@pytest.mark.slow
 def test_greedy_decoding_matches_hf_transformers_generate(tmp_path):
     torch = pytest.importorskip("torch")
     import tensorflow.compat.v1 as tf
@@ -211,6 +217,7 @@ def test_models_without_an_incremental_path_fall_back_to_full_recompute(cfg, mon
                                   sample(plain, tokens, lengths, temperature=1.0)[0])
 
 
+@pytest.mark.slow
 def test_model_options_decode_with_the_cache_where_they_can_and_fall_back_where_not(cfg):
     # Per-position options (GLU, ScaleNorm, macaron, untied output, axial positions, a layer without attention)
     # keep the cache and give the tokens full recompute gives.

@@ -155,6 +155,7 @@ def test_training_loop_on_a_v3_32_pod():
     assert impl.slice_shape(mtf.Shape([mtf.Dimension("batch", 32), mtf.Dimension("heads", 4)])) == [2, 2]
 
 
+@pytest.mark.slow
 def test_a_v3_512_pod_builds_gpt3_13b_shaped_meshes():
     placement = fake_placement("v3-512")
     cfg = tiny_config(n_layer=1, attention_types=[[["global"], 1]], n_embd=64, n_head=8, mesh_shape="x:64,y:8",

@@ -21,6 +21,7 @@ LAYOUTS = [
 ]
 
 
+@pytest.mark.slow
 def test_layouts_give_the_same_losses_and_weights(tmp_path):
     data = random_tokens([16, 17], seed=10)
     results = {}
@@ -116,6 +117,7 @@ def test_a_checkpoint_the_tf215_estimator_wrote_resumes_here(straight, tmp_path)
         np.testing.assert_allclose(model_weights(resumed.model_path)[name], value, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(straight, tmp_path, monkeypatch):
     straight_cfg, data, _, straight_weights = straight
     cfg = straight_cfg.replace(model_path=str(tmp_path / "run"))
@@ -141,6 +143,7 @@ def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(str
         np.testing.assert_array_equal(model_weights(cfg.model_path)[name], value, err_msg=name)
 
 
+@pytest.mark.slow
 def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(tmp_path):
     cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=3, steps_per_checkpoint=1,
                       keep_checkpoint_max=2)
@@ -158,6 +161,7 @@ def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(tm
     assert os.path.basename(state.model_checkpoint_path) == "model.ckpt-3"
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exactly(straight, tmp_path):
     straight_cfg, data, straight_losses, _ = straight
     # No scheduled checkpoint before the end: the one at step 2 is the interruption's.

@@ -31,6 +31,7 @@ def mlm_batch(cfg, seed=0):
     return tuple(t.numpy() for t in mask_tokens(tf.constant(window), cfg, 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, dict(MLM, **MOE)], ids=["lm", "mlm_moe"])
 def test_a_step_in_micro_batches_equals_a_step_on_the_whole_batch(overrides):
     whole = tiny_config(**overrides)
@@ -50,6 +51,7 @@ def test_a_step_in_micro_batches_equals_a_step_on_the_whole_batch(overrides):
         np.testing.assert_allclose(grads_b[name], grads_a[name], rtol=0, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ctx", [16, 256], ids=["ctx16", "ctx256-causal-blocks"])  # 256: blocked attention
 def test_bfloat16_trains_close_to_float32(n_ctx):
     fp32 = tiny_config(lr=1e-2, n_ctx=n_ctx)
@@ -66,6 +68,7 @@ def test_bfloat16_trains_close_to_float32(n_ctx):
     assert 1e-4 < np.abs(logits_16 - logits_32).max() < 0.1  # activations really are bfloat16
 
 
+@pytest.mark.slow
 def test_recompute_grad_gives_the_same_gradients():
     cfg = tiny_config(**MOE)
     batch = lm_batch(cfg)
@@ -93,6 +96,7 @@ EVERYTHING = dict(attention_types=[[["linear", "global"], 1]], moe_layers=[1], m
                   lr=1e-2)
 
 
+@pytest.mark.slow
 def test_all_options_together_train_alike_on_one_device_and_a_2x2_mesh():
     cfg = tiny_config(**EVERYTHING)
     batches = [lm_batch(cfg, seed) for seed in range(2)]
@@ -105,6 +109,7 @@ def test_all_options_together_train_alike_on_one_device_and_a_2x2_mesh():
         np.testing.assert_allclose(four.weights[name], one.weights[name], rtol=0, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_runner_trains_and_evaluates_mlm_with_moe_micro_batches_and_adafactor(tmp_path):
     cfg = tiny_config(**MLM, **MOE, tokens_per_mb_per_replica=32, opt_name="adafactor", lr=0.1, beta1=0.0,
                       attention_types=[[["local", "none"], 1]], train_steps=2, model_path=str(tmp_path / "run"))
