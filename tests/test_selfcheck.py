@@ -1,6 +1,7 @@
 """python main.py --selfcheck: the verdict over two runs (selfcheck/job.py's `judge`, a pure function), the ops
 found off their device, and the whole check on logical CPU devices: a 2-way mesh passes (float32 and bfloat16),
 and the same mesh with a wrong gradient or no update (injected here, in the test) fails with the reason."""
+import dataclasses
 import json
 
 import mesh_tensorflow as mtf
@@ -40,6 +41,26 @@ def test_off_device_lists_ops_that_ran_elsewhere_than_placed():
     assert job.off_device(ops, ["/device:CPU:0", "/device:CPU:1"]) == []
 
 
+_REFERENCE_RUNS = {}
+
+
+@pytest.fixture(autouse=True)
+def reference_trained_once_per_precision(monkeypatch):
+    """The CPU reference (one device) is the same run in every test of a precision: what the tests break is the
+    devices' mesh only. It is trained by the check itself the first time and reused after (keyed by its config
+    without model_path, and the data), which saves one training in each failing-check test."""
+    train_and_time = job.train_and_time
+
+    def reused(cfg, placement, data):
+        if placement != job.REFERENCE:
+            return train_and_time(cfg, placement, data)
+        key = (repr(dataclasses.replace(cfg, model_path="")), data.tobytes())
+        if key not in _REFERENCE_RUNS:
+            _REFERENCE_RUNS[key] = train_and_time(cfg, placement, data)
+        return _REFERENCE_RUNS[key]
+    monkeypatch.setattr(job, "train_and_time", reused)
+
+
 def selfcheck(capsys, *flags):
     code = main.main(["--selfcheck", *flags])
     out = capsys.readouterr().out.strip().splitlines()
@@ -47,6 +68,7 @@ def selfcheck(capsys, *flags):
     return code, json.loads("\n".join(out[start:-1])), out[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])  # float16 on 2 devices crashed before
 def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys, dtype):
     code, report, verdict = selfcheck(capsys, dtype, "--gpu_ids", "device:CPU:0", "device:CPU:1")
@@ -83,6 +105,7 @@ def no_update(monkeypatch):
     monkeypatch.setattr(step, "apply_gradients", nothing_on_the_mesh)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("break_it, dtype", [(wrong_gradient, "float32"), (no_update, "bfloat16")])
 def test_selfcheck_fails_with_the_reason_when_the_devices_training_is_broken(capsys, monkeypatch, break_it, dtype):
     break_it(monkeypatch)
