@@ -90,13 +90,14 @@ def run_main_in_process(*args) -> subprocess.CompletedProcess:
     import main
     out, err = io.StringIO(), io.StringIO()
     argv, sys.argv = sys.argv, [os.path.join(REPO, "main.py"), *map(str, args)]  # the program name in messages
+    stdin, sys.stdin = sys.stdin, io.StringIO()  # no terminal to ask on, as run_main's process under pytest
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main.main(sys.argv[1:])
     except SystemExit as e:  # argparse's errors and --help, as the process would exit
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        sys.argv = argv
+        sys.argv, sys.stdin = argv, stdin
     return subprocess.CompletedProcess(sys.argv[:1] + list(args), code, out.getvalue(), err.getvalue())
 
 
