@@ -103,15 +103,13 @@ def test_plot_runs_draws_loss_against_tokens_and_compute_with_the_frontier(track
     np.testing.assert_allclose(token_lines["a"].get_xdata(), steps * info["tokens_per_step"])
 
 
-def test_plot_command_line_and_a_failing_run(tracked, tmp_path):
+def test_plot_command_line_and_a_failing_run(tracked, tmp_path, capsys):
     root, model, _ = tracked
-    cli = subprocess.run([sys.executable, os.path.join(REPO, "tools", "plot_runs.py"), str(root / "run"), "--out",
-                          str(tmp_path / "plots")], capture_output=True, text=True, timeout=300)
-    assert cli.returncode == 0, cli.stderr
-    assert "wrote" in cli.stdout and os.path.exists(tmp_path / "plots" / "loss_vs_compute.png")
-    missing = subprocess.run([sys.executable, os.path.join(REPO, "tools", "plot_runs.py"), str(tmp_path)],
-                             capture_output=True, text=True, timeout=300)
-    assert missing.returncode == 1 and missing.stderr.startswith("error: ")
+    from tools import plot_runs  # its main() in this process: what it prints and returns, not its start-up
+    assert plot_runs.main([str(root / "run"), "--out", str(tmp_path / "plots")]) == 0
+    assert "wrote" in capsys.readouterr().out and os.path.exists(tmp_path / "plots" / "loss_vs_compute.png")
+    assert plot_runs.main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith("error: ")
 
     bad = dict(model, n_embed=32)  # a mistyped key: main.py fails, the Sacred run is FAILED with its output
     (root / "configs" / "bad.json").write_text(json.dumps(bad))
