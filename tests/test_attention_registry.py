@@ -44,6 +44,7 @@ def toy():
     del ATTENTION["toy"]
 
 
+@pytest.mark.slow
 def test_a_registered_attention_type_trains_decodes_and_counts_flops(toy):
     cfg = tiny_config(attention_types=[[["toy", "global"], 1]])
     assert cfg.attention_types == ("toy", "global")

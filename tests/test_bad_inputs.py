@@ -60,6 +60,7 @@ def test_create_tfrecords_flag_errors_are_one_line(capsys):
     assert "--processes: invalid int value: 'two'" in error_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_to_hf_refuses_an_out_that_is_a_file_in_one_line_without_warnings(tmp_path):
     target = tmp_path / "hf"
     target.write_text("a file")

@@ -105,6 +105,7 @@ def resumed_after_a_crash(trained, tmp_path_factory):
     return code, model_path, shard
 
 
+@pytest.mark.slow
 def test_a_broken_state_file_never_restarts_training_from_step_0(resumed_after_a_crash):
     code, model_path, _ = resumed_after_a_crash
     assert code == 0
@@ -113,6 +114,7 @@ def test_a_broken_state_file_never_restarts_training_from_step_0(resumed_after_a
     assert state_steps(model_path) == [1, 2, 3]  # the state file was repaired
 
 
+@pytest.mark.slow
 def test_a_cut_short_newest_checkpoint_falls_back_to_the_previous_one(resumed_after_a_crash, trained):
     code, model_path, shard = resumed_after_a_crash
     assert code == 0
@@ -122,6 +124,7 @@ def test_a_cut_short_newest_checkpoint_falls_back_to_the_previous_one(resumed_af
         assert restorable(model_path, step)
 
 
+@pytest.mark.slow
 def test_leftovers_of_interrupted_saves_are_removed_at_the_next_start(resumed_after_a_crash):
     _, model_path, _ = resumed_after_a_crash
     names = sorted(os.listdir(model_path))
@@ -230,6 +233,7 @@ def test_a_model_path_that_is_a_file_is_one_line(trained, tmp_path, capsys):
     assert open(model_path).read() == "not a folder"
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_save_is_one_line_and_the_checkpoints_stay(trained, tmp_path, capsys, monkeypatch):
     config, model_path = copy_run(trained, tmp_path, train_steps=3)
     before = {n: open(os.path.join(model_path, n), "rb").read() for n in os.listdir(model_path)

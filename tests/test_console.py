@@ -88,6 +88,7 @@ def test_the_filter_can_be_turned_off():
     assert CHATTER_LINES[0] in result.stderr
 
 
+@pytest.mark.slow
 def test_main_prints_only_its_own_error_line():
     result = subprocess.run([sys.executable, os.path.join(REPO, "main.py"), "--model", "no_such_config"],
                             capture_output=True, text=True, timeout=300, env={k: v for k, v in os.environ.items()

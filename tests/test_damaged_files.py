@@ -34,6 +34,7 @@ def test_a_damaged_run_info_is_kept_aside_and_rebuilt(tmp_path, capsys, damage):
     assert [s["step"] for s in read_run_info(cfg.model_path)["starts"]] == [7, 9]
 
 
+@pytest.mark.slow
 def test_training_resumes_over_a_damaged_run_info_and_lock_file(tmp_path, capsys):
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
                             steps_per_checkpoint=1)

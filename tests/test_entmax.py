@@ -111,6 +111,7 @@ def test_entmax_loss_is_the_fenchel_young_loss_and_its_gradient_is_entmax_minus_
     np.testing.assert_allclose(numeric, entmax_bisect_np(z[row], alpha) - target[row], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_model_trains_on_the_entmax_loss_on_any_layout():
     cfg = tiny_config(entmax_loss=True, entmax_alpha=1.5)
     tokens = random_tokens([4, cfg.n_ctx + 1], seed=5)

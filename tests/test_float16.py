@@ -38,6 +38,7 @@ def stored(checkpoint) -> dict:
     return {name: tf.train.load_variable(checkpoint, name) for name, _ in tf.train.list_variables(checkpoint)}
 
 
+@pytest.mark.slow
 def test_float16_trains_close_to_float32(tmp_path):
     """Same run as bfloat16's test. float16 keeps 11 significant bits (a rounding unit of 2**-11 = 4.9e-4),
     bfloat16 8 (3.9e-3): bfloat16's test allows 2% (5 of its units), this one 5 of float16's, 0.25% (measured
@@ -70,6 +71,7 @@ def write_step_zero(cfg) -> str:
         return session.save(checkpoints.CheckpointWriter(cfg.model_path, session.saver), 0)
 
 
+@pytest.mark.slow
 def test_an_overflow_skips_the_update_and_halves_the_scale(tmp_path):
     """A loss scale of 2**40 makes the float16 gradients inf: both steps change no weight and no Adam slot,
     the global step still advances, the scale halves each time; HF's loader and tools/hf.py read the

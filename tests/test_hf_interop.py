@@ -51,6 +51,7 @@ def test_logits_equal_transformers_at_weights_of_order_one(tmp_path):
     assert error < 1e-5, f"largest difference, relative to the largest logit: {error:.2e}"  # ~2e-7 here
 
 
+@pytest.mark.slow
 def test_our_checkpoint_becomes_a_folder_transformers_loads_with_equal_logits(tmp_path):
     registry = tmp_path / "configs" / "dataset_configs"
     registry.mkdir(parents=True)

@@ -93,6 +93,7 @@ def test_sigterm_in_the_loop_stops_after_the_step_with_exit_code_143(tmp_path):
     assert checkpoints.steps(fresh.model_path) == []
 
 
+@pytest.mark.slow
 def test_checkpoint_minutes_saves_on_the_clock(tmp_path, monkeypatch):
     data = random_tokens([16, 17], seed=22)
     cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=5, steps_per_checkpoint=100, keep_checkpoint_max=10)

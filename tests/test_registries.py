@@ -38,6 +38,7 @@ def test_a_registered_optimizer_decay_and_sampling_mode_are_accepted_and_used(mo
     assert cfg.datasets[0].sampling_mode == "documents_every"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_one_optimizer_opened_for_another_is_one_line_from_the_slot_patterns(tmp_path):
     adam = tiny_config(model_path=str(tmp_path), train_steps=1, steps_per_checkpoint=1)
     train(adam, random_tokens([adam.train_batch_size, adam.n_ctx + 1]))

@@ -62,6 +62,7 @@ def sampled(cfg, rows):
     return sample(cfg, *rows, **SAMPLED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [dict(temperature=0.0), SAMPLED], ids=["greedy", "sampled"])
 def test_kv_cache_gives_the_same_tokens_as_full_recompute(cfg, rows, greedy, sampled, options):
     tokens, lengths = rows
