@@ -129,7 +129,7 @@ def test_the_profile_sorts_each_op_of_a_real_hf_step(monkeypatch):
     import profile_train as p
     import torch
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process's torch keeps its threads
-    args = SimpleNamespace(**TINY, warmup=0, steps=1, top=10 ** 6)
+    args = SimpleNamespace(**TINY, warmup=0, steps=1, top=10 ** 6, precision="float32")
     events = p.worker_hf(args)["top"]  # [category, phase, op name, ms] of every (category, phase, name)
     categories = {category for category, _, _, _ in events}
     assert categories <= set(p.CATEGORIES)
