@@ -1,9 +1,8 @@
 """main.py's device flags (--gpu_memory, --plain_kernels, --tpu_timeout) and the start-up step that settles the
-placement with them (runtime/gpus.py on GPUs)."""
+placement with them (the placement's start_up: runtime/gpus.py on GPUs)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import tempfile
 
@@ -50,26 +49,9 @@ def kernels(args, environ=os.environ) -> str:
 
 
 def start_up(args, placement, precision: str = "float32"):
-    """The placement with the fused kernels' path asked for; on GPUs also the start-up line and the XLA:GPU check,
-    which may choose plain kernels (runtime/gpus.py); on this host's CPU with TensorFlow's TPU build, which has no
-    XLA:CPU, plain kernels with one line saying why."""
-    import sys
-    from runtime import devices, gpus, tpu_access
-    from runtime import precision as precisions
-    from runtime.mesh_session import session_config
-    placement = dataclasses.replace(placement, kernels=kernels(args))
-    if gpus.uses_gpus(placement):
-        trains_in = precisions.for_placement(precision, placement).precision  # "auto" as training resolves it
-        placement, _ = gpus.start_up(placement, session_config(placement),
-                                     xla_autoclustering=bool(getattr(args, "xla", False)), precision=trains_in)
-    elif (not placement.use_tpu and not placement.master and placement.kernels == "xla"
-          and tpu_access.tensorflow_distribution()[0] == "tensorflow-tpu"):
-        problem = devices.xla_cpu_problem()
-        if problem:
-            print(f"note: XLA cannot compile for the CPU in tensorflow-tpu ({problem}): the fused kernels run as "
-                  f"plain TensorFlow ops on the CPU devices", file=sys.stderr, flush=True)
-            placement = dataclasses.replace(placement, kernels="plain")
-    return placement
+    """The placement started up with the kernels' path and --xla asked for (its start_up: on GPUs the start-up
+    line and the XLA:GPU check, runtime/gpus.py)."""
+    return placement.start_up(kernels(args) == "plain", bool(getattr(args, "xla", False)), precision)
 
 
 def selfcheck(args) -> int:
@@ -80,11 +62,10 @@ def selfcheck(args) -> int:
     from selfcheck import job
     if args.tpu:
         placement = tpu.placement(args.tpu, args.tpu_timeout)
-        n_devices = placement.tpu_system.num_cores
     else:
         placement = devices.local_placement(args.gpu_ids or ["device:CPU:0"], args.gpu_memory)
-        n_devices = len(placement.devices)
     placement = start_up(args, placement, args.selfcheck)
+    n_devices = placement.n_devices
     with tempfile.TemporaryDirectory(prefix="gpt-neo-selfcheck-") as root:
         on_devices, on_cpu = job.model_settings(n_devices, args.selfcheck, root)
         return job.run(config_from_dict(on_devices, "the selfcheck model"),

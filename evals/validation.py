@@ -57,7 +57,7 @@ class TpuEvaluation:
     """The evaluation loss of `steps` batches of `batches()` in one replicated loop."""
 
     def __init__(self, cfg: GPTConfig, placement: Placement, batches: Callable, steps: int):
-        system = placement.tpu_system
+        system = placement.system
         tf.train.get_or_create_global_step()
         count = tpu.count_variable(steps)
         with tf.device(system.host_device(0)):

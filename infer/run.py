@@ -54,7 +54,7 @@ class TpuPrediction:
     """infer/outputs.py's outputs for one batch per session call, the batch fed on the first host."""
 
     def __init__(self, cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int, options=None):
-        system = placement.tpu_system
+        system = placement.system
         self.names = sorted(rows)
         tf.train.get_or_create_global_step()
         with tf.device(system.host_device(0)):

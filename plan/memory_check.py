@@ -192,7 +192,7 @@ def check_training(cfg: GPTConfig, placement, name: str, available: Optional[flo
     """Raises DoesNotFit when training cfg on `placement` needs more host RAM than is available, or more of a GPU
     than it has free (`gpu_free`: name -> bytes, read from nvidia-smi when None); returns a line saying what was
     compared (None when nothing was: multi-host, TPU, or no way to read the available memory)."""
-    if placement.use_tpu or placement.master or placement.hosts:
+    if not placement.on_this_host:  # a cluster's hosts, a TPU's: not this host's RAM and GPUs
         return None
     available = available_host_bytes() if available is None else available
     if available is None:
@@ -237,7 +237,7 @@ def check_inference(cfg: GPTConfig, placement, name: str, job: str, available: O
                     gpu_free: Optional[dict] = None) -> Optional[str]:
     """check_training for --eval (job "eval") and --predict ("predict"), with the dry run's inference estimate:
     weights, one batch's activations and predict's kv cache; no optimizer state, no gradients."""
-    if placement.use_tpu or placement.master or placement.hosts:
+    if not placement.on_this_host:  # a cluster's hosts, a TPU's: not this host's RAM and GPUs
         return None
     available = available_host_bytes() if available is None else available
     if available is None:

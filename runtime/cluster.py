@@ -37,6 +37,7 @@ import re
 import signal
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -250,6 +251,48 @@ def describe(cluster: Cluster) -> str:
             f"{cluster.workers[cluster.task_index]}")
 
 
+@dataclass(frozen=True)
+class ClusterPlacement(Placement):
+    """The chief's placement mesh over every host's devices (/job:worker/task:T/... names): its session drives them
+    through `master`, the chief's server; master variables are spread over `hosts` (each host's CPU) and ops
+    placed nowhere else run on `default_device` (the chief's CPU)."""
+    master: str = ""
+    hosts: tuple = ()
+    default_device: Optional[str] = None
+
+    @property
+    def on_this_host(self) -> bool:
+        return False
+
+    @property
+    def target(self) -> str:
+        return self.master
+
+    @property
+    def n_hosts(self) -> int:
+        return max(1, len(self.hosts))
+
+    @property
+    def variable_hosts(self) -> tuple:
+        return self.hosts
+
+    def device_function(self):
+        """Puts ops on `default_device` only where no job, task or device was given: explicitly placed ops (mesh
+        slices, master variables) keep theirs."""
+        if not self.default_device:
+            return None
+        base = tf.DeviceSpec.from_string(self.default_device)
+        return lambda op: base.make_merged_spec(tf.DeviceSpec.from_string(op.device or "")).to_string()
+
+    def stop_watcher(self) -> "ChiefStop":
+        """The chief also stops when one of its workers got SIGTERM (the stop queue, `ChiefStop`)."""
+        return ChiefStop(self)
+
+    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32") -> "Placement":
+        """The kernels' path asked for; the chief probes no GPUs of its workers."""
+        return dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
+
+
 # ----------------------------------------------------------------------------------------------------
 # Servers
 
@@ -327,7 +370,7 @@ class ChiefStop(StopOnSignal):
     """The chief's stop watch: its own SIGINT/SIGTERM, and a worker's SIGTERM (a token on the stop queue), looked
     at between steps at most every `interval` seconds."""
 
-    def __init__(self, placement: Placement, interval: float = 0.2, say=print):
+    def __init__(self, placement: ClusterPlacement, interval: float = 0.2, say=print):
         super().__init__(say)
         self._interval, self._last = interval, 0.0
         graph = tf.Graph()
@@ -378,5 +421,5 @@ def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected
                           f"the devices per host (--gpu_ids)")
     server = start_server(cluster, local_devices)
     atexit.register(release_workers, cluster, server)
-    return Placement(devices=tuple(mesh_devices), master=server.target, hosts=tuple(cluster.host_devices()),
-                     default_device=cluster.task_device(0)), server
+    return ClusterPlacement(devices=tuple(mesh_devices), master=server.target, hosts=tuple(cluster.host_devices()),
+                            default_device=cluster.task_device(0)), server

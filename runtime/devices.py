@@ -1,54 +1,148 @@
-"""Devices and meshes: turn `--gpu_ids` names into the device list a placement mesh runs on.
+"""Where a job's mesh runs (`Placement`), here for this process's own devices: `--gpu_ids` names turned into the
+device list a placement mesh runs on.
 
 `device:CPU:i` names split the host CPU into as many logical devices as named, so any mesh shape runs on
-one CPU (this is how the tests check data- and model-parallel layouts without accelerators).
+one CPU (this is how the tests check data- and model-parallel layouts without accelerators). The other kinds
+of placement are runtime/cluster.py's (a multi-host cluster) and runtime/tpu.py's (a TPU).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Callable, ClassVar, Optional
 
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
-from runtime import gpus
+from runtime import gpus, meshes, peaks, runner, tpu_access
+from runtime import precision as precisions
 from runtime.errors import DeviceError
+from runtime.preemption import StopOnSignal
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the mesh runs, and how: a list of devices (a placement mesh) or a TPU (mesh-tensorflow's SIMD mesh),
-    with everything chosen about them at start-up, which sessions and graph builders read from here.
-
-    Across hosts (runtime/cluster.py) the devices are /job:worker/task:T/... names, `master` is the chief's
-    server, master variables are spread over `hosts` (each host's CPU) and ops placed nowhere else run on
-    `default_device` (the chief's CPU)."""
+    """Where a job's mesh runs, and how, chosen once at start-up: this process's CPU devices or GPUs (this class),
+    the hosts of a multi-host cluster (runtime/cluster.py's ClusterPlacement) or a TPU (runtime/tpu.py's
+    TpuPlacement). Each kind answers the questions below for itself, so that the jobs, sessions and checks ask
+    them instead of which kind they hold; runtime/runner.py runs a job's step on any of them."""
     devices: tuple = ()
-    tpu: Optional[str] = None
-    master: Optional[str] = None
-    hosts: tuple = ()
-    default_device: Optional[str] = None
-    tpu_system: Any = None  # runtime.tpu.TpuSystem with --tpu: the TPU's topology and hosts
-    tpu_facts: Any = None   # runtime.tpu_access.TpuFacts with --tpu: the stack and machine it was reached from
     gpu: Optional[gpus.GpuSetting] = None  # --gpu_ids GPUs: physical indices, memory setting, what the machine has
     kernels: str = "xla"    # the fused kernels' path: "xla" or "plain" (models/kernels/common.py)
 
+    # Why the session cannot list where each op of a step ran (None: it can; runtime/gpus.py lists them).
+    op_listing: ClassVar[Optional[str]] = None
+    # Whether a step's outputs must be made whole on every device before they leave the mesh (mtf.anonymize).
+    whole_outputs: ClassVar[bool] = False
+
     @property
-    def use_tpu(self) -> bool:
-        return self.tpu is not None
+    def use_tpu(self) -> bool:  # until evaluation, prediction and --selfcheck run through runtime/runner.py
+        return self.device_kind == "TPU"
+
+    @property
+    def device_kind(self) -> str:
+        """"CPU" or "GPU": the kind of the mesh's devices (one kind per mesh)."""
+        return "GPU" if any("GPU" in d.upper() for d in self.devices) else "CPU"
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
 
     @property
     def cpu_devices(self) -> int:
         """How many logical CPU devices the session needs (the CPU split into that many)."""
         return max(1, sum("CPU" in d for d in self.devices))
 
+    @property
+    def on_this_host(self) -> bool:
+        """Whether everything runs in this process: its host's RAM and GPUs are the ones used (plan/memory_check.py),
+        its GPU options are the session's (runtime/gpus.py)."""
+        return True
+
+    @property
+    def target(self) -> str:
+        """The session's master ("" runs it in this process)."""
+        return ""
+
+    @property
+    def n_hosts(self) -> int:
+        return 1
+
+    @property
+    def variable_hosts(self) -> tuple:
+        """Where the master variables live: this host's CPU when the mesh runs on GPUs (left unplaced, TensorFlow
+        would put every master copy, optimizer slots included, on GPU 0 beside that GPU's own slices); unplaced
+        (the host CPU anyway) for CPU devices."""
+        return ("/device:CPU:0",) if self.device_kind == "GPU" else ()
+
+    def describe(self) -> str:
+        """Where it runs, for the start-up lines."""
+        return ", ".join(self.devices)
+
     def device_function(self):
-        """A device function for graph building that puts ops on `default_device` only where no job, task or
-        device was given: explicitly placed ops (mesh slices, master variables) keep theirs."""
-        if not self.default_device:
-            return None
-        base = tf.compat.v1.DeviceSpec.from_string(self.default_device)
-        return lambda op: base.make_merged_spec(tf.compat.v1.DeviceSpec.from_string(op.device or "")).to_string()
+        """A device function for the ops placed nowhere else while a graph is built (None: TensorFlow's choice)."""
+        return None
+
+    def session_config(self, inference: bool = False) -> tf.compat.v1.ConfigProto:
+        """The session's options. `inference` (predict's programs: sampling, scoring) on CPUs only: grappler's
+        remapper stays off. It fuses a matmul and the bias added to it into one oneDNN kernel, which for decoding's
+        matrix-vector products is slower than the product and the add: 6.9 -> 6.5 ms a token with it off
+        (bench/bench_decode.py's model, prompt 16, 9 of 9 paired runs, on a 2-core AVX2 CPU); at whole-sequence
+        shapes (prefill, scoring, training) the two measured the same."""
+        # Soft placement: ops with no GPU kernel run on the CPU (training lists them once, runtime/gpus.py)
+        config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_count={"CPU": self.cpu_devices})
+        gpus.session_gpu_options(config, self)  # only the --gpu_ids GPUs, their memory setting; none for CPUs
+        if inference and self.devices and all("CPU" in d.upper() for d in self.devices):
+            config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
+        return config
+
+    def mesh(self, cfg):
+        """(mtf.Mesh, its implementation) for a program of `cfg` on these devices (runtime/meshes.py)."""
+        return meshes.placement_mesh(cfg, self)
+
+    def steps(self, make_inputs: Callable, build: Callable, steps_per_call: int):
+        """Builds `build(make_inputs())` (a step, meshes.Lowered) in the default graph; returns what runs it:
+        one step per session call (runtime/runner.py)."""
+        with tf.compat.v1.device(self.device_function()):
+            return runner.StepPerCall(build(make_inputs()))
+
+    def stop_watcher(self) -> StopOnSignal:
+        """What stops training after a step: Ctrl-C and SIGTERM to this process (runtime/preemption.py)."""
+        return StopOnSignal()
+
+    def peak(self, dtype: str, seconds: float = 1.0) -> peaks.Peak:
+        """One mesh device's peak FLOP/s in `dtype`, for MFU (runtime/peaks.py)."""
+        return peaks.device_peak(self, dtype, self.session_config(), seconds=seconds)
+
+    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32") -> "Placement":
+        """This placement with the fused kernels' path asked for (`plain_kernels`: plain TF ops, not XLA-compiled;
+        `xla`: XLA auto-clustering is on, which needs XLA:GPU on GPUs); on GPUs also the start-up line and the
+        XLA:GPU check, which may choose plain kernels (runtime/gpus.py, in the precision that trains there: "auto"
+        resolved); on CPU devices with TensorFlow's TPU build, which has no XLA:CPU, plain kernels with one line
+        saying why."""
+        placement = dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
+        if placement.device_kind == "GPU":
+            trains_in = precisions.for_placement(precision, placement).precision
+            placement, _ = gpus.start_up(placement, placement.session_config(), xla_autoclustering=xla,
+                                         precision=trains_in)
+        elif placement.kernels == "xla" and tpu_access.tensorflow_distribution()[0] == "tensorflow-tpu":
+            problem = xla_cpu_problem()
+            if problem:
+                print(f"note: XLA cannot compile for the CPU in tensorflow-tpu ({problem}): the fused kernels run as "
+                      f"plain TensorFlow ops on the CPU devices", file=sys.stderr, flush=True)
+                placement = dataclasses.replace(placement, kernels="plain")
+        return placement
+
+    def device_facts(self) -> dict:
+        """What --selfcheck's report says of the devices."""
+        facts = {"devices": list(self.devices), "kernels": self.kernels}
+        if self.gpu is not None:
+            facts["gpus"] = [dataclasses.asdict(g) for g in (self.gpu.facts.gpus if self.gpu.facts else ())]
+            facts["physical_gpus"] = list(self.gpu.physical)
+            facts["gpu_memory"] = str(self.gpu.memory)
+        return facts
 
 
 _NAME = re.compile(r"^/?(?:device:)?(CPU|GPU|TPU):(\d+)$", re.IGNORECASE)

@@ -9,7 +9,7 @@ how much of their memory, whether XLA:GPU compiles the fused kernels, and where 
   start-up line (`describe`: each GPU's name, compute capability and the memory TensorFlow may use) and picks
   the fused kernels' path (`kernel_path`): XLA:GPU, or plain TensorFlow ops with one line saying why and how to
   fix it, returned as the placement's `kernels` (--plain_kernels or GPT_NEO_PLAIN_KERNELS=1 force plain).
-* `session_gpu_options`: the sessions (runtime/mesh_session.py's `session_config`) see only those GPUs, with
+* `session_gpu_options`: the sessions (runtime/devices.py's `Placement.session_config`) see only those GPUs, with
   the same memory setting (the placement's GpuSetting); a mesh of CPU devices gets no GPU at all.
 * `run_listing_placement` / `cpu_fallbacks`: soft placement stays on (some ops have no GPU kernel), and the first
   training step lists, once, the ops that were placed on a GPU but ran on the CPU.
@@ -319,7 +319,7 @@ def configure_gpus(requested: list[int], memory: GpuMemory | str | None = None,
 
 
 def uses_gpus(placement) -> bool:
-    return not placement.use_tpu and any("GPU" in d.upper() for d in placement.devices)
+    return placement.device_kind == "GPU"
 
 
 def session_gpu_options(config, placement) -> None:
@@ -327,7 +327,7 @@ def session_gpu_options(config, placement) -> None:
     with their memory setting (as the eager context has them: TensorFlow's GPU allocator is per process, and
     the first session or eager op creates it); on CPU devices, no GPU at all, so a CPU mesh on a GPU machine
     leaves the GPUs alone."""
-    if placement.use_tpu or placement.master:
+    if not placement.on_this_host:
         return
     if not uses_gpus(placement):
         config.device_count["GPU"] = 0
@@ -461,7 +461,7 @@ def start_up(placement, config, xla_autoclustering: bool = False, out=None, prec
     TensorFlow's kernels, probes the GPUs (memory, XLA:GPU in `precision`), prints the start-up line and chooses
     the fused kernels' path (XLA:GPU, or plain ops with one warning line; plain where the placement already says
     so). Returns (the placement with that path, the ProbeResult); for CPU devices or a TPU (placement, None)."""
-    if not uses_gpus(placement) or placement.master:
+    if not uses_gpus(placement) or not placement.on_this_host:
         return placement, None
     setting = placement.gpu
     names = list(placement.devices)

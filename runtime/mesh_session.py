@@ -1,8 +1,8 @@
 """A TF session over one lowered mesh-tensorflow graph: the model's variables restored from a checkpoint (or
 initialised from their seeds) and copied to the mesh's slices; saving copies them back first.
 
-Every job's program runs in one opened by `open_session` (training, evaluation, prediction, the SavedModel
-export, tools/hf.py's import), on CPUs and GPUs or on a TPU.
+Every job's program runs in one (opened by runtime/runner.py's Program for training, evaluation, prediction, the
+SavedModel export and --selfcheck; tools/hf.py's import opens its own), on CPUs and GPUs or on a TPU.
 """
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from typing import Mapping, Optional
 import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
 
-from runtime import checkpoints, gpus, tpu
-from runtime.devices import Placement
+from runtime import checkpoints
 
 # Graph collection of the variables a checkpoint may lack, initialised where it does: float16 training's loss
 # scale (train/loss_scale.py), absent from checkpoints of other precisions and converted ones.
@@ -141,26 +139,15 @@ def padded_batch(rows: np.ndarray, size: int) -> np.ndarray:
     return np.concatenate([rows, np.repeat(rows[:1], size - len(rows), axis=0)])
 
 
-def session_config(placement: Placement, inference: bool = False) -> tf.ConfigProto:
-    """The session's options for `placement`. `inference` (predict's programs: sampling, scoring) on CPUs only:
-    grappler's remapper stays off. It fuses a matmul and the bias added to it into one oneDNN kernel, which for
-    decoding's matrix-vector products is slower than the product and the add: 6.9 -> 6.5 ms a token with it off
-    (bench/bench_decode.py's model, prompt 16, 9 of 9 paired runs, on a 2-core AVX2 CPU); at whole-sequence shapes
-    (prefill, scoring, training) the two measured the same."""
-    if placement.use_tpu:
-        return tpu.session_config(placement)
-    # Soft placement: ops with no GPU kernel run on the CPU (train/loop.py lists them once, runtime/gpus.py)
-    config = tf.ConfigProto(allow_soft_placement=True, device_count={"CPU": placement.cpu_devices})
-    gpus.session_gpu_options(config, placement)  # only the --gpu_ids GPUs, their memory setting; none for CPUs
-    if inference and placement.devices and all("CPU" in d.upper() for d in placement.devices):
-        config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
-    return config
+def session_config(placement, inference: bool = False) -> tf.ConfigProto:
+    """The placement's session options (its session_config)."""
+    return placement.session_config(inference)
 
 
-def open_session(placement: Placement, graph: tf.Graph, lowering: mtf.Lowering,
+def open_session(placement, graph: tf.Graph, lowering: mtf.Lowering,
                  checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {},
                  inference: bool = False) -> MeshSession:
     """A MeshSession on the placement's master (in-process when empty) with its session config (`inference`:
     `session_config`'s)."""
-    return MeshSession(graph, lowering, placement.master or "", session_config(placement, inference), checkpoint,
+    return MeshSession(graph, lowering, placement.target, placement.session_config(inference), checkpoint,
                        slot_patterns=slot_patterns)

@@ -1,11 +1,11 @@
 """A mode's graph on a mesh, lowered to TF: the pieces every job's program shares.
 
-Each job has one function that takes TF input tensors, builds its mesh-tensorflow graph on a fresh
+Each job has one step function that takes TF input tensors, builds its mesh-tensorflow graph on a fresh
 `new_mesh()`, lowers it with the given mesh implementation (`placement_mesh`: devices of CPUs and GPUs; or
-runtime/tpu.py's SIMD mesh) and returns a `Lowered`: the TF tensors to run together with the lowering, whose
-copy ops move values between the master variables (which checkpoints hold under GPT-Neo's names) and the
-per-device slices. They are train/step.py's training step, evals/validation.py's evaluation loss and
-infer/outputs.py's PREDICT outputs.
+runtime/tpu.py's SIMD mesh; the placement's `mesh` gives the one it runs on) and returns a `Lowered`: the TF
+tensors to run together with the lowering, whose copy ops move values between the master variables (which
+checkpoints hold under GPT-Neo's names) and the per-device slices. They are train/step.py's training step,
+evals/validation.py's evaluation loss and infer/outputs.py's PREDICT outputs, run by runtime/runner.py.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import tensorflow.compat.v1 as tf
 from config.schema import GPTConfig
 from models import gpt
 from models.kernels import common
-from runtime.devices import Placement
 
 MESH_NAME = "gpt_mesh"
 
@@ -48,17 +47,10 @@ def import_tokens(mesh: mtf.Mesh, dims: gpt.Dims, inputs: tf.Tensor, labels: tf.
             mtf.import_fully_replicated(mesh, tf.cast(labels, tf.int32), shape, "labels"))
 
 
-def master_host(placement: Placement) -> str:
-    """Where a one-host placement mesh keeps its master variables: "/device:CPU:0" for GPUs, "" (unplaced:
-    the host CPU anyway) for CPU devices."""
-    return "/device:CPU:0" if any("GPU" in d.upper() for d in placement.devices) else ""
-
-
-def placement_mesh(cfg: GPTConfig, placement: Placement):
-    """(mtf.Mesh, PlacementMeshImpl) over the placement's devices; master variables on its hosts if several,
-    else on this host's CPU when the mesh runs on GPUs (left unplaced, TensorFlow would put every master copy,
-    optimizer slots included, on GPU 0 beside that GPU's own slices)."""
-    hosts = placement.hosts or tuple(filter(None, [master_host(placement)]))
+def placement_mesh(cfg: GPTConfig, placement):
+    """(mtf.Mesh, PlacementMeshImpl) over a placement's devices, its master variables spread over its
+    `variable_hosts` (runtime/devices.py: this host's CPU for GPUs, every host's CPU for a cluster)."""
+    hosts = placement.variable_hosts
     placer = mtf.utils.BalancedVariablePlacer(list(hosts)) if hosts else None
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
                                                      mtf.convert_to_layout_rules(cfg.layout), list(placement.devices))

@@ -113,9 +113,7 @@ def gpu_name(index: int) -> Optional[str]:
 
 def device_peak(placement, dtype: str, config=None, seconds: float = 1.0) -> Peak:
     """One mesh device's peak FLOP/s in `dtype` for a placement mesh (its first device stands for all: a mesh
-    runs on devices of one kind). TPUs: Peak(0, ...) (pass --peak_tflops)."""
-    if placement.use_tpu or not placement.devices:
-        return Peak(0.0, "unknown for TPUs: pass --peak_tflops (one core's peak) for MFU")
+    runs on devices of one kind); a TPU's placement says its own (runtime/tpu.py)."""
     kind, index = _local_name(placement.devices[0])
     local = f"/device:{kind}:{index}"
     if kind == "GPU":
@@ -126,7 +124,7 @@ def device_peak(placement, dtype: str, config=None, seconds: float = 1.0) -> Pea
             return Peak(known, f"{name}, {dtype}{tf32}, NVIDIA datasheet (dense)")
         shared, what = 1, f"{name}, measured"
     else:
-        hosts = max(1, len(placement.hosts))
+        hosts = placement.n_hosts
         shared = max(1, placement.cpu_devices // hosts)  # logical CPU devices on this host share its cores
         what = "this host's CPU, measured" + (f", shared by {shared} mesh devices" if shared > 1 else "")
     try:

@@ -91,14 +91,7 @@ def choose(asked: str, device_kind: str, flags: Iterable[str]) -> Choice:
     return Choice(asked, "")
 
 
-def device_kind(placement) -> str:
-    """"TPU", "GPU" or "CPU": the kind of a placement mesh's devices (one kind per mesh)."""
-    if placement.use_tpu:
-        return "TPU"
-    return "GPU" if placement.devices and "GPU" in placement.devices[0].upper() else "CPU"
-
-
 def for_placement(asked: str, placement, cpuinfo: str = "/proc/cpuinfo") -> Choice:
     """`choose` for this host's CPU flags and the placement's device kind (a multi-host cluster: the chief's CPU
     stands for all hosts, which run one machine kind)."""
-    return choose(asked, device_kind(placement), cpu_info(cpuinfo)[1])
+    return choose(asked, placement.device_kind, cpu_info(cpuinfo)[1])

@@ -18,24 +18,26 @@ What the TPUEstimator did for GPT-Neo, in the pieces this project needs, each bu
   first host, with the whole batch, and the same batch is enqueued to every core, which keeps the slice its
   layout gives it (mesh-tensorflow's import_fully_replicated). A host thread feeds the infeed while another
   drains the outfeed, as TPUEstimator's infeed/outfeed controllers did.
-* The jobs run their programs in that loop: train/loop.py's `TpuTraining` (`iterations` steps per session
-  call; a variable sets how many, so one compiled program serves the shorter loops before a checkpoint;
-  progress per step from the outfed scalars, checkpoints from the hosts), evals/validation.py's
-  `TpuEvaluation` and infer/run.py's `TpuPrediction`.
+* `TpuPlacement`: the placement of a TPU (runtime/devices.py's questions answered for it). The jobs' steps run
+  through runtime/runner.py in that loop (`LoopSteps`): training up to `iterations` steps per session call (a
+  variable sets how many, so one compiled program serves the shorter loops before a checkpoint; progress per
+  step from the outfed scalars, checkpoints from the hosts), evaluation's batches in one call, prediction one
+  fed batch per call.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from runtime import gpus, meshes, tpu_access
+from runtime import gpus, meshes, peaks, tpu_access
 from runtime.devices import Placement
 from runtime.errors import DeviceError
 from config.schema import ConfigError, GPTConfig
@@ -116,20 +118,79 @@ def _first_line(error) -> str:
     return (text.splitlines()[0] if text else type(error).__name__)[:240]
 
 
-def placement(tpu: str, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> Placement:
+@dataclass(frozen=True, kw_only=True)
+class TpuPlacement(Placement):
+    """A TPU's SIMD mesh (mesh-tensorflow's SimdMeshImpl, one replica per core), run in the replicated loop below;
+    its master variables on the TPU hosts' CPUs."""
+    tpu: str                                        # --tpu's argument
+    system: TpuSystem                               # the TPU's topology and hosts
+    facts: Optional[tpu_access.TpuFacts] = None     # the stack and machine it was reached from
+
+    op_listing: ClassVar[Optional[str]] = "not listed on TPUs (XLA compiles the whole step, or fails)"
+    whole_outputs: ClassVar[bool] = True  # the SIMD mesh exports only tensors whole on every core
+
+    @property
+    def device_kind(self) -> str:
+        return "TPU"
+
+    @property
+    def n_devices(self) -> int:
+        return self.system.num_cores
+
+    @property
+    def on_this_host(self) -> bool:
+        return False
+
+    @property
+    def target(self) -> str:
+        return self.system.master
+
+    @property
+    def hosts(self) -> tuple:
+        return tuple(self.system.host_devices())
+
+    @property
+    def n_hosts(self) -> int:
+        return self.system.num_hosts
+
+    @property
+    def variable_hosts(self) -> tuple:
+        return self.hosts
+
+    def describe(self) -> str:
+        return f"TPU {self.tpu}"
+
+    def session_config(self, inference: bool = False) -> tf.ConfigProto:
+        config = tf.ConfigProto(allow_soft_placement=True, isolate_session_state=True)
+        if self.system.cluster_def is not None:
+            config.cluster_def.CopyFrom(self.system.cluster_def)
+        return config
+
+    def mesh(self, cfg: GPTConfig):
+        return simd_mesh(cfg, self.system)
+
+    def steps(self, make_inputs: Callable, build: Callable, steps_per_call: int) -> "LoopSteps":
+        return LoopSteps(self.system, make_inputs, build, steps_per_call)
+
+    def peak(self, dtype: str, seconds: float = 1.0) -> peaks.Peak:
+        return peaks.Peak(0.0, "unknown for TPUs: pass --peak_tflops (one core's peak) for MFU")
+
+    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32") -> Placement:
+        return dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
+
+    def device_facts(self) -> dict:
+        facts = dict(super().device_facts(), tpu=self.tpu)
+        if self.facts is not None:
+            facts["tpu_facts"] = dataclasses.asdict(self.facts)
+        facts.update(tpu_cores=self.system.num_cores, tpu_hosts=self.system.num_hosts,
+                     tpu_topology=self.system.physical_shape)
+        return facts
+
+
+def placement(tpu: str, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> TpuPlacement:
     """The Placement on the TPU `tpu` (--tpu's argument): checked, connected, its system initialised."""
     want, facts = tpu_access.check(tpu, timeout)
-    system = connect(want, timeout)
-    return Placement(tpu=tpu, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system,
-                     tpu_facts=facts)
-
-
-def session_config(placement_: Placement) -> tf.ConfigProto:
-    config = tf.ConfigProto(allow_soft_placement=True, isolate_session_state=True)
-    system = placement_.tpu_system
-    if system is not None and system.cluster_def is not None:
-        config.cluster_def.CopyFrom(system.cluster_def)
-    return config
+    return TpuPlacement(tpu=tpu, system=connect(want, timeout), facts=facts)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -290,3 +351,40 @@ def count_variable(initial: int) -> tf.Variable:
     compiled program runs a full loop of `iterations` steps and the shorter one before a checkpoint."""
     return tf.get_variable("iterations_per_loop", shape=[], dtype=tf.int32, trainable=False, use_resource=True,
                            initializer=tf.constant_initializer(initial), collections=[tf.GraphKeys.LOCAL_VARIABLES])
+
+
+class LoopSteps:
+    """A job's step in the replicated loop, up to `steps_per_call` steps per session call (the loop's count is a
+    variable, so one compiled program also runs the shorter loops before a checkpoint). The global step and
+    the count are left unplaced, as TPUEstimator left them: the program reads both (training increments the
+    step). The inputs are made on the first host (the input pipeline runs there, or the feeds are fed there)."""
+
+    def __init__(self, system: TpuSystem, make_inputs: Callable, build: Callable, steps_per_call: int):
+        self.steps_per_call = steps_per_call
+        tf.train.get_or_create_global_step()
+        self.count = count_variable(steps_per_call)
+        self._count_value = tf.placeholder(tf.int32, [])
+        self._set_count = self.count.assign(self._count_value)
+        self._count_now = steps_per_call
+        with tf.device(system.host_device(0)):
+            inputs = make_inputs()
+        lowered = []
+
+        def step(dequeued):
+            lowered.append(build(tf.nest.pack_sequence_as(inputs, dequeued)))
+            return lowered[-1].outputs, lowered[-1].train_op
+
+        self.loop = ReplicatedLoop(system, tf.nest.flatten(inputs), step, self.count)
+        self.lowered = lowered[0]
+
+    def run(self, session, steps: int, feed_dict=None) -> list:
+        """`steps` steps, up to steps_per_call in each session call; each step's outputs."""
+        results = []
+        while steps > 0:
+            count = min(steps, self.steps_per_call)
+            if count != self._count_now:
+                session.run(self._set_count, {self._count_value: count})
+                self._count_now = count
+            results += self.loop.run(session, count, feed_dict=feed_dict)
+            steps -= count
+        return results

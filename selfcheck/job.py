@@ -35,9 +35,9 @@ import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
 from models.flops import training_flops_per_token
-from runtime import gpus, meshes, peaks
+from runtime import gpus, meshes
 from runtime.devices import Placement
-from runtime.mesh_session import open_session, session_config
+from runtime.mesh_session import open_session
 from train import loop
 from train.step import training_step
 
@@ -190,23 +190,6 @@ def stack_versions() -> dict:
     return versions
 
 
-def device_facts(placement: Placement) -> dict:
-    facts = {"devices": list(placement.devices), "kernels": placement.kernels}
-    if placement.gpu is not None:
-        facts["gpus"] = [dataclasses.asdict(g) for g in (placement.gpu.facts.gpus if placement.gpu.facts else ())]
-        facts["physical_gpus"] = list(placement.gpu.physical)
-        facts["gpu_memory"] = str(placement.gpu.memory)
-    if placement.use_tpu:
-        facts["tpu"] = placement.tpu
-        if placement.tpu_facts is not None:
-            facts["tpu_facts"] = dataclasses.asdict(placement.tpu_facts)
-        if placement.tpu_system is not None:
-            facts["tpu_cores"] = placement.tpu_system.num_cores
-            facts["tpu_hosts"] = placement.tpu_system.num_hosts
-            facts["tpu_topology"] = placement.tpu_system.physical_shape
-    return facts
-
-
 def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, reference_placement=REFERENCE,
         out=None) -> int:
     """The check: `device_cfg` on `placement` against `reference_cfg` on `reference_placement` (the same model on
@@ -226,7 +209,7 @@ def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, r
         from runtime import checkpoints
         elsewhere = list_off_device(device_cfg, placement, data, checkpoints.prefix_of(device_cfg.model_path, 1))
         placed = f"{len(elsewhere)} ops of the step ran off their device"
-    peak = peaks.device_peak(placement, precision, session_config(placement), seconds=0.5)
+    peak = placement.peak(precision, seconds=0.5)
     tokens = device_cfg.train_batch_size * device_cfg.n_ctx
     mfu = (training_flops_per_token(device_cfg) * tokens / device.step_s / (peak.flops * n_devices)
            if peak.flops and device.step_s > 0 else None)
@@ -243,7 +226,7 @@ def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, r
         "verdict": "passed" if verdict.passed else "failed",
         "problems": verdict.problems,
         "stack": stack_versions(),
-        "device": device_facts(placement),
+        "device": placement.device_facts(),
         "model": {"n_layer": device_cfg.n_layer, "n_embd": device_cfg.n_embd, "n_ctx": device_cfg.n_ctx,
                   "batch": device_cfg.train_batch_size, "mesh_shape": device_cfg.mesh_shape,
                   "layout": device_cfg.layout, "precision": precision, "steps": len(reference.losses)},

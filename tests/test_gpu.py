@@ -74,16 +74,12 @@ def test_tiny_model_trains_on_the_gpu_as_on_the_cpu(tmp_path, gpu_placement, pre
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_every_op_of_the_training_step_placed_on_the_gpu_runs_there(tmp_path, gpu_placement, precision, capsys):
-    from runtime.mesh_session import open_session
     from tiny import fixed_batches, random_tokens, tiny_config
     from train import loop
 
     cfg = tiny_config(model_path=str(tmp_path / "run"), precision=precision)
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.set_random_seed(cfg.seed)
-        program = loop._PlacementTraining(cfg, gpu_placement, fixed_batches(random_tokens([8, 17]), 4)(0))
-    with open_session(gpu_placement, graph, program.lowered.lowering, None) as session:
+    program = loop.training_program(cfg, gpu_placement, fixed_batches(random_tokens([8, 17]), 4), 0)
+    with program.open(None) as session:
         program.start(session)
         program.run(session, 1)
         program.run(session, 1)  # the listing is printed once, for the first step

@@ -15,6 +15,7 @@ from conftest import CPU_DEVICES
 from infer import run
 from models.kernels import common
 from runtime import gpus
+from runtime.cluster import ClusterPlacement
 from runtime.devices import DeviceError, Placement
 from runtime.mesh_session import session_config
 from tiny import placement_for, tiny_config
@@ -102,7 +103,7 @@ def test_sessions_see_only_the_configured_gpus_with_their_memory_setting(monkeyp
     config = session_config(Placement(devices=one, gpu=gpus.GpuSetting(one, (1,), gpus.parse_gpu_memory("0.9"))))
     assert config.gpu_options.visible_device_list == "1" and not config.gpu_options.allow_growth
     assert config.gpu_options.per_process_gpu_memory_fraction == pytest.approx(0.9)
-    remote = session_config(Placement(devices=("/job:worker/task:1/device:GPU:0",), master="grpc://h:1"))
+    remote = session_config(ClusterPlacement(devices=("/job:worker/task:1/device:GPU:0",), master="grpc://h:1"))
     assert not remote.gpu_options.visible_device_list and "GPU" not in remote.device_count
 
 

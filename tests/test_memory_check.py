@@ -8,6 +8,7 @@ import pytest
 import main
 from cli.config_loading import load_config
 from plan import dry_run, memory_check
+from runtime.cluster import ClusterPlacement
 from runtime.devices import Placement
 from tiny import tiny_config
 from workspace import REPO, make_workspace
@@ -52,7 +53,7 @@ def test_the_advice_is_what_would_make_it_fit():
     assert memory_check.check_training(cfg, gpu, "tiny", available=plan.facts.master_bytes * 1.01)
     with pytest.raises(memory_check.DoesNotFit, match="master copies"):
         memory_check.check_training(cfg, gpu, "tiny", available=plan.facts.master_bytes * 0.99)
-    cluster = Placement(devices=("/job:worker/task:0/device:CPU:0",), master="grpc://h:1", hosts=("h",))
+    cluster = ClusterPlacement(devices=("/job:worker/task:0/device:CPU:0",), master="grpc://h:1", hosts=("h",))
     assert memory_check.check_training(cfg, cluster, "tiny", available=1.0) is None
 
 

@@ -159,7 +159,7 @@ def test_chief_checks_the_mesh_against_the_cluster_before_starting():
 
 
 def test_unplaced_ops_go_to_the_chief_and_placed_ops_stay():
-    fill = Placement(default_device="/job:worker/replica:0/task:0/device:CPU:0").device_function()
+    fill = cluster_lib.ClusterPlacement(default_device="/job:worker/replica:0/task:0/device:CPU:0").device_function()
     assert Placement().device_function() is None
     with tf.Graph().as_default() as g, g.device(fill):
         free = tf.constant(1.0, name="free")

@@ -38,7 +38,7 @@ def fake_topology(mesh_shape, cores_per_host=8):
 
 def fake_placement(pod: str) -> Placement:
     system = tpu.TpuSystem(fake_topology(*PODS[pod]), job="worker", master="grpc://10.0.0.0:8470")
-    return Placement(tpu=pod, master=system.master, hosts=tuple(system.host_devices()), tpu_system=system)
+    return tpu.TpuPlacement(tpu=pod, system=system)
 
 
 def batches(cfg):
@@ -86,7 +86,7 @@ def test_logical_to_physical_falls_back_and_checks_sizes():
 
 @pytest.mark.parametrize("pod", list(PODS))
 def test_device_assignment_gives_every_core_one_replica_on_its_own_host(pod):
-    system = fake_placement(pod).tpu_system
+    system = fake_placement(pod).system
     physical, per_host = PODS[pod]
     cores = math.prod(physical)
     assert (system.num_cores, system.num_hosts) == (cores, cores // per_host)
@@ -103,18 +103,16 @@ def test_device_assignment_gives_every_core_one_replica_on_its_own_host(pod):
 
 def test_training_loop_on_a_v3_32_pod():
     placement = fake_placement("v3-32")
-    system = placement.tpu_system
+    system = placement.system
     cfg = tiny_config(mesh_shape="x:16,y:2", layout="batch:x,heads:y", train_batch_size=32, iterations=5)
-    graph = tf.Graph()
-    with graph.as_default():
-        loop = training_loop.TpuTraining(cfg, placement, batches(cfg), start_step=0)
-    ops = graph.get_operations()
+    loop = training_loop.training_program(cfg, placement, batches(cfg), start_step=0)
+    ops = loop.graph.get_operations()
     assert loop.steps_per_call == 5
 
     # One program replicated over the 32 cores, with the device assignment's layout.
     metadata = [op for op in ops if op.type == "TPUReplicateMetadata"]
     assert len(metadata) == 1 and metadata[0].get_attr("num_replicas") == 32
-    assignment = loop.loop.assignment
+    assignment = loop.driver.loop.assignment
 
     # Broadcast infeed: the input pipeline runs on host 0 and the whole batch goes to every core from the
     # core's own host; each core has an outfeed that its host drains.
@@ -132,7 +130,7 @@ def test_training_loop_on_a_v3_32_pod():
         assert [t.op for t in enqueue.inputs] == [next_batch, next_batch]
         assert [tf.TensorShape(s).as_list() for s in enqueue.get_attr("shapes")] == [[32, 16], [32, 16]]
     assert Counter(op.device for op in enqueues) == {f"/job:worker/task:{h}/device:CPU:0": 8 for h in range(4)}
-    assert sorted(loop.loop.names) == ["grad_norm", "learning_rate", "loss", "objective"]
+    assert sorted(loop.driver.loop.names) == ["grad_norm", "learning_rate", "loss", "objective"]
 
     # Master variables on the hosts' CPUs (balanced; the first host holds the program cache), the slices of
     # each on the 32 cores.
@@ -160,10 +158,8 @@ def test_a_v3_512_pod_builds_gpt3_13b_shaped_meshes():
     placement = fake_placement("v3-512")
     cfg = tiny_config(n_layer=1, attention_types=[[["global"], 1]], n_embd=64, n_head=8, mesh_shape="x:64,y:8",
                       layout="batch:x,heads:y", train_batch_size=64)
-    graph = tf.Graph()
-    with graph.as_default():
-        loop = training_loop.TpuTraining(cfg, placement, batches(cfg), start_step=0)
-    ops = graph.get_operations()
+    loop = training_loop.training_program(cfg, placement, batches(cfg), start_step=0)
+    ops = loop.graph.get_operations()
     assert [op.get_attr("num_replicas") for op in ops if op.type == "TPUReplicateMetadata"] == [512]
     assert sum(op.type == "InfeedEnqueueTuple" for op in ops) == 512
     hosts = {op.device for op in ops if op.type == "InfeedEnqueueTuple"}
@@ -175,14 +171,14 @@ def test_a_mesh_that_is_not_the_pod_is_refused_before_building():
     placement = fake_placement("v3-32")
     cfg = tiny_config(mesh_shape="x:8", layout="batch:x", train_batch_size=32)
     with pytest.raises(ConfigError, match="has 8 devices but the TPU has 32 cores"):
-        tpu.simd_mesh_arguments(cfg, placement.tpu_system)
-    with tf.Graph().as_default(), pytest.raises(ConfigError, match="has 8 devices but the TPU has 32 cores"):
-        training_loop.TpuTraining(cfg, placement, batches(cfg), start_step=0)
+        tpu.simd_mesh_arguments(cfg, placement.system)
+    with pytest.raises(ConfigError, match="has 8 devices but the TPU has 32 cores"):
+        training_loop.training_program(cfg, placement, batches(cfg), start_step=0)
 
 
 def test_evaluation_and_prediction_loops_on_a_two_host_pod():
     system = tpu.TpuSystem(fake_topology([2, 2, 1, 2], cores_per_host=4), job="worker")
-    placement = Placement(tpu="pod", hosts=tuple(system.host_devices()), tpu_system=system)
+    placement = tpu.TpuPlacement(tpu="pod", system=system)
     cfg = tiny_config(mesh_shape="x:8", layout="batch:x", train_batch_size=8, eval_batch_size=8,
                       predict_batch_size=8, max_new_tokens=3)
     with tf.Graph().as_default() as graph:
@@ -231,9 +227,9 @@ def test_placement_for_tpu_name_initialises_the_system_and_reads_its_topology(mo
 
     monkeypatch.setattr(tpu, "initialize_system", initialize)
     placement = tpu.placement("my-tpu")
-    assert asked == ["my-tpu"] and placement.use_tpu and placement.tpu_facts is facts
+    assert asked == ["my-tpu"] and placement.use_tpu and placement.facts is facts
     assert initialised == [("grpc://10.0.0.0:8470", "worker", [[f"10.0.0.{i}:8470" for i in range(4)]])]
-    assert placement.tpu_system.num_cores == 32 and placement.tpu_system.num_hosts == 4
+    assert placement.system.num_cores == 32 and placement.system.num_hosts == 4
     assert placement.hosts == tuple(f"/job:worker/task:{h}/device:CPU:0" for h in range(4))
-    config = tpu.session_config(placement)
+    config = placement.session_config()
     assert [list(j.tasks.values()) for j in config.cluster_def.job] == [[f"10.0.0.{i}:8470" for i in range(4)]]

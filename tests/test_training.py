@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from runtime import checkpoints
+from runtime import checkpoints, runner
 from train import loop
 from train.divergence import Diverged
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
@@ -182,18 +182,11 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exa
 
 
 def test_a_non_finite_loss_inside_a_call_of_several_steps_names_its_own_step(tmp_path, monkeypatch):
-    """On a TPU one session call runs `iterations` steps (loop.TpuTraining); a placement program running three
-    per call stands in for it here. lr 1e30: step 1's update leaves weights of order 1e30 and step 2's loss is
+    """On a TPU one session call runs `iterations` steps (runtime/tpu.py's LoopSteps); the steps of CPU devices
+    run three per call stand in for it here. lr 1e30: step 1's update leaves weights of order 1e30 and step 2's loss is
     not finite. The run stops at step 2, the middle of the call, and saves nothing (no model.ckpt-3 after the
     call). Bug caught: checking only each call's last step (the error would name step 3)."""
-    class ThreeStepsPerCall(loop._PlacementTraining):
-        steps_per_call = 3
-
-        def run(self, session, steps):
-            one_step = super().run
-            return [values for _ in range(steps) for values in one_step(session, 1)]
-
-    monkeypatch.setattr(loop, "_PlacementTraining", ThreeStepsPerCall)
+    monkeypatch.setattr(runner.StepPerCall, "steps_per_call", 3)
     cfg = tiny_config(lr=1e30, train_steps=3, steps_per_checkpoint=3, model_path=str(tmp_path / "run"))
     seen = []
     with pytest.raises(Diverged, match=r"diverged at step 2: loss (nan|inf)"):

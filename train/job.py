@@ -12,11 +12,10 @@ from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals import harness, tasks, validation
 from models import gpt
-from runtime import checkpoints, cluster
+from runtime import checkpoints
 from runtime.devices import Placement
 from runtime.lock import TrainerLock
-from runtime.mesh_session import session_config
-from runtime.peaks import Peak, device_peak
+from runtime.peaks import Peak
 from runtime import precision
 from train import loop
 from models.optimizers import slot_patterns
@@ -94,10 +93,10 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
     sources = dataset_sources(cfg)
     # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices
     peak = (Peak(options.peak_tflops * 1e12, "--peak_tflops") if options.peak_tflops else
-            device_peak(placement, cfg.precision, session_config(placement)))
+            placement.peak(cfg.precision))
     log_every = options.log_every or max(1, min(cfg.iterations, 50))
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
-          f"({', '.join(placement.devices) or placement.tpu}) in {cfg.precision}, steps {start} -> {cfg.train_steps}, "
+          f"({placement.describe()}) in {cfg.precision}, steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
     if chosen.note:
         print(chosen.note, flush=True)
@@ -126,11 +125,9 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
         evaluating = cfg.eval_steps or cfg.eval_tasks or cfg.harness_tasks
         target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
         log = TrainingLog(cfg, log_every, peak.flops, None)
-        # A multi-host chief also stops when one of its workers got SIGTERM (runtime/cluster.py's stop queue).
-        multi_host = placement.master and placement.hosts and not placement.use_tpu
-        stop = cluster.ChiefStop(placement) if multi_host else None
+        # The placement's stop watcher: a multi-host chief also stops when one of its workers got SIGTERM.
         step = loop.train(cfg, placement, batches, until=target, log=log, on_open=lambda: opened(log),
-                          checkpoint=checkpoint, checkpoint_minutes=options.checkpoint_minutes, stop=stop)
+                          checkpoint=checkpoint, checkpoint_minutes=options.checkpoint_minutes)
         checkpoint = checkpoints.prefix_of(cfg.model_path, step)  # loop.train saved the step it reached
         if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
             validation.report(cfg, placement)

@@ -11,9 +11,9 @@ Ctrl-C or SIGTERM (a scheduler's preemption or time limit) stops after the curre
 second one stops at once (the last checkpoint is intact either way; runtime/preemption.py). `checkpoint_minutes`
 also saves whenever that many minutes have passed since the last save (for long steps).
 
-On CPUs and GPUs (one host or several, runtime/cluster.py) the mesh is mesh-tensorflow's placement mesh and
-one session call runs one step. With --tpu it is the SIMD mesh inside a replicated TPU loop that runs
-`iterations` steps per session call (runtime/tpu.py); everything else here is shared.
+The step runs on the placement through runtime/runner.py: on CPUs and GPUs (one host or several,
+runtime/cluster.py) one session call runs one step; with --tpu the SIMD mesh runs inside a replicated TPU loop,
+`iterations` steps per session call (runtime/tpu.py). Everything here is the same for all of them.
 """
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ from typing import Callable, Optional
 import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
-from runtime import checkpoints, gpus, meshes, tpu
+from runtime import checkpoints, gpus, runner
 from runtime.devices import Placement
-from runtime.mesh_session import MeshSession, open_session
 from runtime.preemption import StopOnSignal, exit_code, name as signal_name
 from models.optimizers import slot_patterns
 from train.divergence import Diverged, problem as nonfinite, weights_problem
@@ -57,73 +56,14 @@ class Interrupted(KeyboardInterrupt):
 clock = time.monotonic
 
 
-# ----------------------------------------------------------------------------------------------------
-# Training
-
-
-class _PlacementTraining:
-    """The training step on a placement mesh, one step per session call."""
-    steps_per_call = 1
-
-    def __init__(self, cfg: GPTConfig, placement: Placement, dataset: tf.data.Dataset):
-        with tf.device(placement.device_function()):
-            self.iterator = tf.data.make_initializable_iterator(dataset)
-            inputs, labels = self.iterator.get_next()
-            mesh, impl = meshes.placement_mesh(cfg, placement)
-            self.lowered = training_step(cfg, mesh, impl, inputs, labels)
-        self.fetches = {"train": self.lowered.train_op, "scalars": self.lowered.outputs}
-        self._list_placement = gpus.uses_gpus(placement)  # on GPUs: the first step lists ops that ran on the CPU
-        self.placement_report = None  # runtime.gpus.PlacementReport of that step
-
-    def start(self, session: MeshSession) -> None:
-        session.run(self.iterator.initializer)
-
-    def run(self, session: MeshSession, steps: int) -> list:
-        assert steps == 1
-        if self._list_placement:
-            self._list_placement = False
-            values, self.placement_report = gpus.run_listing_placement(session, self.fetches)
-        else:
-            values = session.run(self.fetches)
-        return [values["scalars"]]
-
-
-class TpuTraining:
-    """The training step in the TPU's replicated loop, up to `iterations` steps per session call (a variable
-    sets how many, so one compiled program serves the shorter loops before a checkpoint)."""
-
-    def __init__(self, cfg: GPTConfig, placement: Placement, batches: Callable, start_step: int):
-        system = placement.tpu_system
-        self.steps_per_call = cfg.iterations
-        # The global step and the loop count are left unplaced, as TPUEstimator left them: the program reads
-        # both and increments the step. The input pipeline runs on the first host.
-        tf.train.get_or_create_global_step()
-        self.count = tpu.count_variable(cfg.iterations)
-        self._count_value = tf.placeholder(tf.int32, [])
-        self._set_count = self.count.assign(self._count_value)
-        with tf.device(system.host_device(0)):
-            self.iterator = tf.data.make_initializable_iterator(batches(start_step))
-            inputs, labels = self.iterator.get_next()
-        lowered = []
-
-        def step(dequeued):
-            mesh, impl = tpu.simd_mesh(cfg, system)
-            result = training_step(cfg, mesh, impl, *dequeued)
-            lowered.append(result)
-            return result.outputs, result.train_op
-
-        self.loop = tpu.ReplicatedLoop(system, [inputs, labels], step, self.count)
-        self.lowered = lowered[0]
-        self._count_now = cfg.iterations
-
-    def start(self, session) -> None:
-        session.run(self.iterator.initializer)
-
-    def run(self, session, steps: int) -> list:
-        if steps != self._count_now:
-            session.run(self._set_count, {self._count_value: steps})
-            self._count_now = steps
-        return self.loop.run(session, steps)
+def training_program(cfg: GPTConfig, placement: Placement, batches: TrainBatches, start_step: int) -> runner.Program:
+    """The training step (train/step.py) on the placement, reading `batches` from `start_step` on: one step per
+    session call, or `iterations` in a TPU's loop; on GPUs the first step lists the ops that ran on the CPU."""
+    program = runner.Program(cfg, placement, lambda mesh, impl, batch: training_step(cfg, mesh, impl, *batch),
+                             runner.Batches(lambda: batches(start_step)), steps_per_call=cfg.iterations, seed=cfg.seed)
+    if gpus.uses_gpus(placement):
+        program.list_placement()
+    return program
 
 
 # train()'s default checkpoint: model_path's newest that can be read (runtime/checkpoints.py's `restorable`).
@@ -142,8 +82,8 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
     is open, the checkpoint restored and found to fit the config, before training writes anything into model_path
     (a job's own writes go there).
     `checkpoint_minutes` saves also when that many minutes have passed since the last save (checked after each
-    session call). `stop` is the signal watcher to use (a multi-host chief's, which its workers can trigger too);
-    by default one of its own.
+    session call). `stop` is the signal watcher to use; by default the placement's (a multi-host chief's also
+    stops when one of its workers got SIGTERM).
 
     `checkpoint` is the prefix to start from, as the caller decided it (train/job.py), None for the seeded
     initial weights, or NEWEST: model_path's newest that can be read (runtime/checkpoints.py's `restorable`: found
@@ -155,16 +95,9 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
     start = step = checkpoints.step_of(checkpoint) if checkpoint else 0
     if step >= until:
         return step
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.set_random_seed(cfg.seed)
-        if placement.use_tpu:
-            program = TpuTraining(cfg, placement, batches, step)
-        else:
-            program = _PlacementTraining(cfg, placement, batches(step))
-    with open_session(placement, graph, program.lowered.lowering, checkpoint, slot_patterns()) as session, \
-            (stop or StopOnSignal()) as stop:
-        # The checkpoint fits the config (open_session compared them): from here on model_path is written.
+    program = training_program(cfg, placement, batches, step)
+    with program.open(checkpoint, slot_patterns()) as session, (stop or placement.stop_watcher()) as stop:
+        # The checkpoint fits the config (opening the session compared them): from here on model_path is written.
         checkpoints.remove_leftovers(cfg.model_path)
         repaired = checkpoints.repair_state(cfg.model_path, cfg.keep_checkpoint_max, step if checkpoint else None)
         if repaired:
@@ -172,7 +105,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
         if on_open:
             on_open()
         if log and step == 0:  # once per model_path: the graph for TensorBoard's graph view
-            log.graph(graph)
+            log.graph(program.graph)
         writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
                                               cfg.keep_checkpoint_every_n_hours)
         program.start(session)

@@ -1,0 +1,146 @@
+"""Running a job's step on a placement: how training, evaluation, prediction, the SavedModel export and
+--selfcheck run their graphs, on CPU devices or GPUs of one host, the hosts of a cluster, or a TPU.
+
+A job hands over its step, `step(mesh, mesh_impl, inputs) -> meshes.Lowered`: it builds its mesh-tensorflow
+graph on the mesh it is given and lowers it (train/step.py's training step, evals/validation.py's evaluation
+loss, infer/outputs.py's PREDICT outputs), and where its inputs come from: `Batches` (a tf.data.Dataset, read
+through an iterator) or `Fed` (arrays fed per session call). `Program` builds the step in a graph of its own on
+the placement's mesh (`placement.mesh`: a placement mesh over devices, or a TPU's SIMD mesh), with the fused
+kernels' path the placement chose (`placement.kernels`, models/kernels/common.py) given where the graph is
+built. The placement says how its steps run (`placement.steps`): one per session call (`StepPerCall`), or up
+to `steps_per_call` in one call inside a TPU's replicated loop (runtime/tpu.py's `LoopSteps`). `open` opens the
+session that restores a checkpoint (runtime/mesh_session.py) and `run` runs steps, returning each step's outputs.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from models.kernels import common
+from runtime import gpus
+from runtime.meshes import Lowered
+from runtime.mesh_session import MeshSession
+
+# (mesh, mesh_impl, inputs) -> the step's graph lowered; `inputs` as the step's input source gives them
+Step = Callable[[Any, Any, Any], Lowered]
+
+
+class Batches:
+    """Inputs read from the tf.data.Dataset that `make()` builds inside the program's graph (for training and
+    evaluation: (inputs, labels) batches), through an iterator that `Program.start` initialises."""
+
+    def __init__(self, make: Callable[[], tf.data.Dataset]):
+        self.make = make
+        self.iterator = None
+
+    def tensors(self):
+        self.iterator = tf.data.make_initializable_iterator(self.make())
+        return self.iterator.get_next()
+
+    def start(self, session) -> None:
+        session.run(self.iterator.initializer)
+
+    def feed_dict(self, values) -> None:
+        return None
+
+
+class Fed:
+    """Inputs fed per session call: one placeholder per name, of the (dtype, shape) given."""
+
+    def __init__(self, specs: Mapping[str, tuple]):
+        self.specs = dict(specs)
+        self.placeholders = {}
+
+    @classmethod
+    def like(cls, rows: Mapping[str, np.ndarray], batch_size: int) -> "Fed":
+        """Placeholders for `batch_size` rows of each array of `rows` (one row per example)."""
+        return cls({name: (tf.as_dtype(value.dtype), [batch_size] + list(value.shape[1:]))
+                    for name, value in rows.items()})
+
+    def tensors(self) -> dict:
+        self.placeholders = {name: tf.placeholder(dtype, shape, name=name)
+                             for name, (dtype, shape) in self.specs.items()}
+        return dict(self.placeholders)
+
+    def start(self, session) -> None:
+        pass
+
+    def feed_dict(self, values: Optional[Mapping[str, np.ndarray]]) -> Optional[dict]:
+        return {self.placeholders[name]: value for name, value in values.items()} if values else None
+
+
+class StepPerCall:
+    """The step run once per session call: on CPU devices and GPUs, of this host or of a cluster's hosts."""
+    steps_per_call = 1
+
+    def __init__(self, lowered: Lowered):
+        self.lowered = lowered
+        self.fetches = {"outputs": lowered.outputs}
+        if lowered.train_op is not None:
+            self.fetches["train"] = lowered.train_op
+
+    def run(self, session, steps: int, feed_dict=None, listing: bool = False, out=None) -> list:
+        """`steps` steps, a session call each; `listing`: the first call also lists where the step's ops ran
+        (runtime/gpus.py), returned as the second value."""
+        results, report = [], None
+        for _ in range(steps):
+            if listing and report is None:
+                values, report = gpus.run_listing_placement(session, self.fetches, feed_dict, out=out)
+            else:
+                values = session.run(self.fetches, feed_dict=feed_dict)
+            results.append(values["outputs"])
+        return (results, report) if listing else results
+
+
+class Program:
+    """`step` built on `placement` over `inputs`, in a graph of its own, ready to open a session on and run.
+
+    `steps_per_call`: how many steps one session call may run where the placement runs several per call (a
+    TPU's loop; elsewhere one). `seed`: the graph's random seed (training's; None leaves TensorFlow's)."""
+
+    def __init__(self, cfg, placement, step: Step, inputs, steps_per_call: int = 1, seed: Optional[int] = None):
+        self.placement, self.inputs = placement, inputs
+        self.graph = tf.Graph()
+        # The fused kernels' path is the placement's: every kernel built while the step is built reads it.
+        with self.graph.as_default(), common.kernels(placement.kernels):
+            if seed is not None:
+                tf.set_random_seed(seed)
+            self.driver = placement.steps(inputs.tensors, lambda tensors: step(*placement.mesh(cfg), tensors),
+                                          steps_per_call)
+        self.lowered = self.driver.lowered
+        self._listing, self._listing_out = False, None
+        self.placement_report = None  # runtime.gpus.PlacementReport of the first step, after list_placement()
+
+    @property
+    def steps_per_call(self) -> int:
+        return self.driver.steps_per_call
+
+    def list_placement(self, out=None) -> None:
+        """The next step run also lists the ops that ran elsewhere than placed (runtime/gpus.py: printed to `out`,
+        default stdout, and kept in `placement_report`); where the session can list them (placement.op_listing
+        None: not on a TPU, whose XLA compiles the whole step)."""
+        self._listing, self._listing_out = self.placement.op_listing is None, out
+
+    def open(self, checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {}, inference: bool = False,
+             finalize: bool = True) -> MeshSession:
+        """The session on the placement (its master; in-process when it has none) with its session config
+        (`inference`: predict's, see the placement's session_config), the variables restored from `checkpoint` (or
+        initialised from their seeds when None) and copied to the mesh's slices."""
+        return MeshSession(self.graph, self.lowered.lowering, self.placement.target,
+                           self.placement.session_config(inference), checkpoint, finalize, slot_patterns)
+
+    def start(self, session) -> None:
+        """Initialises the input pipeline (Batches); before the first `run`."""
+        self.inputs.start(session)
+
+    def run(self, session, steps: int = 1, feed: Optional[Mapping[str, np.ndarray]] = None) -> list:
+        """Runs `steps` steps (Fed inputs: `feed`, name -> array, fed to each); returns each step's outputs."""
+        feed_dict = self.inputs.feed_dict(feed)
+        if self._listing:
+            self._listing = False
+            results, self.placement_report = self.driver.run(session, steps, feed_dict, listing=True,
+                                                             out=self._listing_out)
+            return results
+        return self.driver.run(session, steps, feed_dict)
