@@ -17,9 +17,8 @@ from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals.tasks import append_result
 from models import gpt
-from runtime import checkpoints, meshes, tpu
+from runtime import checkpoints, meshes, runner
 from runtime.devices import Placement
-from runtime.mesh_session import open_session
 from runtime.summaries import summary_writer, write_scalars
 from models.optimizers import slot_patterns
 
@@ -34,54 +33,22 @@ def evaluation_loss(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor
     return meshes.Lowered(lowering, {"loss": tf.cast(lowering.export_to_tf_tensor(cross_entropy), tf.float32)})
 
 
+def evaluation_program(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data.Dataset],
+                       steps: int) -> runner.Program:
+    """The evaluation loss of `steps` batches of `batches()` on the placement (in one call of a TPU's loop)."""
+    return runner.Program(cfg, placement, lambda mesh, impl, batch: evaluation_loss(cfg, mesh, impl, *batch),
+                          runner.Batches(batches), steps_per_call=steps)
+
+
 def evaluate(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data.Dataset], steps: int,
              checkpoint: Optional[str] = None) -> tuple[float, int]:
     """The mean loss over `steps` batches of `batches()` ((inputs, labels), eval_batch_size rows each; made
     inside the graph) at `checkpoint` (default: model_path's latest); returns (loss, the checkpoint's step)."""
     checkpoint = checkpoint or checkpoints.require_checkpoint(cfg.model_path)
-    if placement.use_tpu:
-        return _evaluate_on_tpu(cfg, placement, batches, steps, checkpoint)
-    graph = tf.Graph()
-    with graph.as_default(), tf.device(placement.device_function()):
-        iterator = tf.data.make_initializable_iterator(batches())
-        inputs, labels = iterator.get_next()
-        mesh, impl = meshes.placement_mesh(cfg, placement)
-        lowered = evaluation_loss(cfg, mesh, impl, inputs, labels)
-    with open_session(placement, graph, lowered.lowering, checkpoint, slot_patterns()) as session:
-        session.run(iterator.initializer)
-        losses = [session.run(lowered.outputs["loss"]) for _ in range(steps)]
-    return float(np.mean(losses)), checkpoints.step_of(checkpoint)
-
-
-class TpuEvaluation:
-    """The evaluation loss of `steps` batches of `batches()` in one replicated loop."""
-
-    def __init__(self, cfg: GPTConfig, placement: Placement, batches: Callable, steps: int):
-        system = placement.system
-        tf.train.get_or_create_global_step()
-        count = tpu.count_variable(steps)
-        with tf.device(system.host_device(0)):
-            self.iterator = tf.data.make_initializable_iterator(batches())
-            inputs, labels = self.iterator.get_next()
-        lowered = []
-
-        def step(dequeued):
-            mesh, impl = tpu.simd_mesh(cfg, system)
-            lowered.append(evaluation_loss(cfg, mesh, impl, *dequeued))
-            return lowered[-1].outputs, None
-
-        self.loop = tpu.ReplicatedLoop(system, [inputs, labels], step, count)
-        self.lowered = lowered[0]
-
-
-def _evaluate_on_tpu(cfg: GPTConfig, placement: Placement, batches: Callable, steps: int, checkpoint: str):
-    """evaluate() on the TPU: the steps in one replicated loop."""
-    graph = tf.Graph()
-    with graph.as_default():
-        program = TpuEvaluation(cfg, placement, batches, steps)
-    with open_session(placement, graph, program.lowered.lowering, checkpoint, slot_patterns()) as session:
-        session.run(program.iterator.initializer)
-        losses = [values["loss"] for values in program.loop.run(session, steps)]
+    program = evaluation_program(cfg, placement, batches, steps)
+    with program.open(checkpoint, slot_patterns()) as session:
+        program.start(session)
+        losses = [values["loss"] for values in program.run(session, steps)]
     return float(np.mean(losses)), checkpoints.step_of(checkpoint)
 
 

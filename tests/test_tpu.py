@@ -181,10 +181,9 @@ def test_evaluation_and_prediction_loops_on_a_two_host_pod():
     placement = tpu.TpuPlacement(tpu="pod", system=system)
     cfg = tiny_config(mesh_shape="x:8", layout="batch:x", train_batch_size=8, eval_batch_size=8,
                       predict_batch_size=8, max_new_tokens=3)
-    with tf.Graph().as_default() as graph:
-        evaluation = validation.TpuEvaluation(cfg, placement, lambda: batches(cfg)(0), steps=3)
-    assert evaluation.loop.names == ["loss"]
-    assert sum(op.type == "OutfeedDequeueTuple" for op in graph.get_operations()) == 8
+    evaluation = validation.evaluation_program(cfg, placement, lambda: batches(cfg)(0), steps=3)
+    assert evaluation.driver.loop.names == ["loss"]
+    assert sum(op.type == "OutfeedDequeueTuple" for op in evaluation.graph.get_operations()) == 8
 
     rows = {"tokens": np.zeros([5, cfg.n_ctx], np.int32), "prompt_length": np.ones([5], np.int32),
             "seed": np.zeros([5], np.int32)}
@@ -196,6 +195,30 @@ def test_evaluation_and_prediction_loops_on_a_two_host_pod():
     assert len(dequeue) == 8 and {op.device for op in dequeue} == {f"/job:worker/task:{h}/device:CPU:0" for h in (0, 1)}
     shapes = dict(zip(prediction.loop.names, (tf.TensorShape(s).as_list() for s in dequeue[0].get_attr("shapes"))))
     assert shapes == {"lengths": [8], "tokens": [8, cfg.n_ctx]}
+
+
+def test_the_loop_runs_at_most_its_count_per_call_and_sets_the_count_only_when_it_changes():
+    """runtime/tpu.py's LoopSteps.run (training's calls up to a checkpoint, evaluation's one call): each session
+    call runs at most steps_per_call iterations of the compiled loop, and the count variable is assigned only when
+    a call's count differs from the last one's. Bugs caught: all the steps asked for in one call (more than the
+    loop was built for), the count left as it was before a shorter call."""
+    system = tpu.TpuSystem(fake_topology([2, 2, 1, 2], cores_per_host=4), job="worker")
+    cfg = tiny_config(n_layer=1, attention_types=[[["global"], 1]], mesh_shape="x:8", layout="batch:x",
+                      train_batch_size=8, eval_batch_size=8)
+    program = validation.evaluation_program(cfg, tpu.TpuPlacement(tpu="pod", system=system),
+                                            lambda: batches(cfg)(0), steps=4)
+    loop, ran, assigned = program.driver, [], []
+    loop.loop.run = lambda session, count, feed_dict=None: ran.append(count) or [{"loss": 0.0}] * count
+
+    class CountOnly:  # the session: the count's assignment is all that runs outside the (stubbed) loop
+        def run(self, fetches, feed_dict):
+            assert fetches is loop._set_count
+            assigned.extend(feed_dict.values())
+
+    assert len(program.run(CountOnly(), 10)) == 10 and ran == [4, 4, 2] and assigned == [2]
+    program.run(CountOnly(), 2)
+    program.run(CountOnly(), 4)
+    assert ran[3:] == [2, 4] and assigned == [2, 4]
 
 
 class FakeResolver:
