@@ -62,9 +62,7 @@ def worker_ours(args, names: list | None = None) -> dict:
     import models  # noqa: F401
     import tensorflow.compat.v1 as tf
     from runtime import devices
-    from infer import outputs
-    from runtime import meshes
-    from runtime.mesh_session import MeshSession, session_config
+    from infer import run
     from models import sampling
     from cli.config_loading import config_from_dict
 
@@ -79,16 +77,13 @@ def worker_ours(args, names: list | None = None) -> dict:
     for new in args.new_tokens:
         options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0)
         path = "kv cache" if sampling.uses_cache(cfg, options) else "full recompute"
-        graph = tf.Graph()
-        with graph.as_default():  # the runner's PREDICT graph, the prompt length fed: one graph for every prompt
-            tokens = tf.placeholder(tf.int32, [1, cfg.n_ctx])
-            length = tf.placeholder(tf.int32, [1])
-            placement = devices.Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
-            mesh, impl = meshes.placement_mesh(cfg, placement)
-            lowered = outputs.predictions(cfg, mesh, impl, {"tokens": tokens, "prompt_length": length}, options)
-        session = MeshSession(graph, lowered.lowering, "", session_config(placement, inference=True),
-                              checkpoint=None)
-        sessions[new] = (session, lowered.outputs["tokens"], tokens, length)
+        # --predict's program, the prompt length fed: one graph for every prompt
+        placement = devices.Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
+        rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}
+        program = run.prediction_program(cfg, placement, rows, 1, options)
+        session = program.open(None, inference=True)
+        fed = program.inputs.placeholders
+        sessions[new] = (session, program.lowered.outputs["tokens"], fed["tokens"], fed["prompt_length"])
 
     rng = np.random.RandomState(0)
     results = {}

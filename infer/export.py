@@ -27,10 +27,9 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from runtime import checkpoints, meshes
+from runtime import checkpoints, meshes, runner
 from infer import outputs as inference
 from runtime.devices import Placement
-from runtime.mesh_session import MeshSession
 from models import gpt
 from config.schema import ConfigError, GPTConfig
 from models.optimizers import slot_patterns
@@ -61,34 +60,36 @@ def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_s
                                "make it writable, or pass --export_dir to write the SavedModel elsewhere")
     batch = batch_size or cfg.predict_batch_size
     one_device = cfg.replace(mesh_shape="all:1", layout="")
-    graph = tf.Graph()
-    with graph.as_default():
-        tokens = tf.placeholder(tf.int32, [batch, cfg.n_ctx], name="tokens")
-        prompt_length = tf.placeholder(tf.int32, [batch], name="prompt_length")
-        seed = tf.placeholder(tf.int32, [batch], name="seed")
-        # One device with no device name: mesh-tensorflow computes on the master variables themselves.
-        mesh, impl = meshes.placement_mesh(one_device, Placement(devices=("",)))
+
+    def step(mesh, impl, features):  # generation and logits on one mesh, lowered together
         dims = gpt.Dims.of(one_device, batch)
-        generated = inference.predict_outputs({"tokens": tokens, "prompt_length": prompt_length, "seed": seed}, mesh,
-                                              one_device, dims)
-        mtf_tokens = mtf.import_fully_replicated(mesh, tokens, mtf.Shape([dims.batch, dims.sequence]), "logit_tokens")
+        generated = inference.predict_outputs(features, mesh, one_device, dims)
+        mtf_tokens = mtf.import_fully_replicated(mesh, features["tokens"], mtf.Shape([dims.batch, dims.sequence]),
+                                                 "logit_tokens")
         logits = gpt.logits(mtf_tokens, one_device, dims, train=False)
         lowering = mtf.Lowering(mesh.graph, {mesh: impl})
-        out_tokens = tf.identity(lowering.export_to_tf_tensor(generated["tokens"]), name="out_tokens")
-        out_lengths = tf.identity(lowering.export_to_tf_tensor(generated["lengths"]), name="out_lengths")
-        out_logits = tf.identity(lowering.export_to_tf_tensor(logits), name="out_logits")
+        return meshes.Lowered(lowering, {
+            "tokens": tf.identity(lowering.export_to_tf_tensor(generated["tokens"]), name="out_tokens"),
+            "lengths": tf.identity(lowering.export_to_tf_tensor(generated["lengths"]), name="out_lengths"),
+            "logits": tf.identity(lowering.export_to_tf_tensor(logits), name="out_logits")})
+
+    # One device with no device name: mesh-tensorflow computes on the master variables themselves.
+    inputs = runner.Fed({"tokens": (tf.int32, [batch, cfg.n_ctx]), "prompt_length": (tf.int32, [batch]),
+                         "seed": (tf.int32, [batch])})
+    program = runner.Program(one_device, Placement(devices=("",)), step, inputs)
+    graph, features, outputs = program.graph, inputs.placeholders, program.lowered.outputs
+    with graph.as_default():
         info = tf.saved_model.utils.build_tensor_info
         generate = tf.saved_model.signature_def_utils.build_signature_def(
-            inputs={"tokens": info(tokens), "prompt_length": info(prompt_length), "seed": info(seed)},
-            outputs={"tokens": info(out_tokens), "lengths": info(out_lengths)},
+            inputs={name: info(features[name]) for name in ("tokens", "prompt_length", "seed")},
+            outputs={"tokens": info(outputs["tokens"]), "lengths": info(outputs["lengths"])},
             method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
         logits_signature = tf.saved_model.signature_def_utils.build_signature_def(
-            inputs={"tokens": info(tokens)}, outputs={"logits": info(out_logits)},
+            inputs={"tokens": info(features["tokens"])}, outputs={"logits": info(outputs["logits"])},
             method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
     # The session compares the checkpoint with this graph (a checkpoint of another model is an error) before the
     # builder makes export_dir; a write that fails removes the half-written export.
-    with MeshSession(graph, lowering, "", tf.ConfigProto(), checkpoint, finalize=False,
-                     slot_patterns=slot_patterns()) as session:
+    with program.open(checkpoint, slot_patterns(), finalize=False) as session:
         try:
             with graph.as_default():  # every model variable must be in the checkpoint (restored, not initialised)
                 builder = tf.saved_model.Builder(export_dir)

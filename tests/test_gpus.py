@@ -14,7 +14,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from conftest import CPU_DEVICES
 from infer import run
 from models.kernels import common
-from runtime import gpus
+from runtime import gpus, runner
 from runtime.cluster import ClusterPlacement
 from runtime.devices import DeviceError, Placement
 from runtime.mesh_session import session_config
@@ -118,7 +118,7 @@ def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypa
     on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
     assert session_config(on_gpu, inference=True).graph_options.rewrite_options.remapping != off
     opened = []
-    monkeypatch.setattr(run, "open_session", lambda *args, **kwargs: opened.append(kwargs) or _Refused())
+    monkeypatch.setattr(runner.Program, "open", lambda self, *args, **kwargs: opened.append(kwargs) or _Refused())
     with pytest.raises(_Refused):
         cfg = tiny_config()
         run.predict(cfg, placement_for(cfg), {"tokens": np.zeros([1, cfg.n_ctx], np.int32)}, 1)

@@ -187,13 +187,13 @@ def test_evaluation_and_prediction_loops_on_a_two_host_pod():
 
     rows = {"tokens": np.zeros([5, cfg.n_ctx], np.int32), "prompt_length": np.ones([5], np.int32),
             "seed": np.zeros([5], np.int32)}
-    with tf.Graph().as_default() as graph:
-        prediction = run.TpuPrediction(cfg, placement, rows, batch_size=8)
+    prediction = run.prediction_program(cfg, placement, rows, batch_size=8)
     assert all(p.op.device == "/job:worker/task:0/device:CPU:0" and p.shape.as_list()[0] == 8
-               for p in prediction.feeds)  # fed on the first host, a whole batch
-    dequeue = [op for op in graph.get_operations() if op.type == "OutfeedDequeueTuple"]
+               for p in prediction.inputs.placeholders.values())  # fed on the first host, a whole batch
+    dequeue = [op for op in prediction.graph.get_operations() if op.type == "OutfeedDequeueTuple"]
     assert len(dequeue) == 8 and {op.device for op in dequeue} == {f"/job:worker/task:{h}/device:CPU:0" for h in (0, 1)}
-    shapes = dict(zip(prediction.loop.names, (tf.TensorShape(s).as_list() for s in dequeue[0].get_attr("shapes"))))
+    shapes = dict(zip(prediction.driver.loop.names,
+                      (tf.TensorShape(s).as_list() for s in dequeue[0].get_attr("shapes"))))
     assert shapes == {"lengths": [8], "tokens": [8, cfg.n_ctx]}
 
 
