@@ -58,13 +58,12 @@ def _tensorflow_on_gpu(spec) -> tuple[list, str, str]:
     import models  # noqa: F401
     import tensorflow as tf
     from runtime import devices, gpus
-    from runtime.mesh_session import session_config
 
     tf.get_logger().setLevel("ERROR")
     tf.config.experimental.enable_tensor_float_32_execution(spec.tf32 == "on")
     placement = devices.local_placement(["device:GPU:0"], "growth")
     line = io.StringIO()
-    placement, _ = gpus.start_up(placement, session_config(placement), out=line)
+    placement, _ = gpus.start_up(placement, placement.session_config(), out=line)
     return list(placement.devices), line.getvalue().strip(), placement.kernels
 
 
@@ -81,13 +80,12 @@ def _torch_on_gpu(spec):
 
 
 def worker_peak(spec) -> dict:
-    from runtime import devices, peaks
-    from runtime.mesh_session import session_config
+    from runtime import devices
     names, line, _ = _tensorflow_on_gpu(spec)
     placement = devices.Placement(tuple(names))
     result = {"start_up": line}
     for precision in spec.precisions:
-        peak = peaks.device_peak(placement, precision, session_config(placement))
+        peak = placement.peak(precision)
         result[precision] = {"flops": peak.flops, "source": peak.source}
     return result
 

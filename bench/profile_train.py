@@ -129,7 +129,7 @@ def worker_ours(args) -> dict:
     import models  # noqa: F401
     import tensorflow.compat.v1 as tf
     from runtime import devices, meshes
-    from runtime.mesh_session import MeshSession, session_config
+    from runtime.mesh_session import MeshSession
     from train.step import training_step
 
     tf.get_logger().setLevel("ERROR")
@@ -147,7 +147,7 @@ def worker_ours(args) -> dict:
         fetches = {"train": lowered.train_op, "loss": lowered.outputs["loss"]}
         totals, walls = collections.Counter(), []
         top = collections.Counter()
-        config = session_config(placement)
+        config = placement.session_config()
         if args.sequential:  # one op at a time: each op's time is its own, and they add up to the step's
             config.inter_op_parallelism_threads = 1
         with MeshSession(graph, lowered.lowering, "", config, None) as session:

@@ -38,10 +38,6 @@ class Placement:
     whole_outputs: ClassVar[bool] = False
 
     @property
-    def use_tpu(self) -> bool:  # until evaluation, prediction and --selfcheck run through runtime/runner.py
-        return self.device_kind == "TPU"
-
-    @property
     def device_kind(self) -> str:
         """"CPU" or "GPU": the kind of the mesh's devices (one kind per mesh)."""
         return "GPU" if any("GPU" in d.upper() for d in self.devices) else "CPU"

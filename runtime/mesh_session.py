@@ -138,16 +138,3 @@ def padded_batch(rows: np.ndarray, size: int) -> np.ndarray:
         return rows
     return np.concatenate([rows, np.repeat(rows[:1], size - len(rows), axis=0)])
 
-
-def session_config(placement, inference: bool = False) -> tf.ConfigProto:
-    """The placement's session options (its session_config)."""
-    return placement.session_config(inference)
-
-
-def open_session(placement, graph: tf.Graph, lowering: mtf.Lowering,
-                 checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {},
-                 inference: bool = False) -> MeshSession:
-    """A MeshSession on the placement's master (in-process when empty) with its session config (`inference`:
-    `session_config`'s)."""
-    return MeshSession(graph, lowering, placement.target, placement.session_config(inference), checkpoint,
-                       slot_patterns=slot_patterns)

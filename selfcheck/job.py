@@ -35,11 +35,8 @@ import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
 from models.flops import training_flops_per_token
-from runtime import gpus, meshes
 from runtime.devices import Placement
-from runtime.mesh_session import open_session
 from train import loop
-from train.step import training_step
 
 STEPS = 6
 REFERENCE = Placement(devices=("/device:CPU:0",))
@@ -163,14 +160,12 @@ def off_device(ops: list, mesh_devices) -> list:
 def list_off_device(cfg: GPTConfig, placement: Placement, data: np.ndarray, checkpoint: str) -> list:
     """One more training step on the devices (from `checkpoint`, not saved) with its partition graphs: the ops
     that ran elsewhere than placed."""
-    graph = tf.Graph()
-    with graph.as_default(), tf.device(placement.device_function()):
-        inputs, labels = tf.data.make_one_shot_iterator(batches(data, cfg.train_batch_size)(0)).get_next()
-        mesh, impl = meshes.placement_mesh(cfg, placement)
-        lowered = training_step(cfg, mesh, impl, inputs, labels)
-    with open_session(placement, graph, lowered.lowering, checkpoint) as session:
-        _, report = gpus.run_listing_placement(session, lowered.train_op, out=io.StringIO())
-    return off_device(report.ops, placement.devices)
+    program = loop.training_program(cfg, placement, batches(data, cfg.train_batch_size), 0)
+    program.list_placement(out=io.StringIO())
+    with program.open(checkpoint) as session:
+        program.start(session)
+        program.run(session, 1)
+    return off_device(program.placement_report.ops, placement.devices)
 
 
 def stack_versions() -> dict:
@@ -203,8 +198,8 @@ def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, r
     reference = train_and_time(reference_cfg, reference_placement, data)
     verdict = judge(device, reference, TOLERANCES[precision])
     n_devices = device_cfg.n_devices
-    if placement.use_tpu:
-        elsewhere, placed = None, "not listed on TPUs (XLA compiles the whole step, or fails)"
+    if placement.op_listing:  # why the session cannot list them (a TPU's)
+        elsewhere, placed = None, placement.op_listing
     else:
         from runtime import checkpoints
         elsewhere = list_off_device(device_cfg, placement, data, checkpoints.prefix_of(device_cfg.model_path, 1))
@@ -213,7 +208,7 @@ def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, r
     tokens = device_cfg.train_batch_size * device_cfg.n_ctx
     mfu = (training_flops_per_token(device_cfg) * tokens / device.step_s / (peak.flops * n_devices)
            if peak.flops and device.step_s > 0 else None)
-    where = ", ".join(placement.devices) if placement.devices else f"TPU {placement.tpu}"
+    where = placement.describe()
     timing = (f"start-up {device.startup_s:.1f} s, first step {device.first_step_s:.2f} s, then "
               f"{device.step_s * 1000:.0f} ms/step" + (f", MFU {mfu:.1%}" if mfu is not None else ""))
     if verdict.passed:

@@ -65,7 +65,7 @@ def traced_step(tmp_path_factory):
     from conftest import CPU_DEVICES
     from runtime import meshes
     from runtime.devices import Placement
-    from runtime.mesh_session import MeshSession, session_config
+    from runtime.mesh_session import MeshSession
     from train.step import training_step
 
     cfg = bench_train.bench_config(TINY, model_path=str(tmp_path_factory.mktemp("profile") / "run"))
@@ -76,7 +76,7 @@ def traced_step(tmp_path_factory):
         mesh, impl = meshes.placement_mesh(cfg, placement)
         lowered = training_step(cfg, mesh, impl, tf.constant(data[:, :-1]), tf.constant(data[:, 1:]))
     variables = [v.name for v in mesh.graph.trainable_variables]
-    with MeshSession(graph, lowered.lowering, "", session_config(placement), None) as session:
+    with MeshSession(graph, lowered.lowering, "", placement.session_config(), None) as session:
         session.run(lowered.train_op)
         metadata = tf.RunMetadata()
         session.session.run(lowered.train_op, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),

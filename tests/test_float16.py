@@ -13,7 +13,7 @@ from models.attention import ATTENTION, AttentionContext
 from models.kernels import attention, elementwise
 from models.sampling import SamplingOptions
 from runtime import checkpoints, meshes
-from runtime.mesh_session import MeshSession, session_config
+from runtime.mesh_session import MeshSession
 from tiny import (compute_logits, devices_for, fixed_batches, placement_for, random_tokens, run_predict,
                   tiny_config)
 from tools import hf
@@ -67,7 +67,7 @@ def write_step_zero(cfg) -> str:
         zeros = tf.zeros([cfg.train_batch_size, cfg.n_ctx], tf.int32)
         mesh, impl = meshes.placement_mesh(cfg, placement)
         lowered = training_step(cfg, mesh, impl, zeros, zeros)
-    with MeshSession(graph, lowered.lowering, "", session_config(placement), checkpoint=None) as session:
+    with MeshSession(graph, lowered.lowering, "", placement.session_config(), checkpoint=None) as session:
         return session.save(checkpoints.CheckpointWriter(cfg.model_path, session.saver), 0)
 
 

@@ -43,8 +43,7 @@ def exact_float32():
 
 
 def test_start_up_probe_compiles_with_xla_gpu_and_reads_the_memory(gpu_placement, capsys):
-    from runtime.mesh_session import session_config
-    placement, result = gpus.start_up(gpu_placement, session_config(gpu_placement))
+    placement, result = gpus.start_up(gpu_placement, gpu_placement.session_config())
     line = capsys.readouterr().out
     assert result.xla_error is None, f"XLA:GPU does not compile here: {result.xla_error} (fix: {gpus.XLA_FIX})"
     assert result.memory.get(gpu_placement.devices[0], 0) > 1 << 30

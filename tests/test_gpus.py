@@ -17,7 +17,6 @@ from models.kernels import common
 from runtime import gpus, runner
 from runtime.cluster import ClusterPlacement
 from runtime.devices import DeviceError, Placement
-from runtime.mesh_session import session_config
 from tiny import placement_for, tiny_config
 
 H100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0))
@@ -91,19 +90,19 @@ def test_gpu_memory_flag_rejects_what_is_not_growth_or_a_fraction(text):
 
 
 def test_sessions_see_only_the_configured_gpus_with_their_memory_setting(monkeypatch):
-    cpu = session_config(Placement(devices=tuple(CPU_DEVICES[:2])))
+    cpu = Placement(devices=tuple(CPU_DEVICES[:2])).session_config()
     assert cpu.device_count["GPU"] == 0 and cpu.device_count["CPU"] == 2  # a CPU mesh leaves the GPUs alone
     names = ("/device:GPU:0", "/device:GPU:1")
     placement = Placement(devices=names, gpu=gpus.GpuSetting(names, (2, 3), gpus.parse_gpu_memory("growth")))
     assert [placement.gpu.physical_of(n) for n in names] == [2, 3]
-    config = session_config(placement)
+    config = placement.session_config()
     assert config.gpu_options.visible_device_list == "2,3" and config.gpu_options.allow_growth
     assert config.allow_soft_placement and "GPU" not in config.device_count
     one = ("/device:GPU:0",)
-    config = session_config(Placement(devices=one, gpu=gpus.GpuSetting(one, (1,), gpus.parse_gpu_memory("0.9"))))
+    config = Placement(devices=one, gpu=gpus.GpuSetting(one, (1,), gpus.parse_gpu_memory("0.9"))).session_config()
     assert config.gpu_options.visible_device_list == "1" and not config.gpu_options.allow_growth
     assert config.gpu_options.per_process_gpu_memory_fraction == pytest.approx(0.9)
-    remote = session_config(ClusterPlacement(devices=("/job:worker/task:1/device:GPU:0",), master="grpc://h:1"))
+    remote = ClusterPlacement(devices=("/job:worker/task:1/device:GPU:0",), master="grpc://h:1").session_config()
     assert not remote.gpu_options.visible_device_list and "GPU" not in remote.device_count
 
 
@@ -112,11 +111,11 @@ def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypa
     matrix-vector products); training's keep TF's default, and so do GPUs."""
     off = rewriter_config_pb2.RewriterConfig.OFF
     cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
-    assert session_config(cpus, inference=True).graph_options.rewrite_options.remapping == off
-    assert session_config(cpus).graph_options.rewrite_options.remapping != off
+    assert cpus.session_config(inference=True).graph_options.rewrite_options.remapping == off
+    assert cpus.session_config().graph_options.rewrite_options.remapping != off
     names = ("/device:GPU:0",)
     on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
-    assert session_config(on_gpu, inference=True).graph_options.rewrite_options.remapping != off
+    assert on_gpu.session_config(inference=True).graph_options.rewrite_options.remapping != off
     opened = []
     monkeypatch.setattr(runner.Program, "open", lambda self, *args, **kwargs: opened.append(kwargs) or _Refused())
     with pytest.raises(_Refused):

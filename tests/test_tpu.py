@@ -250,7 +250,7 @@ def test_placement_for_tpu_name_initialises_the_system_and_reads_its_topology(mo
 
     monkeypatch.setattr(tpu, "initialize_system", initialize)
     placement = tpu.placement("my-tpu")
-    assert asked == ["my-tpu"] and placement.use_tpu and placement.facts is facts
+    assert asked == ["my-tpu"] and placement.device_kind == "TPU" and placement.facts is facts
     assert initialised == [("grpc://10.0.0.0:8470", "worker", [[f"10.0.0.{i}:8470" for i in range(4)]])]
     assert placement.system.num_cores == 32 and placement.system.num_hosts == 4
     assert placement.hosts == tuple(f"/job:worker/task:{h}/device:CPU:0" for h in range(4))

@@ -15,7 +15,7 @@ from infer.run import predict
 from models import gpt
 from runtime import checkpoints, meshes
 from runtime.devices import Placement
-from runtime.mesh_session import MeshSession, session_config
+from runtime.mesh_session import MeshSession
 from train import loop, objective
 from models.optimizers import slot_patterns
 
@@ -130,7 +130,7 @@ def _at_initial_weights(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, 
         named = build(x, y, dims)
         lowering = mtf.Lowering(mesh.graph, {mesh: impl})
         fetches = {name: lowering.export_to_tf_tensor(t) for name, t in named.items()}
-    with MeshSession(graph, lowering, "", session_config(placement), checkpoint=None) as session:
+    with MeshSession(graph, lowering, "", placement.session_config(), checkpoint=None) as session:
         return session.run(fetches)
 
 
