@@ -17,7 +17,6 @@ import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
 from models import gpt
-from models.kernels import common
 
 MESH_NAME = "gpt_mesh"
 
@@ -54,5 +53,4 @@ def placement_mesh(cfg: GPTConfig, placement):
     placer = mtf.utils.BalancedVariablePlacer(list(hosts)) if hosts else None
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
                                                      mtf.convert_to_layout_rules(cfg.layout), list(placement.devices))
-    common.use_kernels(placement.kernels)  # the fused kernels of this graph: XLA or plain, as the placement chose
     return new_mesh(placer), impl

@@ -195,14 +195,18 @@ def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monk
     from cli import gpu_flags
     from models.kernels.elementwise import _gelu_forward
     from runtime import meshes
-    from tiny import tiny_config
 
-    def ops_built(placement=None):
+    def gelu(*_):
+        common.fused(_gelu_forward, tf.zeros([64, 1024]))
+        return meshes.Lowered(None, {})
+
+    def ops_built(placement=None):  # with a placement: built as a job's step is (runtime/runner.py)
+        if placement is not None:
+            program = runner.Program(tiny_config(), placement, gelu, runner.Fed({}))
+            return {op.type for op in program.graph.get_operations()}
         graph = tf.Graph()
         with graph.as_default():
-            if placement is not None:
-                meshes.placement_mesh(tiny_config(), placement)
-            common.fused(_gelu_forward, tf.zeros([64, 1024]))
+            gelu()
         return {op.type for op in graph.get_operations()}
 
     compiled_call = {"PartitionedCall", "StatefulPartitionedCall"}

@@ -18,28 +18,16 @@ XLA_MIN_ELEMENTS = 1 << 14
 
 # The fused kernels' path: XLA-compiled (the default) or plain TF ops (the same Python bodies, op by op), for
 # devices where XLA cannot compile (XLA:GPU without ptxas/libdevice: runtime/gpus.py probes it at start-up) or when
-# forced (main.py --plain_kernels). It belongs to the graph being built: runtime/meshes.py's placement_mesh records
-# the placement's path on the TF graph, and each kernel call reads it while the graph is lowered. Graphs built
-# without a placement (the kernels' own tests) take the path of the enclosing `kernels(...)` block, else XLA.
+# forced (main.py --plain_kernels). It is a value given where a graph is built: runtime/runner.py builds a job's
+# step inside `kernels(placement.kernels)`, and each kernel reads it while the step is built and lowered. Outside
+# any such block (the kernels' own tests, graphs built by hand) the kernels compile with XLA.
 KERNEL_PATHS = ("xla", "plain")
-_GRAPH_KEY = "gpt_neo_fused_kernels"
-_unplaced_path = contextvars.ContextVar("unplaced_kernel_path", default="xla")
+_path = contextvars.ContextVar("fused_kernel_path", default="xla")
 
 
-def use_kernels(path: str, graph=None) -> None:
-    """Builds the fused kernels of `graph` (the default graph) on `path` ("xla" or "plain") from now on."""
-    if path not in KERNEL_PATHS:
-        raise ValueError(f"kernel path {path!r}: 'xla' or 'plain'")
-    graph = graph if graph is not None else tf.get_default_graph()
-    graph.get_collection_ref(_GRAPH_KEY)[:] = [path]
-
-
-def kernel_path(graph=None) -> str:
-    """The fused kernels' path of `graph` (the default graph): the one recorded by use_kernels, else that of the
-    enclosing `kernels` block (XLA outside any)."""
-    graph = graph if graph is not None else tf.get_default_graph()
-    chosen = graph.get_collection(_GRAPH_KEY)
-    return chosen[-1] if chosen else _unplaced_path.get()
+def kernel_path() -> str:
+    """The fused kernels' path of the graph being built: that of the enclosing `kernels` block (XLA outside any)."""
+    return _path.get()
 
 
 def xla_kernels() -> bool:
@@ -49,14 +37,14 @@ def xla_kernels() -> bool:
 
 @contextlib.contextmanager
 def kernels(path: str):
-    """Builds graphs that record no path of their own (no placement: the kernels' tests) on `path` inside the block."""
+    """Builds the fused kernels on `path` ("xla" or "plain") inside the block."""
     if path not in KERNEL_PATHS:
         raise ValueError(f"kernel path {path!r}: 'xla' or 'plain'")
-    token = _unplaced_path.set(path)
+    token = _path.set(path)
     try:
         yield
     finally:
-        _unplaced_path.reset(token)
+        _path.reset(token)
 
 
 def compiled(fn, *args):
