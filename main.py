@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from cli import eval_flags, gpu_flags, predict_flags, scale_flags, train_flags
+    from cli import device_flags, eval_flags, plan_flags, predict_flags, train_flags
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="config name in configs/ or a path to a .json (default: default)")
     # The job; training when none is given.
@@ -32,19 +32,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps_per_checkpoint", type=int, help="save a checkpoint every N steps (overrides the config)")
     p.add_argument("--mesh_shape", help="override the config's mesh_shape, e.g. all:1")
     p.add_argument("--layout", help="override the config's layout, e.g. batch:all ('' for none)")
-    # Devices.
-    p.add_argument("--tpu", help="the TPU to run on: local (a TPU VM), its name, grpc://HOST:PORT (a TPU Node) or colab; "
-                   "omit for GPUs/CPU")
-    p.add_argument("--gpu_ids", nargs="+", default=None,
-                   help="devices of the mesh, e.g. device:GPU:0 device:GPU:1; device:CPU:i names split the CPU "
-                        "(default: as many CPU devices as the mesh has)")
-    p.add_argument("--xla", action="store_true", help="fuse element-wise ops with XLA (matmuls stay TF's); faster "
-                   "training steps after a one-off compile (runtime/xla.py)")
-    gpu_flags.add_arguments(p)  # --gpu_memory, --plain_kernels, --tpu_timeout
-    train_flags.add_arguments(p)  # --new, --yes, --log_every, --peak_tflops, --sacred_id, --train_steps, --lr, ...
+    device_flags.add_arguments(p)  # --tpu, --gpu_ids, --xla, --gpu_memory, --plain_kernels, --selfcheck, multi-host
+    train_flags.add_arguments(p)  # --new, --yes, --log_every, --peak_tflops, --checkpoint_minutes, --train_steps, ...
     predict_flags.add_arguments(p)  # --prompt, sampling overrides, --predict_output, --export_dir
     eval_flags.add_arguments(p)  # --harness_tasks, --harness_include_path, --num_fewshot, --limit, ...
-    scale_flags.add_arguments(p)  # --dry_run, --auto_layout*, multi-host
+    plan_flags.add_arguments(p)  # --dry_run, --auto_layout*, --ignore_memory_check
     return p.parse_args(argv)
 
 
@@ -97,7 +89,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     """The switchboard: the config read once, then the one job the flags ask for, each given its typed options."""
-    from cli import eval_flags, gpu_flags, predict_flags, scale_flags, train_flags
+    from cli import device_flags, eval_flags, plan_flags, predict_flags, train_flags
     from cli.config_loading import load_config
     from config.schema import warn_unrecorded_tokenizers
     from data import check as data_check
@@ -108,31 +100,34 @@ def run(args) -> int:
     from train.job import check_training, run_training
 
     if args.selfcheck:  # the device check (selfcheck/job.py): no config or model_path of the user's is used
-        return gpu_flags.selfcheck(args)
+        return device_flags.selfcheck(args)
     overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
     if args.layout is not None:
         overrides["layout"] = args.layout
     overrides.update(train_flags.config_overrides(args))
     overrides.update(predict_flags.config_overrides(args))
     overrides.update(eval_flags.config_overrides(args))
-    overrides.update(scale_flags.config_overrides(args))
+    overrides.update(plan_flags.config_overrides(args))
     cfg = load_config(args.model, overrides)
 
     if args.check_dataset:
         return data_check.run(cfg)
-    handled = scale_flags.dispatch(args, cfg)  # --dry_run, --auto_layout*, non-chief hosts of a cluster
+    train_options = train_flags.options(args)  # checked here, before anything runs
+    handled = plan_flags.dispatch(args, cfg)  # --dry_run, --auto_layout*
     if handled is not None:
         return handled
     if not args.export:  # training, --eval and --predict read the data's tokens (--check_dataset warns itself)
         warn_unrecorded_tokenizers(cfg)
-    placement = select_devices(args, cfg)
+    # A TPU, the hosts of a multi-host cluster (whose workers serve here until released), or this machine's GPUs
+    # or CPU; the fused kernels' path; on GPUs the start-up line and the XLA:GPU check
+    placement = device_flags.placement(device_flags.request(args), cfg)
     # Every refusal comes before anything is deleted or written: --new deletes model_path last, once the
     # question is answered and every check has passed (the memory check, training's data).
     checkpoints.check_model_path(cfg.model_path)
     if args.new and not train_flags.confirm_new(cfg.model_path, args.yes):  # a running trainer is refused here
         return 1
     if not args.export:
-        scale_flags.check_memory(args, cfg, placement)  # the dry run's estimate against host RAM and GPUs' memory
+        plan_flags.check_memory(args, cfg, placement)  # the dry run's estimate against host RAM and GPUs' memory
     training = not (args.export or args.predict or args.eval)
     if training:
         check_training(cfg)  # no datasets, a model_path that cannot be written, data that cannot give windows
@@ -145,26 +140,10 @@ def run(args) -> int:
     if args.eval:
         return run_evaluation(cfg, placement, eval_flags.options(args, cfg))
     # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
-    run_training(cfg, placement, train_flags.options(args),
+    run_training(cfg, placement, train_options,
                  on_start=lambda step, trained: write_run_info(trained, step, args.sacred_id),
                  harness_options=eval_flags.options(args, cfg))
     return 0
-
-
-def select_devices(args, cfg):
-    """The devices the job runs on: a TPU, the hosts of a multi-host cluster, or this machine's GPUs or CPU."""
-    from cli import gpu_flags, scale_flags
-    from runtime import devices
-
-    if args.tpu:
-        from runtime import tpu
-        placement = tpu.placement(args.tpu, args.tpu_timeout)
-    elif scale_flags.multi_host(args):
-        placement = scale_flags.chief_placement(args, cfg)
-    else:
-        placement = devices.local_placement(args.gpu_ids or devices.cpu_devices(cfg.n_devices), args.gpu_memory)
-        devices.check_mesh_fits(cfg.mesh_shape, cfg.n_devices, list(placement.devices))
-    return gpu_flags.start_up(args, placement, cfg.precision)  # kernels' path; GPUs: start-up line, XLA check
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""main.py's training flags (--new, --yes, --log_every, --peak_tflops, --sacred_id; --train_steps, --lr,
---warmup_steps) and what they do: the options of train/job.py, the config keys a run overrides (a fine-tune's
-everyday changes, recorded in run_info.json), and --new's question and deletion (main.py deletes last, after
-every check)."""
+"""main.py's training flags (--new, --yes, --log_every, --peak_tflops, --checkpoint_minutes, --sacred_id;
+--train_steps, --lr, --warmup_steps) and what they do: the options of train/job.py, the config keys a run overrides
+(a fine-tune's everyday changes, recorded in run_info.json), and --new's question and deletion (main.py deletes
+last, after every check)."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -19,6 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--peak_tflops", type=number_above(0), default=None,
                    help="one device's peak TFLOP/s for MFU (one GPU or TPU core; default: the datasheet peak of a known "
                    "GPU, else measured on the first mesh device in the training dtype; runtime/peaks.py)")
+    p.add_argument("--checkpoint_minutes", type=float, default=None, metavar="N",
+                   help="also save a checkpoint whenever N minutes have passed since the last save (for long steps; "
+                   "with steps_per_checkpoint, whichever comes first)")
     p.add_argument("--sacred_id", help="the Sacred run tracking this run (run_experiment.py sets it); recorded in "
                    "model_path/run_info.json")
     p.add_argument("--train_steps", type=whole_number(1), default=None,
@@ -36,11 +40,15 @@ def config_overrides(args) -> dict:
 
 
 def options(args):
-    """train/job.py's TrainOptions of this run. (The job is imported here, not at the top: main.py's parser
-    reads this module, and `--help` or a mistyped flag should not wait for TensorFlow to load.)"""
+    """train/job.py's TrainOptions of this run, checked (main.py makes them before anything runs). (The job is
+    imported here, not at the top: main.py's parser reads this module, and `--help` or a mistyped flag should not
+    wait for TensorFlow to load.)"""
+    from config.schema import ConfigError
     from train.job import TrainOptions
-    return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every,
-                        checkpoint_minutes=args.checkpoint_minutes)  # declared in cli/scale_flags.py
+    minutes = args.checkpoint_minutes
+    if minutes is not None and not 0 < minutes < math.inf:  # NaN fails both
+        raise ConfigError(f"--checkpoint_minutes must be more than 0 (a finite number of minutes), got {minutes:g}")
+    return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every, checkpoint_minutes=minutes)
 
 
 def confirm_new(model_path: str, yes: bool) -> bool:

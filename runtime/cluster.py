@@ -22,7 +22,7 @@ leaves with exit code 143 once the chief has saved and released it. So SIGTERM t
 A cluster file is JSON: {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}, or TF_CONFIG's form
 {"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 0}} (then --task_index may be left out).
 
-Launchers set the cluster in the environment, and `from_args` reads it when no --cluster/--workers is given
+Launchers set the cluster in the environment, and `find` reads it when no --cluster/--workers is given
 (those override it; --task_index overrides the environment's task): TF_CONFIG (Kubernetes' training operators,
 Ray's TensorflowTrainer, Vertex AI: a "chief" or "master" entry is task 0, the "worker" entries follow), or
 SLURM's variables under `srun` (the step's node list, SLURM_PROCID, the task count and tasks per node; task i of
@@ -43,7 +43,8 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
-from runtime.devices import DeviceError, Placement, normalize
+from config.schema import ConfigError
+from runtime.devices import DeviceError, DeviceRequest, Placement, configure, cpu_devices, normalize
 from runtime.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
 JOB = "worker"
@@ -220,23 +221,24 @@ def from_slurm(env, port: Optional[int] = None, task_index: Optional[int] = None
                   f"SLURM{' job ' + job if job else ''}")
 
 
-def from_args(args, env=None) -> Optional[Cluster]:
-    """The cluster named by --cluster or --workers (with --task_index), else by the launcher's environment
-    (TF_CONFIG, then SLURM's srun variables), or None for one host."""
+def find(cluster_file: Optional[str] = None, workers: Optional[str] = None, task_index: Optional[int] = None,
+         port: Optional[int] = None, on_tpu: bool = False, env=None) -> Optional[Cluster]:
+    """The cluster named by --cluster (`cluster_file`) or --workers (with --task_index), else by the launcher's
+    environment (TF_CONFIG, then SLURM's srun variables, task i of a node on `port` + i), or None for one host.
+    `on_tpu`: the run is on a TPU, whose own hosts (Vertex sets TF_CONFIG there too) are not this cluster."""
     env = os.environ if env is None else env
-    if getattr(args, "cluster", None) and getattr(args, "workers", None):
+    if cluster_file and workers:
         raise DeviceError("pass --cluster FILE or --workers LIST, not both")
-    if getattr(args, "cluster", None):
-        return from_file(args.cluster, args.task_index)
-    if getattr(args, "workers", None):
-        return from_flags(args.workers, args.task_index)
-    task_index = getattr(args, "task_index", None)
-    if not getattr(args, "tpu", None):  # a TPU's own hosts (Vertex sets TF_CONFIG there too) are not this cluster
+    if cluster_file:
+        return from_file(cluster_file, task_index)
+    if workers:
+        return from_flags(workers, task_index)
+    if not on_tpu:
         found = None
         if env.get("TF_CONFIG"):
             found = from_tf_config(env["TF_CONFIG"], task_index)
         if found is None:
-            found = from_slurm(env, getattr(args, "cluster_port", None), task_index)
+            found = from_slurm(env, port, task_index)
         if found is not None:
             return found
     if task_index is not None:
@@ -259,6 +261,21 @@ class ClusterPlacement(Placement):
     master: str = ""
     hosts: tuple = ()
     default_device: Optional[str] = None
+
+    @classmethod
+    def matches(cls, request: DeviceRequest) -> bool:
+        return request.cluster is not None
+
+    @classmethod
+    def from_request(cls, request: DeviceRequest, cfg=None) -> "ClusterPlacement":
+        """The chief's: this host's server started, the placement over every host's devices (the workers are
+        released when this process exits)."""
+        cluster = request.cluster
+        local = local_devices(request, cfg)
+        configure(local)
+        placement, _ = chief_placement(cluster, local, cfg.n_devices)
+        print(f"chief of {cluster.size} hosts: mesh over {', '.join(placement.devices)}", flush=True)
+        return placement
 
     @property
     def on_this_host(self) -> bool:
@@ -293,6 +310,16 @@ class ClusterPlacement(Placement):
         return dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
 
 
+def local_devices(request: DeviceRequest, cfg) -> list:
+    """This host's devices of the mesh: --gpu_ids, else the mesh's share of CPU devices."""
+    if request.gpu_ids:
+        return list(request.gpu_ids)
+    if cfg.n_devices % request.cluster.size:
+        raise ConfigError(f"mesh_shape {cfg.mesh_shape!r} has {cfg.n_devices} devices, which {request.cluster.size} "
+                          f"hosts cannot share evenly: pass --gpu_ids with the devices of each host")
+    return cpu_devices(cfg.n_devices // request.cluster.size)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Servers
 
@@ -315,6 +342,14 @@ def _stop_queue(cluster_or_device):
     device = cluster_or_device.task_device(0) if isinstance(cluster_or_device, Cluster) else cluster_or_device
     with tf.device(device):
         return tf.FIFOQueue(64, [tf.int32], shapes=[[]], shared_name=STOP_QUEUE, name="stop_requests")
+
+
+def serve_worker(request: DeviceRequest, cfg) -> int:
+    """A worker (not the chief) of `request`'s cluster: serves this host's devices until the chief releases it;
+    returns the process's exit code (see `serve`)."""
+    local = local_devices(request, cfg)
+    configure(local)
+    return serve(request.cluster, start_server(request.cluster, local), request.worker_timeout)
 
 
 def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:

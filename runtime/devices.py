@@ -1,9 +1,10 @@
-"""Where a job's mesh runs (`Placement`), here for this process's own devices: `--gpu_ids` names turned into the
-device list a placement mesh runs on.
+"""The devices a run asks for (`DeviceRequest`) and where its mesh runs (`Placement`), here for this process's
+own devices: `--gpu_ids` names turned into the device list a placement mesh runs on.
 
 `device:CPU:i` names split the host CPU into as many logical devices as named, so any mesh shape runs on
 one CPU (this is how the tests check data- and model-parallel layouts without accelerators). The other kinds
-of placement are runtime/cluster.py's (a multi-host cluster) and runtime/tpu.py's (a TPU).
+of placement are runtime/cluster.py's (a multi-host cluster) and runtime/tpu.py's (a TPU); runtime/placements.py
+turns a request into the placement of its kind.
 """
 from __future__ import annotations
 
@@ -20,6 +21,19 @@ from runtime import gpus, meshes, peaks, runner, tpu_access
 from runtime import precision as precisions
 from runtime.errors import DeviceError
 from runtime.preemption import StopOnSignal
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """The devices a run asks for and how: main.py's device flags, read once (cli/device_flags.py)."""
+    gpu_ids: tuple = ()              # --gpu_ids: the mesh's devices (none: as many CPU devices as the mesh has)
+    gpu_memory: str = "growth"       # --gpu_memory: "growth" or a fraction of each GPU's memory
+    tpu: Optional[str] = None        # --tpu: the TPU to run on
+    tpu_timeout: float = tpu_access.DEFAULT_TIMEOUT  # --tpu_timeout
+    plain_kernels: bool = False      # --plain_kernels (or GPT_NEO_PLAIN_KERNELS=1): fused kernels as plain TF ops
+    xla: bool = False                # --xla: XLA auto-clustering, which needs XLA:GPU on GPUs
+    cluster: Optional[object] = None  # runtime/cluster.py's Cluster: the hosts of a multi-host run, this one's task
+    worker_timeout: Optional[float] = None  # --worker_timeout: how long a worker waits to be released
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,21 @@ class Placement:
         would put every master copy, optimizer slots included, on GPU 0 beside that GPU's own slices); unplaced
         (the host CPU anyway) for CPU devices."""
         return ("/device:CPU:0",) if self.device_kind == "GPU" else ()
+
+    @classmethod
+    def matches(cls, request: DeviceRequest) -> bool:
+        """Whether `request` asks for this kind of placement (this host's devices: when nothing else is asked)."""
+        return True
+
+    @classmethod
+    def from_request(cls, request: DeviceRequest, cfg=None) -> "Placement":
+        """The devices `request` names, checked and made visible (`local_placement`), against the mesh of `cfg`;
+        without a config (--selfcheck, whose model is sized to the devices) one CPU device by default."""
+        names = list(request.gpu_ids) or cpu_devices(cfg.n_devices if cfg is not None else 1)
+        placement = local_placement(names, request.gpu_memory)
+        if cfg is not None:
+            check_mesh_fits(cfg.mesh_shape, cfg.n_devices, list(placement.devices))
+        return placement
 
     def describe(self) -> str:
         """Where it runs, for the start-up lines."""

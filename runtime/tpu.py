@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from runtime import gpus, meshes, peaks, tpu_access
-from runtime.devices import Placement
+from runtime.devices import DeviceRequest, Placement
 from runtime.errors import DeviceError
 from config.schema import ConfigError, GPTConfig
 
@@ -128,6 +128,14 @@ class TpuPlacement(Placement):
 
     op_listing: ClassVar[Optional[str]] = "not listed on TPUs (XLA compiles the whole step, or fails)"
     whole_outputs: ClassVar[bool] = True  # the SIMD mesh exports only tensors whole on every core
+
+    @classmethod
+    def matches(cls, request: DeviceRequest) -> bool:
+        return bool(request.tpu)
+
+    @classmethod
+    def from_request(cls, request: DeviceRequest, cfg=None) -> "TpuPlacement":
+        return placement(request.tpu, request.tpu_timeout)
 
     @property
     def device_kind(self) -> str:

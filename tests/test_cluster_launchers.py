@@ -7,20 +7,21 @@ import shutil
 import socket
 import subprocess
 import sys
-import types
 
 import pytest
 
+import main
 from runtime import checkpoints
 from runtime import cluster as cluster_lib
 from runtime.devices import DeviceError
 from workspace import REPO, make_workspace, start_main
 
 
-def args(**given):
-    values = dict(cluster=None, workers=None, task_index=None, tpu=None, cluster_port=None)
+def flags(**given):
+    """runtime/cluster.py's `find` arguments: the multi-host flags (none given by default)."""
+    values = dict(cluster_file=None, workers=None, task_index=None, port=None, on_tpu=False)
     values.update(given)
-    return types.SimpleNamespace(**values)
+    return values
 
 
 def tf_config(cluster, kind, index):
@@ -75,16 +76,29 @@ def test_slurm_environment_gives_each_task_its_address():
 def test_flags_override_the_environment_and_the_environment_overrides_nothing_on_a_tpu(tmp_path):
     env = {"TF_CONFIG": tf_config({"worker": ["a:1", "b:1"]}, "worker", 1),
            "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "s[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
-    assert cluster_lib.from_args(args(), env).source == "TF_CONFIG"  # TF_CONFIG before SLURM
-    assert cluster_lib.from_args(args(), dict(env, TF_CONFIG="")).workers == ("s1:8888", "s2:8888")
-    assert cluster_lib.from_args(args(workers="x:1,y:1", task_index=0), env).workers == ("x:1", "y:1")
-    assert cluster_lib.from_args(args(task_index=0), env).is_chief
-    assert cluster_lib.from_args(args(tpu="my-tpu"), env) is None
-    assert cluster_lib.from_args(args(), {}) is None
+    assert cluster_lib.find(**flags(), env=env).source == "TF_CONFIG"  # TF_CONFIG before SLURM
+    assert cluster_lib.find(**flags(), env=dict(env, TF_CONFIG="")).workers == ("s1:8888", "s2:8888")
+    assert cluster_lib.find(**flags(workers="x:1,y:1", task_index=0), env=env).workers == ("x:1", "y:1")
+    assert cluster_lib.find(**flags(task_index=0), env=env).is_chief
+    assert cluster_lib.find(**flags(on_tpu=True), env=env) is None
+    assert cluster_lib.find(**flags(), env={}) is None
     with pytest.raises(DeviceError, match="needs --cluster"):
-        cluster_lib.from_args(args(task_index=1), {})
-    line = cluster_lib.describe(cluster_lib.from_args(args(), env))
+        cluster_lib.find(**flags(task_index=1), env={})
+    line = cluster_lib.describe(cluster_lib.find(**flags(), env=env))
     assert line == "cluster of 2 tasks from TF_CONFIG: this is task 1 (a worker) at b:1"
+
+
+def test_the_device_request_holds_the_launchers_cluster_but_not_for_selfcheck_or_a_tpu():
+    """cli/device_flags.py reads the cluster once, into the device request; --selfcheck checks this host's devices
+    (or a TPU) and a TPU's hosts are not a cluster, so neither reads the launcher's environment. Bug caught: the
+    selfcheck's request taking TF_CONFIG's cluster (it would then start as a cluster's chief or worker)."""
+    from cli import device_flags
+    env = {"TF_CONFIG": tf_config({"worker": ["a:1", "b:1"]}, "worker", 1)}
+    request = device_flags.request(main.parse_args(["--gpu_ids", "device:CPU:0"]), env)
+    assert request.cluster.workers == ("a:1", "b:1") and request.cluster.task_index == 1
+    assert request.gpu_ids == ("device:CPU:0",)
+    assert device_flags.request(main.parse_args(["--selfcheck"]), env).cluster is None
+    assert device_flags.request(main.parse_args(["--tpu", "local"]), env).cluster is None
 
 
 def free_port_pair():

@@ -1,16 +1,15 @@
 """runtime/gpus.py on CPU: the start-up decisions over fake facts (what is missing, how to fix it), the start-up
 line, memory settings, the sessions' options, the fused kernels' path, and the placement listing (a real session:
 ops requested on a GPU that ran on the CPU). tests/test_gpu.py runs the GPU paths where a GPU is visible."""
-import json
-
-import argparse
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
+import main
 from conftest import CPU_DEVICES
 from infer import run
 from models.kernels import common
@@ -192,9 +191,9 @@ def test_start_up_does_nothing_on_cpu_devices():
 
 
 def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monkeypatch):
-    from cli import gpu_flags
+    from cli import device_flags
     from models.kernels.elementwise import _gelu_forward
-    from runtime import meshes
+    from runtime import meshes, placements
 
     def gelu(*_):
         common.fused(_gelu_forward, tf.zeros([64, 1024]))
@@ -219,12 +218,14 @@ def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monk
     plain = dataclasses.replace(cpu, kernels="plain")
     assert "Tanh" in ops_built(plain) and not ops_built(plain) & compiled_call
     assert common.xla_kernels()  # nothing leaked out of those graphs
-    # --plain_kernels or the environment variable choose the placement's path (cli/gpu_flags.py)
-    args = argparse.Namespace(plain_kernels=False)
-    assert gpu_flags.start_up(args, cpu).kernels == "xla"
-    assert gpu_flags.start_up(argparse.Namespace(plain_kernels=True), cpu).kernels == "plain"
-    monkeypatch.setenv(gpu_flags.PLAIN_KERNELS_ENV, "1")
-    assert gpu_flags.start_up(args, cpu).kernels == "plain"
+    # --plain_kernels or the environment variable choose the placement's path (cli/device_flags.py)
+
+    def placed(*flags):
+        return placements.place(device_flags.request(main.parse_args(["--gpu_ids", CPU_DEVICES[0], *flags])))
+    assert placed().kernels == "xla"
+    assert placed("--plain_kernels").kernels == "plain"
+    monkeypatch.setenv(device_flags.PLAIN_KERNELS_ENV, "1")
+    assert placed().kernels == "plain"
 
 
 def test_cpu_fallbacks_are_the_ops_requested_on_a_gpu_that_ran_on_a_cpu():
@@ -348,12 +349,10 @@ def test_gpu_tests_skip_with_the_driver_and_tensorflows_cuda():
 
 def test_gpu_start_up_checks_and_probes_the_precision_training_resolves(monkeypatch):
     """precision "auto" (the config default) trains in float32 on GPUs: the start-up checks and probes that."""
-    from cli import gpu_flags
     asked = []
     monkeypatch.setattr(gpus, "start_up", lambda placement, config, xla_autoclustering=False, precision="float32":
                         asked.append(precision) or (placement, None))
     on_gpu = Placement(devices=("/device:GPU:0",))
-    args = argparse.Namespace(plain_kernels=False)
     for wanted in ("auto", "bfloat16", "float16", "float32"):
-        gpu_flags.start_up(args, on_gpu, wanted)
+        on_gpu.start_up(precision=wanted)
     assert asked == ["float32", "bfloat16", "float16", "float32"]

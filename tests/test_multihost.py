@@ -6,7 +6,6 @@ import os
 import re
 import socket
 import subprocess
-import types
 
 import numpy as np
 import pytest
@@ -147,9 +146,8 @@ def test_cluster_from_files_and_flags(tmp_path):
         cluster_lib.from_flags("a:1,b:2", 2)
     with pytest.raises(DeviceError, match="not found"):
         cluster_lib.from_file(str(tmp_path / "missing.json"), 0)
-    args = types.SimpleNamespace(cluster=None, workers=None, task_index=1)
     with pytest.raises(DeviceError, match="needs --cluster"):
-        cluster_lib.from_args(args)
+        cluster_lib.find(task_index=1)
 
 
 def test_chief_checks_the_mesh_against_the_cluster_before_starting():

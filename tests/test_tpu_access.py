@@ -90,16 +90,14 @@ def test_main_gives_one_error_line_for_each_tpu_on_a_machine_without_one(tpu, ca
 
 
 def test_cpu_meshes_take_plain_kernels_where_tensorflow_has_no_xla_cpu(monkeypatch, capsys):
-    import argparse
-    from cli import gpu_flags
     from runtime import devices
     from runtime.devices import Placement
     assert devices.xla_cpu_problem() is None  # this TensorFlow compiles for the CPU
-    cpu, args = Placement(devices=("/device:CPU:0",)), argparse.Namespace(plain_kernels=False)
-    assert gpu_flags.start_up(args, cpu).kernels == "xla"
+    cpu = Placement(devices=("/device:CPU:0",))
+    assert cpu.start_up().kernels == "xla"
     # tensorflow-tpu 2.20: no XLA:CPU (its error, as it reads)
     monkeypatch.setattr(tpu_access, "tensorflow_distribution", lambda: ("tensorflow-tpu", "2.20.0"))
     monkeypatch.setattr(devices, "xla_cpu_problem", lambda: "could not find registered transfer manager for "
                                                             "platform Host -- check target linkage")
-    assert gpu_flags.start_up(args, cpu).kernels == "plain"
+    assert cpu.start_up().kernels == "plain"
     assert "XLA cannot compile for the CPU in tensorflow-tpu" in capsys.readouterr().err

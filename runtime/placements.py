@@ -1,0 +1,26 @@
+"""A run's device request turned into its placement, for main.py's jobs and --selfcheck alike.
+
+Each kind of placement is one entry of `KINDS`: a Placement class that says whether a request is for it
+(`matches`) and reaches the devices (`from_request`), then answers every question the jobs ask of it
+(runtime/devices.py). A new device kind is one more entry here.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from config.schema import GPTConfig
+from runtime.cluster import ClusterPlacement
+from runtime.devices import DeviceRequest, Placement
+from runtime.tpu import TpuPlacement
+
+# Asked in this order; the first that matches reaches the devices. This host's devices match every request.
+KINDS = (TpuPlacement, ClusterPlacement, Placement)
+
+
+def place(request: DeviceRequest, cfg: Optional[GPTConfig] = None, precision: Optional[str] = None) -> Placement:
+    """The placement `request` asks for, for the mesh of `cfg`, started up: the fused kernels' path chosen, and on
+    GPUs the start-up line printed and XLA:GPU checked in the precision that trains (`precision`, default the
+    config's). Without a config (--selfcheck, which sizes its model to the devices): one CPU device by default."""
+    kind = next(kind for kind in KINDS if kind.matches(request))
+    placement = kind.from_request(request, cfg)
+    return placement.start_up(request.plain_kernels, request.xla, precision or (cfg.precision if cfg else "float32"))
