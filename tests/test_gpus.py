@@ -191,6 +191,9 @@ def test_start_up_does_nothing_on_cpu_devices():
 
 
 def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monkeypatch):
+    """The fused kernels' path is a value given where a job's graph is built (runtime/runner.py), the placement's,
+    which the device flags choose. Bug caught: the runner building every step on XLA kernels whatever the
+    placement's path (`common.kernels("xla")`)."""
     from cli import device_flags
     from models.kernels.elementwise import _gelu_forward
     from runtime import meshes, placements
