@@ -8,6 +8,7 @@ Session fixtures (made once, shared by every test that asks; read them, never wr
                          2; workspace.copy_workspace gives a test its own copy to change.
 """
 import os
+import signal
 import sys
 import warnings
 
@@ -17,6 +18,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A suite started in the background by a script (`pytest &`, nohup) inherits SIGINT ignored, and so would every
+# process it starts; the Ctrl-C tests check what a user at a terminal gets, so Python's own handler comes back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from console import runtime_defaults  # noqa: E402
 
