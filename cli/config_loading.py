@@ -18,14 +18,13 @@ from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES,
                            ConfigError, DatasetConfig, DatasetUse, GPTConfig, check_counts, check_type, closest,
                            check_tokenizer_ids, expand_attention_types, parse_model_options, parse_tokenizer_id,
                            validate)
-from data.inputs import INPUT_FNS, SAMPLING_MODES
-from evals.tasks import TASKS
+from data.eval_tasks import TASKS
+from data.inputs import INPUT_FNS, SAMPLING_MODES, check_input_fn
 from models.activations import ACTIVATIONS
 from models.attention import check_attention_types
 from models.layout import check_layout
 from models.moe import check_moe_params
-from models.optimizers import OPTIMIZERS
-from train.optimizer import LR_DECAYS
+from models.optimizers import LR_DECAYS, OPTIMIZERS
 
 
 def resolve_config_path(name_or_path: str) -> str:
@@ -210,29 +209,12 @@ def check_registries(cfg: GPTConfig) -> GPTConfig:
         name = getattr(cfg, key)
         if name not in registry:
             raise ConfigError(f"{key} {name!r} is not known: choose from {', '.join(registry)}{closest(name, registry)}")
-    _check_input_fn(cfg)
+    check_input_fn(cfg)
     for task in cfg.eval_tasks:
         if task not in TASKS:
             raise ConfigError(f"eval task {task!r} is not known: choose from {', '.join(TASKS)}{closest(task, TASKS)}")
         TASKS[task].check(cfg)
     return cfg
-
-
-def _check_input_fn(cfg: GPTConfig) -> None:
-    """input_fn names one of data/inputs.py's INPUT_FNS, and reads the sampling mode of every dataset."""
-    if cfg.input_fn is None:
-        return
-    if cfg.input_fn not in INPUT_FNS:
-        raise ConfigError(f"input_fn {cfg.input_fn!r} is not known: choose from {', '.join(INPUT_FNS)}"
-                          f"{closest(cfg.input_fn, INPUT_FNS)}")
-    for use in cfg.datasets:
-        if use.sampling_mode not in INPUT_FNS[cfg.input_fn]:
-            hint = ("remove input_fn (or set it to generic_text) to sample documents, or read pre-chunked data "
-                    "with a bare id" if cfg.input_fn == "sequential_input" else
-                    "remove input_fn (or set it to sequential_input) to read it sequentially")
-            reads = ", ".join(INPUT_FNS[cfg.input_fn])
-            raise ConfigError(f"dataset {use.dataset.id!r} asks for sampling mode {use.sampling_mode!r}, which "
-                              f"input_fn {cfg.input_fn!r} does not read (it reads {reads}): {hint}")
 
 
 def load_config(name_or_path: str, overrides: Optional[dict] = None,

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
+from config.schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
 
 SHUFFLE_BLOCK_DOCUMENTS = 256  # documents shuffled together; also the most a resume reads and discards
@@ -53,7 +54,7 @@ class DatasetSource:
 @dataclass(frozen=True)
 class SamplingMode:
     """How a dataset's records become n_ctx+1 windows. A new mode is one entry of SAMPLING_MODES: the config
-    accepts every name there (cli/config_loading.py), the pipeline reads by these facts."""
+    accepts every name there (loading/config.py), the pipeline reads by these facts."""
     prechunked: bool             # one window per record (create_tfrecords --mode chunks), each file front to back;
                                  # else whole documents, `stitch` of them joined, windows cut from the join
     random_offset: bool = False  # documents: the window starts at a seeded random offset (else at the start)
@@ -71,6 +72,24 @@ SAMPLING_MODES = {
 # mode of a dataset entry that names none. Without input_fn, a bare dataset id is read by sequential_input
 # (GPT-Neo's default) and an [id, stitch, mode, weight] list by generic_text (as in this project's configs).
 INPUT_FNS = {"sequential_input": ("sequential",), "generic_text": ("documents_random", "documents_fixed", "chunks")}
+
+
+def check_input_fn(cfg: GPTConfig) -> None:
+    """input_fn names one of INPUT_FNS, and reads the sampling mode of every dataset (the config check,
+    loading/config.py, runs this)."""
+    if cfg.input_fn is None:
+        return
+    if cfg.input_fn not in INPUT_FNS:
+        raise ConfigError(f"input_fn {cfg.input_fn!r} is not known: choose from {', '.join(INPUT_FNS)}"
+                          f"{closest(cfg.input_fn, INPUT_FNS)}")
+    for use in cfg.datasets:
+        if use.sampling_mode not in INPUT_FNS[cfg.input_fn]:
+            hint = ("remove input_fn (or set it to generic_text) to sample documents, or read pre-chunked data "
+                    "with a bare id" if cfg.input_fn == "sequential_input" else
+                    "remove input_fn (or set it to sequential_input) to read it sequentially")
+            reads = ", ".join(INPUT_FNS[cfg.input_fn])
+            raise ConfigError(f"dataset {use.dataset.id!r} asks for sampling mode {use.sampling_mode!r}, which "
+                              f"input_fn {cfg.input_fn!r} does not read (it reads {reads}): {hint}")
 
 
 # ----------------------------------------------------------------------------- stateless hash

@@ -305,7 +305,7 @@ def lr_schedules(ladder: Ladder, points: int = 200) -> dict:
     """name -> (tokens, lr) along each size's run, from train/optimizer.py's schedule itself."""
     import numpy as np
     import tensorflow.compat.v1 as tf
-    from train.optimizer import learning_rate
+    from models.optimizers import learning_rate
     found = {}
     for s in ladder.sizes:
         steps = np.unique(np.linspace(1, s.run.steps, points).round().astype(np.int64))  # step 0 has no place on a log axis

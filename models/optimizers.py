@@ -1,10 +1,12 @@
-"""The optimizers, as mesh-tensorflow optimizers, and how each names its state in a checkpoint.
+"""The optimizers, as mesh-tensorflow optimizers, how each names its state in a checkpoint, and the
+learning-rate schedule.
 
-The config's `opt_name` names an entry of OPTIMIZERS: a new optimizer is one entry there, and the config accepts
-every registered name (cli/config_loading.py checks them). An entry also says how its slot variables are named
-(`slot_patterns()`): every job that opens a checkpoint (training, evaluation, prediction, export) passes those
-patterns to runtime/checkpoints.check_fits, which is why the registry sits here, below the jobs, and not in
-train/ (train/optimizer.py uses it for the update: schedule, clipping, the gated assignments)."""
+The config's `opt_name` names an entry of OPTIMIZERS and its `lr_decay` one of LR_DECAYS: a new optimizer or
+decay is one entry there, and the config accepts every registered name (loading/config.py checks them). An
+optimizer's entry also says how its slot variables are named (`slot_patterns()`): every job that opens a
+checkpoint (training, evaluation, prediction, export) passes those patterns to runtime/checkpoints.check_fits.
+Both registries sit here, below the jobs, because the config check does (loading/config.py, which every job
+may use); train/optimizer.py applies them in the update (clipping, the gated assignments)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -113,3 +115,22 @@ def slot_patterns() -> dict[str, str]:
 
 def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
     return OPTIMIZERS[cfg.opt_name].make(cfg, lr)
+
+
+# lr_decay name -> the fraction of lr at progress p (0 at the start, 1 at lr_decay_end): 1 down to 0.1.
+LR_DECAYS = {
+    "cosine": lambda p: 0.1 + 0.9 * 0.5 * (1.0 + tf.cos(3.141592653589793 * p)),
+    "linear": lambda p: 1.0 - 0.9 * p,
+}
+
+
+def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
+    """Linear warmup from 0 to lr, then the lr_decay schedule down to 10% of lr at lr_decay_end."""
+    step = tf.cast(global_step, tf.float32)
+    decay_end = float(cfg.lr_decay_end or cfg.train_steps)
+    progress = tf.minimum(step / max(decay_end, 1.0), 1.0)
+    decayed = cfg.lr * LR_DECAYS[cfg.lr_decay](progress)
+    if cfg.warmup_steps > 0:
+        warmup = cfg.lr * step / float(cfg.warmup_steps)
+        return tf.where(step < cfg.warmup_steps, warmup, decayed)
+    return decayed

@@ -15,7 +15,8 @@ from data.create_tfrecords import create_tfrecords
 from data.errors import DataError
 from data.inputs import eval_dataset
 from data.tokenizer import load_for_config
-from evals import tasks as eval_tasks
+from data import eval_tasks
+from evals.tasks import checkpoint_scorer
 from cli.config_loading import load_config
 from config.schema import ConfigError
 from tiny import compute_logits, devices_for, tiny_config
@@ -140,7 +141,7 @@ def bigram_run(tmp_path_factory):
 
 
 def oracle_lambada(cfg, checkpoint):
-    """Accuracy and perplexity straight from the logits, per the definitions in evals/tasks.py."""
+    """Accuracy and perplexity straight from the logits, per the definitions in data/eval_tasks.py."""
     rows, spans = np.ones([len(LAMBADA), cfg.n_ctx], np.int32), []
     for row, (text, _) in enumerate(LAMBADA):
         ids = [2 + CYCLE.index(c) for c in text][-(cfg.n_ctx + 1):]  # contexts are cut from the left
@@ -221,7 +222,7 @@ def test_lambada_task_equals_the_harness_lambada_openai_on_the_same_file(bigram_
     assert "dataset_path: json" in local
     (tmp_path / "lambada_openai.yaml").write_text(local)
     placement, checkpoint = placement_for(cfg), str(root / "run" / "model.ckpt-0")
-    ours = eval_tasks.lambada(cfg, eval_tasks.checkpoint_scorer(cfg, placement, checkpoint), load_for_config(cfg))
+    ours = eval_tasks.lambada(cfg, checkpoint_scorer(cfg, placement, checkpoint), load_for_config(cfg))
     cfg = cfg.replace(eval_results_path=str(tmp_path / "results.jsonl"), model_path=str(root / "run"))
     theirs = harness.run_harness(cfg, placement, 0, harness.HarnessOptions(
         tasks=("lambada_openai",), include_path=str(tmp_path), output_path=str(tmp_path / "harness.json")))

@@ -1,6 +1,6 @@
 """models/optimizers.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer; which weights
-weight decay shrinks on the real model. train/optimizer.py: the learning-rate schedule, and the step whose rate
-each update applies."""
+weight decay shrinks on the real model; the learning-rate schedule, and the step whose rate each update
+applies."""
 import math
 import shutil
 
@@ -97,8 +97,8 @@ def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_pa
 
 
 def rates_at(cfg, steps) -> list:
-    """train/optimizer.py's learning rate for the update that starts at each global step of `steps`."""
-    from train.optimizer import learning_rate
+    """models/optimizers.py's learning rate for the update that starts at each global step of `steps`."""
+    from models.optimizers import learning_rate
     with tf.Graph().as_default(), tf.Session() as session:
         step = tf.placeholder(tf.int64, [])  # the global step's dtype
         rate = learning_rate(cfg, step)

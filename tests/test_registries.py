@@ -12,7 +12,6 @@ from runtime import checkpoints
 from runtime.checkpoints import CheckpointError
 from tiny import random_tokens, tiny_config, train
 from models import optimizers
-from train import optimizer
 
 
 def test_an_unknown_optimizer_decay_or_sampling_mode_lists_the_registered_ones():
@@ -26,11 +25,11 @@ def test_an_unknown_optimizer_decay_or_sampling_mode_lists_the_registered_ones()
 
 def test_a_registered_optimizer_decay_and_sampling_mode_are_accepted_and_used(monkeypatch):
     monkeypatch.setitem(optimizers.OPTIMIZERS, "sgd", optimizers.Optimizer(lambda cfg, lr: ("sgd", cfg.lr)))
-    monkeypatch.setitem(optimizer.LR_DECAYS, "constant", lambda progress: 1.0 + 0.0 * progress)
+    monkeypatch.setitem(optimizers.LR_DECAYS, "constant", lambda progress: 1.0 + 0.0 * progress)
     cfg = tiny_config(opt_name="sgd", lr_decay="constant", lr=0.5, warmup_steps=0)
     assert optimizers.make_optimizer(cfg, None) == ("sgd", 0.5)
     with tf.Graph().as_default(), tf.Session() as session:
-        assert session.run(optimizer.learning_rate(cfg, tf.constant(3))) == 0.5
+        assert session.run(optimizers.learning_rate(cfg, tf.constant(3))) == 0.5
 
     monkeypatch.setitem(inputs.SAMPLING_MODES, "documents_every", inputs.SamplingMode(prechunked=False))
     cfg = config_from_dict(dict(n_layer=1, n_embd=8, n_head=1, n_vocab=50257,

@@ -1,9 +1,9 @@
-"""The update in a training step, as mesh-tensorflow operations: learning-rate schedule, gradient clipping,
-the optimizer's assignments (gated for float16's loss scaling), then the step increment.
+"""The update in a training step, as mesh-tensorflow operations: gradient clipping, the optimizer's assignments
+(gated for float16's loss scaling), then the step increment.
 
-The config's `lr_decay` names an entry of LR_DECAYS: a new decay is one entry there, and the config accepts every
-registered name (cli/config_loading.py checks them). The optimizers themselves, and the names of their slots in a
-checkpoint, are models/optimizers.py's (every job that opens a checkpoint needs those names, not only training)."""
+The optimizers, the names of their slots in a checkpoint and the learning-rate schedule are registries of
+models/optimizers.py (below the jobs, where the config check reads them; every job that opens a checkpoint needs
+the slots' names, not only training)."""
 from __future__ import annotations
 
 import mesh_tensorflow as mtf
@@ -12,25 +12,6 @@ import tensorflow.compat.v1 as tf
 from config.schema import GPTConfig
 from models.kernels.matmul import matmul
 from models.optimizers import make_optimizer
-
-
-# lr_decay name -> the fraction of lr at progress p (0 at the start, 1 at lr_decay_end): 1 down to 0.1.
-LR_DECAYS = {
-    "cosine": lambda p: 0.1 + 0.9 * 0.5 * (1.0 + tf.cos(3.141592653589793 * p)),
-    "linear": lambda p: 1.0 - 0.9 * p,
-}
-
-
-def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
-    """Linear warmup from 0 to lr, then the lr_decay schedule down to 10% of lr at lr_decay_end."""
-    step = tf.cast(global_step, tf.float32)
-    decay_end = float(cfg.lr_decay_end or cfg.train_steps)
-    progress = tf.minimum(step / max(decay_end, 1.0), 1.0)
-    decayed = cfg.lr * LR_DECAYS[cfg.lr_decay](progress)
-    if cfg.warmup_steps > 0:
-        warmup = cfg.lr * step / float(cfg.warmup_steps)
-        return tf.where(step < cfg.warmup_steps, warmup, decayed)
-    return decayed
 
 
 def sum_of_squares(g: mtf.Tensor) -> mtf.Tensor:

@@ -8,9 +8,10 @@ import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
 from models import gpt
+from models.optimizers import learning_rate
 from runtime import meshes
 from train import loss_scale, objective
-from train.optimizer import apply_gradients, learning_rate, sum_of_squares, updates_then_step
+from train.optimizer import apply_gradients, sum_of_squares, updates_then_step
 
 
 def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
