@@ -90,8 +90,8 @@ def main(argv=None) -> int:
 def run(args) -> int:
     """The switchboard: the config read once, then the one job the flags ask for, each given its typed options."""
     from cli import device_flags, eval_flags, plan_flags, predict_flags, train_flags
-    from cli.config_loading import load_config
     from config.schema import warn_unrecorded_tokenizers
+    from loading.config import load_config
     from data import check as data_check
     from evals.job import run_evaluation
     from infer.job import run_export, run_prediction

@@ -50,7 +50,7 @@ tf.get_logger().setLevel("ERROR")
 from data.create_tfrecords import create_tfrecords  # noqa: E402
 from data.documents import list_input_files  # noqa: E402
 from data.inputs import DatasetSource, eval_dataset, train_dataset  # noqa: E402
-from cli.config_loading import load_config  # noqa: E402
+from loading.config import load_config, replace  # noqa: E402
 
 TOKENIZER = os.path.join(ROOT, "data", "tokenizers", "stdlib-bpe-4096.json")
 TARGET_RATIO = 10.0
@@ -95,7 +95,7 @@ def training_sequences_per_second(cfg, path: str, model_path: str, steps: int, w
     from runtime.devices import Placement
 
     use = cfg.datasets[0]
-    cfg = cfg.replace(model_path=model_path, train_steps=steps, steps_per_checkpoint=steps)
+    cfg = replace(cfg, model_path=model_path, train_steps=steps, steps_per_checkpoint=steps)
     times, losses = [], []
 
     def clock(step, values):

@@ -64,7 +64,7 @@ def worker_ours(args, names: list | None = None) -> dict:
     from runtime import devices
     from infer import run
     from models import sampling
-    from cli.config_loading import config_from_dict
+    from loading.config import config_from_dict
 
     tf.get_logger().setLevel("ERROR")
     names = names or devices.configure(["device:CPU:0"])

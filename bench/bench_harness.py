@@ -69,7 +69,7 @@ def prepare(args, folder: str) -> None:
     """The model config, a checkpoint of random weights, its HF folder, and the tasks, under `folder`."""
     import numpy as np
     import models  # noqa: F401
-    from cli.config_loading import load_config
+    from loading.config import load_config
     from models import gpt
     from tools import hf
 
@@ -100,7 +100,7 @@ def worker(side: str, folder: str, batch_size: int) -> dict:
     from evals import harness
     prepared = harness.prepare(harness.HarnessOptions(tasks=TASKS, include_path=os.path.join(folder, "tasks")))
     if side == "ours":
-        from cli.config_loading import load_config
+        from loading.config import load_config
         from data.tokenizer import load_for_config
         from evals.harness_model import CheckpointLM
         from runtime import devices

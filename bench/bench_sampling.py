@@ -29,7 +29,7 @@ from runtime import meshes  # noqa: E402
 from runtime.devices import Placement  # noqa: E402
 from runtime.mesh_session import MeshSession  # noqa: E402
 from models import sampling  # noqa: E402
-from cli.config_loading import config_from_dict  # noqa: E402
+from loading.config import config_from_dict  # noqa: E402
 
 
 def build(cfg, options, batch):

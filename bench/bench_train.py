@@ -65,7 +65,7 @@ def model_args(args) -> dict:
 
 
 def bench_config(m: dict, precision: str = "float32", model_path: str | None = None, train_steps: int = 10):
-    from cli.config_loading import config_from_dict
+    from loading.config import config_from_dict
     return config_from_dict(dict(
         n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], n_ctx=m["n_ctx"], n_vocab=m["n_vocab"],
         attention_types=[[["global", "local"], m["n_layer"] // 2]] if m["n_layer"] % 2 == 0 else

@@ -107,7 +107,7 @@ def exit_process(code: int) -> None:
 def selfcheck(args) -> int:
     """--selfcheck: the placement the device flags ask for (one CPU device by default), then the check
     (selfcheck/job.py) in a temporary folder, against the CPU with the same kernels' path."""
-    from cli.config_loading import config_from_dict
+    from loading.config import config_from_dict
     from runtime import placements
     from selfcheck import job
     asked = request(args)

@@ -37,7 +37,7 @@ def config_overrides(args) -> dict:
 
 
 def _config_path(args) -> str:
-    from cli.config_loading import resolve_config_path
+    from loading.config import resolve_config_path
     return resolve_config_path(args.model)
 
 

@@ -3,11 +3,11 @@ and the quantities derived from them that several parts of the code need (mesh a
 counts).
 
 This module is the bottom of the project: it imports nothing of it, and knows no model internals. Reading
-JSON, resolving dataset ids and the checks against the registries of attention types, activations, MoE
-hyperparameters, optimizers, sampling modes and input functions (data/inputs.py) and eval tasks are
-cli/config_loading.py's, above the models and data; so are the checks of a layout against the model's tensor
-dimensions (models/layout.py). Every problem is a `ConfigError` with a one-line message that says what to
-change.
+JSON, resolving dataset ids and the one check of a config are loading/config.py's, above the models and data:
+it runs `validate` here, then the checks against the registries of attention types, activations, MoE
+hyperparameters, optimizers, sampling modes and input functions, and eval tasks, and the checks of a layout
+against the model's tensor dimensions (models/layout.py); a changed copy of a config is its `replace`, which
+runs them all again. Every problem is a `ConfigError` with a one-line message that says what to change.
 """
 from __future__ import annotations
 
@@ -241,13 +241,6 @@ class GPTConfig:
         """The dataset whose tokenizer encodes prompts and decodes samples (the last, as GPT-Neo did)."""
         return self.datasets[-1].dataset if self.datasets else None
 
-    def replace(self, **changes) -> "GPTConfig":
-        """A copy with some fields changed, validated again by the checks here. List/object options may be given
-        as in JSON. (A copy on another mesh or layout: models/layout.py's `with_layout`, which also checks the
-        layout against the model's tensor dimensions.)"""
-        changes.update(parse_model_options(changes))
-        return validate(dataclasses.replace(self, **changes))
-
 
 # ----------------------------------------------------------------------------------------------------
 # Parsing helpers
@@ -283,7 +276,7 @@ def parse_layout(text: str) -> list[tuple[str, str]]:
 
 def expand_attention_types(compact: Any, n_layer: int) -> tuple:
     """[[["global", "local"], 6]] -> ("global", "local") * 6, checked against n_layer. (Whether each name is
-    a registered attention type is cli/config_loading.py's check.)"""
+    a registered attention type is loading/config.py's check.)"""
     if not isinstance(compact, list):
         raise ConfigError('attention_types must be a list like [[["global", "local"], 6]]')
     expanded = []
@@ -344,7 +337,7 @@ def parse_model_options(values: dict) -> dict:
         parsed["moe_layers"] = _int_list("moe_layers", values["moe_layers"])
     if values.get("moe_params") is not None:
         params = values["moe_params"]
-        if isinstance(params, (list, tuple)):  # already (key, value) pairs, e.g. from GPTConfig.replace
+        if isinstance(params, (list, tuple)):  # already (key, value) pairs, e.g. from loading/config.replace
             params = dict(params)
         if not isinstance(params, dict):
             raise ConfigError(f'moe_params must be an object like {{"moe_num_experts": 8}}, got {params!r}')
@@ -485,8 +478,8 @@ def _check_ranges(cfg: GPTConfig) -> None:
 
 
 def validate(cfg: GPTConfig) -> GPTConfig:
-    """Checks that hold between fields (those against the registries and the model's tensor dimensions are
-    cli/config_loading.py's). Raises ConfigError naming the fix."""
+    """Checks that hold between fields: the first part of loading/config.py's `check`, which goes on with those
+    against the registries and the model's tensor dimensions. Raises ConfigError naming the fix."""
     check_finite(cfg)  # first: NaN passes every comparison below
     check_counts({name: getattr(cfg, name) for name in LEAST_VALUES})
     if cfg.n_embd % cfg.n_head:

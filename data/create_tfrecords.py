@@ -595,7 +595,7 @@ def write_dataset_config(
     data (``eval_path``). Only that key is set; the other keeps its previous value, or is
     ``null`` until its split is written (a null ``eval_path`` means: no evaluation data; a
     null ``path``: nothing to train on yet). The file holds only the keys that
-    ``cli.config_loading.load_dataset_config`` accepts. Relative paths are written relative to the
+    ``loading.config.load_dataset_config`` accepts. Relative paths are written relative to the
     folder that holds ``configs/``, which is what the loader resolves them against. Refuses
     to mix splits encoded with different tokenizers, and train and eval globs that match the
     same files. Returns the config's path.

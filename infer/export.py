@@ -30,6 +30,7 @@ import tensorflow.compat.v1 as tf
 from runtime import checkpoints, meshes, runner
 from infer import outputs as inference
 from runtime.devices import Placement
+from loading.config import replace
 from models import gpt
 from config.schema import ConfigError, GPTConfig
 from models.optimizers import slot_patterns
@@ -59,7 +60,7 @@ def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_s
     checkpoints.check_writable(os.path.dirname(os.path.abspath(export_dir)),
                                "make it writable, or pass --export_dir to write the SavedModel elsewhere")
     batch = batch_size or cfg.predict_batch_size
-    one_device = cfg.replace(mesh_shape="all:1", layout="")
+    one_device = replace(cfg, mesh_shape="all:1", layout="")
 
     def step(mesh, impl, features):  # generation and logits on one mesh, lowered together
         dims = gpt.Dims.of(one_device, batch)

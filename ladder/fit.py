@@ -54,6 +54,7 @@ class FlopsPerToken:
     """FLOPs per training token of the shape the ladder's rule gives N (interpolated in log-log between shapes)."""
 
     def __init__(self, spec: LadderSpec):
+        from loading.config import replace
         from models import flops
         _, base = load_base(spec)
         loose = spec.rules.__class__(**{**spec.rules.__dict__, "size_tolerance": 0.5})
@@ -63,9 +64,9 @@ class FlopsPerToken:
                 shape = shape_for(base, float(target), loose)
             except LadderError:
                 continue
-            cfg = base.replace(n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head,
-                               attention_types=[base.attention_types[i % len(base.attention_types)]
-                                                for i in range(shape.n_layer)])
+            cfg = replace(base, n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head,
+                          attention_types=[base.attention_types[i % len(base.attention_types)]
+                                           for i in range(shape.n_layer)])
             ns.append(shape.non_embedding)
             fs.append(flops.training_flops_per_token(cfg))
         order = np.argsort(ns)
@@ -95,7 +96,7 @@ def frontier(theta, budgets: np.ndarray, fpt: FlopsPerToken) -> np.ndarray:
 
 def named_config(name: str) -> dict:
     """N (on the training graph) and D of a model config at its train_steps."""
-    from cli.config_loading import load_config
+    from loading.config import load_config
     from models import flops
     from plan import model_graph
     cfg = load_config(name)

@@ -19,9 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from cli.config_loading import config_from_dict, dataset_registry_for, resolve_config_path
 from config.schema import GPTConfig, batch_split, num_microbatches
-from models.layout import with_layout
+from loading.config import config_from_dict, dataset_registry_for, replace, resolve_config_path
 from plan import dry_run
 from plan.memory_check import available_host_bytes
 
@@ -122,7 +121,7 @@ def device_bytes(spec: LadderSpec) -> float:
 def place(cfg: GPTConfig, facts, memory: float, max_devices: int, name: str) -> tuple[GPTConfig, dry_run.Memory, str]:
     """The smallest mesh that fits with one sequence per micro-batch, then the largest micro-batch on it."""
     recompute = cfg.recompute_grad
-    one = cfg.replace(tokens_per_mb_per_replica=cfg.n_ctx)
+    one = replace(cfg, tokens_per_mb_per_replica=cfg.n_ctx)
     fit = dry_run.smallest_fit(one, facts, memory, recompute, max_devices=max_devices)
     if fit is None:
         least = dry_run.memory(facts, one, recompute).total
@@ -130,14 +129,14 @@ def place(cfg: GPTConfig, facts, memory: float, max_devices: int, name: str) -> 
             f"size {name} does not fit {max_devices} device(s) of {dry_run.human_bytes(memory)} even at one sequence "
             f"per micro-batch ({dry_run.human_bytes(least)} on one device, recompute_grad "
             f"{'on' if recompute else 'off'}): give more devices (\"devices\".count) or more memory per device")
-    placed = with_layout(cfg, fit.mesh_shape, fit.layout)
+    placed = replace(cfg, mesh_shape=fit.mesh_shape, layout=fit.layout)
     per_replica = placed.train_batch_size // batch_split(placed)
     for sequences in sorted((d for d in range(1, per_replica + 1) if per_replica % d == 0), reverse=True):
-        candidate = placed.replace(tokens_per_mb_per_replica=None if sequences == per_replica else sequences * cfg.n_ctx)
+        candidate = replace(placed, tokens_per_mb_per_replica=None if sequences == per_replica else sequences * cfg.n_ctx)
         used = dry_run.memory(facts, candidate, recompute)
         if used.total <= memory:
             return candidate, used, fit.family
-    return placed.replace(tokens_per_mb_per_replica=cfg.n_ctx), fit.memory, fit.family  # smallest_fit's own
+    return replace(placed, tokens_per_mb_per_replica=cfg.n_ctx), fit.memory, fit.family  # smallest_fit's own
 
 
 def make_ladder(spec: LadderSpec) -> Ladder:

@@ -6,8 +6,8 @@ config/schema.py's check.)
 Each part of the model declares its own dimensions: the trunk (embeddings, feed-forward, output) here,
 self-attention and every attention type in models/attention.py's registry (a type's entry also carries its
 own checks of a layout, such as local attention's blocks), mixture-of-experts layers in models/moe.py.
-cli/config_loading.py runs `check_layout` on every config it reads; a config moved to another mesh or layout
-in code (--auto_layout, --dry_run's candidates, tests) goes through `with_layout`.
+loading/config.py's check runs `check_layout` on every config it reads and every copy `replace` makes, a
+config moved to another mesh or layout in code (--auto_layout, --dry_run's candidates, tests) among them.
 """
 from __future__ import annotations
 
@@ -73,7 +73,3 @@ def check_layout(cfg: GPTConfig) -> GPTConfig:
         kind.check_layout(cfg)
     return cfg
 
-
-def with_layout(cfg: GPTConfig, mesh_shape: str, layout: str) -> GPTConfig:
-    """cfg on another mesh and layout, checked as a config read from disk is."""
-    return check_layout(cfg.replace(mesh_shape=mesh_shape, layout=layout))

@@ -36,7 +36,8 @@ from ortools.sat.python import cp_model
 
 from plan import model_graph
 from config.schema import ConfigError, GPTConfig, parse_mesh_shape
-from models.layout import tensor_dim_sizes, with_layout
+from loading.config import replace
+from models.layout import tensor_dim_sizes
 
 MESH_DIM_NAMES = ("x", "y", "z", "w")
 
@@ -294,7 +295,7 @@ class _Planner:
 def _check(cfg: GPTConfig, mesh_shape: str, layout: str) -> GPTConfig:
     """The config with the planned mesh and layout, validated as any config is."""
     try:
-        return with_layout(cfg, mesh_shape, layout)
+        return replace(cfg, mesh_shape=mesh_shape, layout=layout)
     except ConfigError as e:  # would be a planner bug: the solver is restricted to valid layouts
         raise ConfigError(f"planned layout {layout!r} on mesh {mesh_shape!r} does not validate: {e}")
 

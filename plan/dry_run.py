@@ -31,8 +31,8 @@ from typing import Optional
 
 import mesh_tensorflow as mtf
 
+from loading.config import replace
 from models import flops
-from models.layout import with_layout
 from models.sampling import incremental_unsupported
 from plan import model_graph
 from config.schema import ConfigError, GPTConfig, batch_split, num_microbatches
@@ -119,7 +119,7 @@ def _itemsize(dtype) -> int:
 def collect(cfg: GPTConfig, recompute_flags: tuple = (False, True)) -> GraphFacts:
     """Builds the training graph with and without recompute_grad and reads what planning needs (inference
     estimates need only the graph without: recompute_flags=(False,), half the time)."""
-    graphs = {flag: model_graph.build(cfg.replace(recompute_grad=flag), train=True) for flag in recompute_flags}
+    graphs = {flag: model_graph.build(replace(cfg, recompute_grad=flag), train=True) for flag in recompute_flags}
     plain = graphs[False]
     weights, optimizer, gradients, casts = TensorSet(), TensorSet(), TensorSet(), TensorSet()
     master = 0.0
@@ -181,8 +181,8 @@ def layer_kinds(cfg: GPTConfig) -> list:
 
 
 def _with_layers(cfg: GPTConfig, kinds: list) -> GPTConfig:
-    return cfg.replace(n_layer=len(kinds), attention_types=tuple(kind for kind, _ in kinds),
-                       moe_layers=tuple(layer for layer, (_, moe) in enumerate(kinds) if moe))
+    return replace(cfg, n_layer=len(kinds), attention_types=tuple(kind for kind, _ in kinds),
+                   moe_layers=tuple(layer for layer, (_, moe) in enumerate(kinds) if moe))
 
 
 def _extrapolated(base: TensorSet, more: list) -> Optional[TensorSet]:
@@ -361,7 +361,7 @@ def candidate_layouts(cfg: GPTConfig, n_devices: int, max_model_parallel: Option
 
     def add(mesh_shape, layout, family):
         try:
-            found.append((with_layout(cfg, mesh_shape, layout), family))
+            found.append((replace(cfg, mesh_shape=mesh_shape, layout=layout), family))
         except ConfigError:
             return
 

@@ -18,6 +18,7 @@ import tensorflow.compat.v1 as tf
 
 from train import objective as train_step
 from train.optimizer import apply_gradients
+from loading.config import replace
 from models import gpt
 from config.schema import GPTConfig
 
@@ -79,7 +80,7 @@ def reduced(cfg: GPTConfig, n_layer: int) -> GPTConfig:
     changes = dict(n_layer=n_layer, attention_types=tuple(cfg.attention_types[:n_layer]))
     if getattr(cfg, "moe_layers", None):  # per-layer options name layers: keep those that remain
         changes["moe_layers"] = tuple(layer for layer in cfg.moe_layers if layer < n_layer)
-    return cfg.replace(**changes)
+    return replace(cfg, **changes)
 
 
 class _DeclaredVariable:

@@ -43,7 +43,7 @@ def trained_workspace(tmp_path_factory):
     """A workspace (workspace.make_workspace's tiny model: 2 layers, global and local attention) trained on
     random tokens to step 2 with a checkpoint at each step (model.ckpt-1, model.ckpt-2). Shared by the whole
     session: copy it (workspace.copy_workspace) before running anything that writes."""
-    from cli.config_loading import load_config
+    from loading.config import load_config
     from runtime import checkpoints
     from tiny import random_tokens, train
     from workspace import make_workspace

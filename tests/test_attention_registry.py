@@ -9,9 +9,10 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from config.schema import ConfigError
+from loading.config import replace
 from models import flops
 from models.attention import ATTENTION, register
-from models.layout import tensor_dim_sizes, with_layout
+from models.layout import tensor_dim_sizes
 from models.sampling import incremental_unsupported
 from test_sampling import new_tokens, prompts, sample
 from tiny import random_tokens, tiny_config, train
@@ -57,7 +58,7 @@ def test_a_registered_attention_type_trains_decodes_and_counts_flops(toy):
     # Trains: the loss falls on a repeated batch.
     data = random_tokens([cfg.train_batch_size, cfg.n_ctx + 1])
     with tempfile.TemporaryDirectory() as folder:
-        losses = train(cfg.replace(model_path=folder, train_steps=6, steps_per_checkpoint=6), data)
+        losses = train(replace(cfg, model_path=folder, train_steps=6, steps_per_checkpoint=6), data)
         assert len(losses) == 6 and np.isfinite(losses).all() and losses[-1] < losses[0]
 
         # Decodes with the kv cache (its decode window), giving the tokens full recompute gives.
@@ -107,4 +108,4 @@ def test_an_attention_types_dimensions_and_layout_checks_come_from_its_entry(toy
         assert message in str(info.value) and "\n" not in str(info.value)
         # A config moved to another mesh and layout in code (--auto_layout, --dry_run) is checked the same way.
         with pytest.raises(ConfigError, match=re.escape(message)):
-            with_layout(tiny_config(**types), mesh_shape, layout)
+            replace(tiny_config(**types), mesh_shape=mesh_shape, layout=layout)

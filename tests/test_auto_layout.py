@@ -8,8 +8,8 @@ from mesh_tensorflow.auto_mtf import layout_optimizer
 
 import main
 from plan import auto_layout as layout_planner
-from cli.config_loading import load_config
-from models.layout import tensor_dim_sizes, with_layout
+from loading.config import load_config, replace
+from models.layout import tensor_dim_sizes
 from tiny import compute_logits, devices_for, random_tokens, tiny_config
 
 
@@ -45,7 +45,7 @@ def test_layout_is_restricted_to_config_dimensions_and_lowers_to_the_same_logits
     cfg = tiny_config()
     plan = layout_planner.auto_layout(cfg, mesh_shape="x:2,y:2")
     assert plan.mesh_shape == "x:2,y:2" and plan.planned_layers == cfg.n_layer
-    planned = with_layout(cfg, plan.mesh_shape, plan.layout)  # validates as a config
+    planned = replace(cfg, mesh_shape=plan.mesh_shape, layout=plan.layout)  # validates as a config
     assert planned.layout_rules, "nothing was split on a 4-device mesh"
     assert {dim for dim, _ in planned.layout_rules} <= set(tensor_dim_sizes(cfg))
     tokens = random_tokens([cfg.train_batch_size, cfg.n_ctx], seed=7)
@@ -66,7 +66,7 @@ def test_layout_and_mesh_shape_picks_the_lowest_peak_over_every_mesh():
     plan = layout_planner.auto_layout_and_mesh_shape(cfg, 4)
     assert [c[0] for c in plan.candidates] == ["x:4", "x:2,y:2"]
     assert plan.peak_bytes == min(c[2] for c in plan.candidates)
-    chosen = with_layout(cfg, plan.mesh_shape, plan.layout)
+    chosen = replace(cfg, mesh_shape=plan.mesh_shape, layout=plan.layout)
     assert chosen.n_devices == 4
     one = layout_planner.auto_layout_and_mesh_shape(cfg, 1)
     assert (one.mesh_shape, one.layout) == ("all:1", "")
@@ -78,7 +78,7 @@ def test_shipped_configs_plan_on_their_real_dimensions(name):
     cfg = load_config(name)
     plan = layout_planner.auto_layout(cfg, n_layer=2)
     assert plan.planned_layers == 2 and plan.n_layer == cfg.n_layer
-    planned = with_layout(cfg, plan.mesh_shape, plan.layout)  # loads and validates
+    planned = replace(cfg, mesh_shape=plan.mesh_shape, layout=plan.layout)  # loads and validates
     assert planned.mesh_shape == cfg.mesh_shape
     assert bool(planned.layout_rules) == (cfg.n_devices > 1)
     assert "first 2 of" in layout_planner.describe(plan, name, with_mesh=False)

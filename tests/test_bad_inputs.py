@@ -10,7 +10,7 @@ import sys
 import pytest
 import tensorflow.compat.v1 as tf
 
-from cli.config_loading import load_config
+from loading.config import load_config
 from data import create_tfrecords as ct
 from data.errors import DataError
 from data.inputs import token_stats

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from runtime import devices
-from cli.config_loading import config_from_dict, load_config
+from loading.config import config_from_dict, load_config
 from config.schema import CONFIG_DIR, FIELD_TYPES, ConfigError, GPTConfig, expand_attention_types, num_microbatches
 from models.layout import tensor_dim_sizes
 from models.moe import MOE_DEFAULT_EXPERTS
@@ -246,3 +246,42 @@ def test_the_schema_imports_nothing_of_the_project():
     project = {name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)) or name.endswith(".py")}
     assert {"models", "runtime", "config"} <= {p.removesuffix(".py") for p in project}
     assert not imported & {p.removesuffix(".py") for p in project}
+
+
+@pytest.mark.parametrize("change", [
+    dict(opt_name="adamw"), dict(lr_decay="step"), dict(activation_function="swish2"),
+    dict(attention_types=("global", "sparse")), dict(moe_layers=(1,), moe_params={"moe_experts": 4}),
+    dict(eval_tasks=("lambada",)), dict(input_fn="generic"), dict(mesh_shape="x:2", layout="nonsense:x"),
+    dict(mesh_shape="x:3", layout="heads:x"), dict(lr=0.0),
+], ids=lambda change: ",".join(change))
+def test_replace_is_checked_as_a_config_read_from_disk(change):
+    """A changed copy (training's precision, export's one device, the planner's layouts) passes every check a
+    config read from disk passes, with the same error line: the registries' names, an entry's own checks, the
+    layout against the model's dimensions, the checks between fields. Bug caught: replace running only the
+    schema's checks (validate), as GPTConfig.replace did."""
+    from loading.config import replace
+    read = error_of(**{key: list(value) if isinstance(value, tuple) else value for key, value in change.items()})
+    with pytest.raises(ConfigError) as info:
+        replace(config_from_dict(TINY), **change)
+    assert str(info.value) == read
+
+
+def test_nothing_below_the_command_line_imports_cli():
+    """cli/ is main.py's flag groups; configs are read and checked below the jobs (loading/config.py), so the
+    jobs, the runtime, the models, the data and the loading need nothing of it. Bug caught: a module below the
+    command line importing cli/ (to get a config, as tests/tiny.py, tools/hf.py and plan/ did)."""
+    import ast
+    root = os.path.dirname(CONFIG_DIR)
+    command_lines = {"main.py", "run_experiment.py", "cli", "tools", "bench", "tests"}
+    importers = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_")) and not (folder == root and d in command_lines)]
+        for name in files:
+            if not name.endswith(".py") or (folder == root and name in command_lines):
+                continue
+            tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+            imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+            imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+            if any(module == "cli" or module.startswith("cli.") for module in imported):
+                importers.append(os.path.relpath(os.path.join(folder, name), root))
+    assert importers == []

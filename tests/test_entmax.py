@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from loading.config import replace
 from models.entmax import entmax_loss, entmax_mtf, entmax_tf
 from models.sampling import SamplingOptions, choose_tokens_tf
 from test_option_numerics import run_mtf
@@ -120,10 +121,10 @@ def test_the_model_trains_on_the_entmax_loss_on_any_layout():
     expected = entmax_loss_np(logits, labels, 1.5).mean()
     assert compute_losses(cfg, inputs, labels, devices_for(cfg))["loss"] == pytest.approx(expected, rel=1e-4)
     # The vocabulary split over two devices: the same loss.
-    split = cfg.replace(mesh_shape="x:2", layout="vocab:x")
+    split = replace(cfg, mesh_shape="x:2", layout="vocab:x")
     assert compute_losses(split, inputs, labels, devices_for(split))["loss"] == pytest.approx(expected, rel=1e-4)
     with tempfile.TemporaryDirectory() as folder:
-        losses = train(cfg.replace(model_path=folder, train_steps=6, steps_per_checkpoint=6), tokens)
+        losses = train(replace(cfg, model_path=folder, train_steps=6, steps_per_checkpoint=6), tokens)
     assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0]
 
 

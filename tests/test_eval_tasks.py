@@ -17,7 +17,7 @@ from data.inputs import eval_dataset
 from data.tokenizer import load_for_config
 from data import eval_tasks
 from evals.tasks import checkpoint_scorer
-from cli.config_loading import load_config
+from loading.config import load_config, replace
 from config.schema import ConfigError
 from tiny import compute_logits, devices_for, tiny_config
 from workspace import run_main_in_process
@@ -223,7 +223,7 @@ def test_lambada_task_equals_the_harness_lambada_openai_on_the_same_file(bigram_
     (tmp_path / "lambada_openai.yaml").write_text(local)
     placement, checkpoint = placement_for(cfg), str(root / "run" / "model.ckpt-0")
     ours = eval_tasks.lambada(cfg, checkpoint_scorer(cfg, placement, checkpoint), load_for_config(cfg))
-    cfg = cfg.replace(eval_results_path=str(tmp_path / "results.jsonl"), model_path=str(root / "run"))
+    cfg = replace(cfg, eval_results_path=str(tmp_path / "results.jsonl"), model_path=str(root / "run"))
     theirs = harness.run_harness(cfg, placement, 0, harness.HarnessOptions(
         tasks=("lambada_openai",), include_path=str(tmp_path), output_path=str(tmp_path / "harness.json")))
     assert ours["lambada_acc"] == 0.75 and theirs["lambada_openai"]["acc"] == 0.75

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import corpus
 import main
-from cli.config_loading import load_config
+from loading.config import load_config
 from config.schema import ConfigError, TokenizerId
 from data.create_tfrecords import create_tfrecords
 from data.tokenizer import load_tokenizer

@@ -7,6 +7,7 @@ import tensorflow.compat.v1 as tf
 
 from config.schema import ConfigError
 from conftest import CPU_DEVICES
+from loading.config import replace
 from models import layers
 from models.activations import activation_for
 from models.attention import ATTENTION, AttentionContext
@@ -45,7 +46,7 @@ def test_float16_trains_close_to_float32(tmp_path):
     on this run: float16 4e-4, bfloat16 3e-3). The first step's gradient norm (same weights, same batch) is
     float32's: the gradients are unscaled. The loss scale stays at its initial 2**15: nothing overflows."""
     fp32 = tiny_config(lr=1e-2, model_path=str(tmp_path / "fp32"), train_steps=6, steps_per_checkpoint=6)
-    fp16 = fp32.replace(precision="float16", model_path=str(tmp_path / "fp16"))
+    fp16 = replace(fp32, precision="float16", model_path=str(tmp_path / "fp16"))
     a, b = train_logged(fp32, 6), train_logged(fp16, 6)
     losses_32, losses_16 = ([v["loss"] for v in run] for run in (a, b))
     assert losses_16[-1] < 0.7 * losses_16[0]
@@ -108,7 +109,7 @@ def test_the_scale_grows_after_its_window_and_a_resumed_run_keeps_it(tmp_path):
     scale doubles after every 2 finite steps, and a resumed run goes on with the stored scale and count of
     finite steps. Variable names are the float32 run's plus the two loss-scale variables."""
     fp32 = tiny_config(model_path=str(tmp_path / "run"), train_steps=5, steps_per_checkpoint=100)
-    fp16 = fp32.replace(precision="float16", initial_loss_scale=1024.0, loss_scale_window=2)
+    fp16 = replace(fp32, precision="float16", initial_loss_scale=1024.0, loss_scale_window=2)
     train_logged(fp32, 1)
     names_32 = set(stored(checkpoints.latest(fp32.model_path)))
     first = train_logged(fp16, 4)  # steps 2, 3, 4
@@ -189,7 +190,7 @@ def test_float16_decodes_like_float32():
     fp32 = tiny_config(local_attention_radius=4)
     tokens = random_tokens([2, fp32.n_ctx], seed=1)
     outputs = []
-    for cfg in (fp32, fp32.replace(precision="float16")):
+    for cfg in (fp32, replace(fp32, precision="float16")):
         options = SamplingOptions.from_config(cfg, max_new_tokens=6, padding_id=0, temperature=0.0)
         features = {"tokens": tokens, "prompt_length": np.array([3, 5], np.int32), "seed": np.array([7, 7], np.int32)}
         outputs.append(run_predict(cfg, features, devices_for(cfg), options=options)["tokens"])

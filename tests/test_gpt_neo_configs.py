@@ -13,7 +13,7 @@ import pytest
 
 import main
 from cli import predict_flags
-from cli.config_loading import config_from_dict, load_config
+from loading.config import config_from_dict, load_config
 from config.schema import ConfigError
 from data.inputs import DatasetSource
 from models import moe

@@ -60,7 +60,7 @@ def test_tiny_model_trains_on_the_gpu_as_on_the_cpu(tmp_path, gpu_placement, pre
     tolerance, and every weight after the first and the last step within a share of how far training moved
     it. tests/test_selfcheck.py shows on the CPU that this fails when the update is removed (in bfloat16)."""
     import dataclasses
-    from cli.config_loading import config_from_dict
+    from loading.config import config_from_dict
     from selfcheck import job
 
     on_gpu, on_cpu = job.model_settings(1, precision, str(tmp_path))

@@ -13,7 +13,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from cli.config_loading import load_config  # noqa: E402
+from loading.config import load_config  # noqa: E402
 from evals import harness  # noqa: E402
 from tiny import checkpoint_of_order_one_weights, placement_for  # noqa: E402
 from workspace import REPO, make_workspace  # noqa: E402

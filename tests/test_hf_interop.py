@@ -11,7 +11,7 @@ import tensorflow.compat.v1 as tf
 
 import main
 from data.tokenizer import load_tokenizer
-from cli.config_loading import load_config
+from loading.config import load_config, replace
 from tiny import checkpoint_of_order_one_weights, compute_logits, devices_for, random_tokens, tiny_config, train
 from tools import hf
 from workspace import REPO, TOKENIZER, make_workspace, run_python
@@ -92,7 +92,7 @@ def test_our_checkpoint_becomes_a_folder_transformers_loads_with_equal_logits(tm
     assert tokenizer.eos_token_id == 0 and tokenizer.pad_token_id == 1
 
     with pytest.raises(hf.ConversionError, match="attention types"):
-        hf.check_convertible(cfg.replace(attention_types=("global", "local", "global", "none")))
+        hf.check_convertible(replace(cfg, attention_types=("global", "local", "global", "none")))
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 
 from workspace import TOKENIZER, make_workspace
 
-from cli.config_loading import load_config
+from loading.config import load_config, replace
 from ladder import cli as ladder_cli
 from ladder import fit as ladder_fit
 from ladder import plan as ladder_plan
@@ -110,8 +110,8 @@ def test_plan_agrees_with_dry_run_on_each_sizes_config(tmp_path, capsys):
     base = make_workspace(tmp_path)
     probe = ladder_plan.make_ladder(load_spec(write_spec(tmp_path, base, sizes=["51K"])))
     size = probe.sizes[0]
-    memory = (ladder_plan.dry_run.memory(ladder_plan.dry_run.collect(size.cfg), size.cfg.replace(
-        tokens_per_mb_per_replica=size.cfg.n_ctx), False).total + size.memory_per_device) / 2
+    memory = (ladder_plan.dry_run.memory(ladder_plan.dry_run.collect(size.cfg), replace(
+        size.cfg, tokens_per_mb_per_replica=size.cfg.n_ctx), False).total + size.memory_per_device) / 2
     spec = load_spec(write_spec(tmp_path, base, sizes=["6.6K", "51K"],
                                 devices={"count": 2, "kind": "cpu", "memory": f"{memory:.0f}B"}))
     ladder = ladder_plan.make_ladder(spec)

@@ -6,7 +6,7 @@ import os
 import pytest
 
 import main
-from cli.config_loading import load_config
+from loading.config import load_config, replace
 from plan import dry_run, memory_check
 from runtime.cluster import ClusterPlacement
 from runtime.devices import Placement
@@ -169,7 +169,7 @@ def test_the_inference_estimate_has_no_optimizer_state_and_counts_the_kv_cache()
     assert predict.kv_cache == (2 * cfg.n_layer * 4 * cfg.n_ctx * cfg.n_embd
                                 + cfg.n_layer * 3 * cfg.n_embd ** 2) * facts.activation_itemsize
     assert predict.total < training.total and evaluate.total < training.total
-    assert dry_run.inference_memory(facts, cfg.replace(kv_cache=False), "predict").kv_cache == 0
+    assert dry_run.inference_memory(facts, replace(cfg, kv_cache=False), "predict").kv_cache == 0
     cpu = Placement(devices=("/device:CPU:0",))
     need = facts.master_weight_bytes + predict.total
     assert "available" in memory_check.check_inference(cfg, cpu, "tiny", "predict", available=need * 1.01)
@@ -185,7 +185,7 @@ def test_gpus_are_compared_with_their_free_memory(monkeypatch):
     cfg = tiny_config(train_batch_size=8, n_ctx=64, recompute_grad=True)
     plan = dry_run.make_plan(cfg)
     two = Placement(devices=("/device:GPU:0", "/device:GPU:1"))
-    cfg2 = cfg.replace(mesh_shape="x:2", layout="batch:x")
+    cfg2 = replace(cfg, mesh_shape="x:2", layout="batch:x")
     per_device2 = dry_run.make_plan(cfg2).memory[True].total
     host = plan.facts.master_bytes * 2
     fits = memory_check.check_training(cfg2, two, "tiny", available=host,

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from data.mlm import mask_dataset, mask_tokens, unmaskable_ids
 from config.schema import ConfigError
+from loading.config import replace
 from tiny import compute_logits, compute_losses, devices_for, random_tokens, tiny_config
 
 PAD, MASK, CLS, SEP = 0, 63, 61, 62
@@ -52,7 +53,7 @@ def test_masking_is_a_function_of_seed_and_step():
     np.testing.assert_array_equal(first[0], again[0])
     np.testing.assert_array_equal(first[1], again[1])
     assert np.any(first[1] != masked(cfg, tokens, 8)[1])
-    assert np.any(first[1] != masked(cfg.replace(seed=99), tokens, 7)[1])
+    assert np.any(first[1] != masked(replace(cfg, seed=99), tokens, 7)[1])
 
 
 def test_cls_token_is_prepended_and_never_masked():

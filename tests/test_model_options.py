@@ -5,6 +5,7 @@ relative positions, micro-batching, bf16, recompute, z-loss, MLM masking and los
 import numpy as np
 import pytest
 
+from loading.config import replace
 from tiny import compute_logits, compute_losses, devices_for, random_tokens, run_training, tiny_config
 
 MOE = dict(moe_layers=[1], moe_params={"moe_num_experts": 4})
@@ -84,7 +85,7 @@ def test_option_gives_the_same_loss_on_a_model_parallel_mesh(name):
     inputs, labels = pattern_batches(cfg, count=1)[0]
     inputs = random_tokens(inputs.shape, seed=3) if cfg.causal else inputs  # any tokens do for a causal model
     one = compute_losses(cfg, inputs, labels, devices_for(cfg))
-    split = cfg.replace(mesh_shape="x:2,y:2", layout=OPTIONS[name][1])
+    split = replace(cfg, mesh_shape="x:2,y:2", layout=OPTIONS[name][1])
     four = compute_losses(split, inputs, labels, devices_for(split))
     assert one.keys() == four.keys()
     for key in one:

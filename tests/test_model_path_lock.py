@@ -15,6 +15,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
+from loading.config import replace
 from runtime import checkpoints
 from runtime.lock import LOCK, LockedError, TrainerLock, read
 from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
@@ -104,7 +105,7 @@ def three_checkpoints(tmp_path_factory):
 def copy_of(cfg, tmp_path):
     import shutil
     shutil.copytree(cfg.model_path, tmp_path / "run")
-    return cfg.replace(model_path=str(tmp_path / "run"))
+    return replace(cfg, model_path=str(tmp_path / "run"))
 
 
 def remove_checkpoint(model_path, step):

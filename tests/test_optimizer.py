@@ -10,6 +10,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import CPU_DEVICES
+from loading.config import replace
 from models.kernels import common
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config
 from train import loop
@@ -80,7 +81,7 @@ def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_pa
 
     after, learning_rates = {}, {}
     for decay in (0.0, 0.5):
-        run = cfg.replace(model_path=str(tmp_path / f"decay_{decay}"), weight_decay=decay)
+        run = replace(cfg, model_path=str(tmp_path / f"decay_{decay}"), weight_decay=decay)
         shutil.copytree(cfg.model_path, run.model_path)
         loop.train(run, placement_for(run), fixed_batches(data, run.train_batch_size),
                    on_step=lambda step, values: learning_rates.update({decay: float(values["learning_rate"])}))

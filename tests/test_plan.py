@@ -13,10 +13,9 @@ import tensorflow.compat.v1 as tf
 import main
 from conftest import CPU_DEVICES
 from models import flops
-from models.layout import with_layout
 from plan import model_graph
 from plan import dry_run as plan
-from cli.config_loading import load_config
+from loading.config import load_config, replace
 from config.schema import CONFIG_DIR, ConfigError, num_microbatches
 from runtime import meshes
 from runtime.devices import Placement
@@ -80,7 +79,7 @@ def test_weight_and_optimizer_bytes_match_what_the_placement_mesh_allocates(mesh
             real = allocated[(device, kind)]
             assert abs(estimated - real) <= 0.05 * real, (device, kind, estimated, real)
     # The layout really splits weights (so matching is not a replicated full copy matching itself).
-    whole = plan.memory(plan.collect(cfg), cfg.replace(mesh_shape="all:1", layout=""), recompute=False)
+    whole = plan.memory(plan.collect(cfg), replace(cfg, mesh_shape="all:1", layout=""), recompute=False)
     assert estimate.weights < whole.weights and estimate.optimizer < whole.optimizer
 
 
@@ -119,11 +118,11 @@ def test_activation_estimates_follow_recompute_batch_and_layout():
     assert on.activations_saved < 0.5 * off.activations_saved  # only block inputs are kept
     assert on.activations_working > off.activations_working     # one block is rebuilt in the backward pass
     assert on.weights == off.weights and on.optimizer == off.optimizer == 2 * off.weights  # Adam: m and v
-    split = cfg.replace(mesh_shape="x:2", layout="batch:x")
+    split = replace(cfg, mesh_shape="x:2", layout="batch:x")
     halved = plan.memory(facts, split, False)
     assert halved.activations_saved == pytest.approx(off.activations_saved / 2, rel=0.02)
     assert halved.weights == off.weights  # data parallel keeps a full copy of the weights everywhere
-    micro = cfg.replace(tokens_per_mb_per_replica=2 * cfg.n_ctx)  # 8 sequences -> 4 micro-batches of 2
+    micro = replace(cfg, tokens_per_mb_per_replica=2 * cfg.n_ctx)  # 8 sequences -> 4 micro-batches of 2
     assert num_microbatches(micro, micro.train_batch_size) == 4
     per_micro = plan.memory(facts, micro, False)
     assert per_micro.activations_saved == pytest.approx(off.activations_saved / 4, rel=0.02)
@@ -183,7 +182,7 @@ def test_smallest_mesh_that_fits():
     assert fit.n_devices == 1 and fit.mesh_shape == "all:1"
     fit = plan.smallest_fit(cfg, facts, 0.6 * one, recompute=False)
     assert fit is not None and fit.n_devices > 1 and fit.memory.total <= 0.6 * one
-    chosen = with_layout(cfg, fit.mesh_shape, fit.layout)
+    chosen = replace(cfg, mesh_shape=fit.mesh_shape, layout=fit.layout)
     assert chosen.n_devices == fit.n_devices
     assert plan.memory(facts, chosen, False).total == fit.memory.total
     # Nothing on half as many devices fits.
@@ -229,7 +228,7 @@ def test_dry_run_cli(capsys):
     assert "does NOT fit" in out  # a 1.3B model with Adam is more than one 16 GB device holds
     fit = re.search(r"smallest mesh that fits, recompute_grad on: (\d+) devices, --mesh_shape (\S+) --layout (\S+)", out)
     assert fit, out
-    fitted = with_layout(cfg, fit.group(2), fit.group(3))
+    fitted = replace(cfg, mesh_shape=fit.group(2), layout=fit.group(3))
     assert fitted.n_devices == int(fit.group(1)) > 1
     assert plan.memory(plan.collect(cfg), fitted, recompute=True).total <= 16e9
     assert "| loss" not in out and not os.path.exists(os.path.join(cfg.model_path, "checkpoint"))  # nothing trained

@@ -3,7 +3,7 @@ units, an explicit precision kept with a warning where it is the slower one, the
 /proc/cpuinfo, and the training start-up line naming the precision that trained."""
 import pytest
 
-from cli.config_loading import load_config
+from loading.config import load_config
 from runtime import precision
 from runtime.devices import Placement
 from train import job

@@ -9,7 +9,7 @@ import pytest
 
 from data.tokenizer import load_tokenizer
 from infer.export import export_saved_model
-from cli.config_loading import load_config
+from loading.config import load_config
 from config.schema import ConfigError
 from tiny import compute_logits, devices_for
 from workspace import TOKENIZER, copy_workspace, run_main_in_process as run_main, run_python

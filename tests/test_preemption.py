@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import main
+from loading.config import replace
 from runtime import checkpoints
 from runtime.preemption import StopOnSignal
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
@@ -84,7 +85,7 @@ def test_sigterm_in_the_loop_stops_after_the_step_with_exit_code_143(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before  # the handler was put back
 
     # Stopped before the first step of a new run: nothing to save, and the line says so.
-    fresh = cfg.replace(model_path=str(tmp_path / "fresh"))
+    fresh = replace(cfg, model_path=str(tmp_path / "fresh"))
     stop = StopOnSignal(say=lambda *a, **k: None)
     stop.request(signal.SIGTERM)
     with pytest.raises(loop.Interrupted) as stopped:

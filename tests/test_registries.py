@@ -1,10 +1,10 @@
-"""The names a config may use come from the registries that define them (cli/config_loading.py checks them):
+"""The names a config may use come from the registries that define them (loading/config.py checks them):
 an optimizer, a learning-rate decay or a sampling mode added to its registry is accepted by the config with no
 other change, and an unknown name is one error naming the registered ones."""
 import pytest
 import tensorflow.compat.v1 as tf
 
-from cli.config_loading import config_from_dict
+from loading.config import config_from_dict, replace
 from config.schema import ConfigError
 from data import inputs
 from models import gpt
@@ -46,7 +46,7 @@ def test_a_checkpoint_of_one_optimizer_opened_for_another_is_one_line_from_the_s
     checkpoints.check_fits(checkpoint, gpt.variable_shapes(adam), slot_patterns=optimizers.slot_patterns())
     with pytest.raises(CheckpointError, match=r"gpt2/\S+/adam_[mv] \[.*\] is in the checkpoint but not in this"):
         checkpoints.check_fits(checkpoint, gpt.variable_shapes(adam))  # without the patterns: unknown variables
-    adafactor = adam.replace(opt_name="adafactor", beta1=0.0, train_steps=2)
+    adafactor = replace(adam, opt_name="adafactor", beta1=0.0, train_steps=2)
     with pytest.raises(CheckpointError) as info:
         train(adafactor, random_tokens([adam.train_batch_size, adam.n_ctx + 1]))
     message = str(info.value)

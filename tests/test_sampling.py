@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from config.schema import option
+from loading.config import replace
 from models.attention import ATTENTION, FULL_RECOMPUTE
 from models.sampling import SamplingOptions, incremental_unsupported, uses_cache
 from tiny import (checkpoint_of_order_one_weights, compute_logits, devices_for, random_tokens, run_predict,
@@ -113,7 +114,7 @@ def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, samp
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape,layout", [("x:2,y:2", "batch:x,heads:y"), ("x:2", "vocab:x")])
 def test_samples_are_the_same_on_every_layout(cfg, rows, sampled, mesh_shape, layout):
-    split = sample(cfg.replace(mesh_shape=mesh_shape, layout=layout), *rows, **SAMPLED)
+    split = sample(replace(cfg, mesh_shape=mesh_shape, layout=layout), *rows, **SAMPLED)
     np.testing.assert_array_equal(split[0], sampled[0])
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from loading.config import replace
 from runtime import checkpoints, runner
 from train import loop
 from train.divergence import Diverged
@@ -82,7 +83,7 @@ def test_checkpoint_holds_gpt_neo_variables_with_their_shapes(straight):
 def test_resume_continues_step_count_and_loss_curve(straight, tmp_path):
     """Bug caught: the input pipeline handed step 0 on a resume (the first batches trained again)."""
     cfg, data, straight_losses, _ = straight
-    resumed = cfg.replace(model_path=str(tmp_path / "resumed"))
+    resumed = replace(cfg, model_path=str(tmp_path / "resumed"))
     first = train(resumed, data, steps=2)
     assert int(tf.train.load_variable(checkpoints.latest(resumed.model_path), "global_step")) == 2
     second = train(resumed, data, steps=4)  # a new graph and session: restores weights and Adam state
@@ -106,7 +107,7 @@ ESTIMATOR_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tf215_e
 
 def test_a_checkpoint_the_tf215_estimator_wrote_resumes_here(straight, tmp_path):
     cfg, data, straight_losses, straight_weights = straight
-    resumed = cfg.replace(model_path=str(tmp_path / "resumed"))
+    resumed = replace(cfg, model_path=str(tmp_path / "resumed"))
     shutil.copytree(ESTIMATOR_FIXTURE, resumed.model_path)
     assert checkpoints.steps(resumed.model_path)[-1] == 2
     # Weights and Adam's state restored: the last two steps are the straight run's, to rounding (the first two
@@ -120,7 +121,7 @@ def test_a_checkpoint_the_tf215_estimator_wrote_resumes_here(straight, tmp_path)
 @pytest.mark.slow
 def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(straight, tmp_path, monkeypatch):
     straight_cfg, data, _, straight_weights = straight
-    cfg = straight_cfg.replace(model_path=str(tmp_path / "run"))
+    cfg = replace(straight_cfg, model_path=str(tmp_path / "run"))
     rename = tf.io.gfile.rename
 
     def dies_at_the_index(source, target, overwrite=False):
@@ -165,7 +166,7 @@ def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(tm
 def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exactly(straight, tmp_path):
     straight_cfg, data, straight_losses, _ = straight
     # No scheduled checkpoint before the end: the one at step 2 is the interruption's.
-    cfg = straight_cfg.replace(model_path=str(tmp_path / "run"), steps_per_checkpoint=4)
+    cfg = replace(straight_cfg, model_path=str(tmp_path / "run"), steps_per_checkpoint=4)
 
     def press_ctrl_c(step, values):
         if step == 2:

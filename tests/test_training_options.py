@@ -13,6 +13,7 @@ from train import loop
 from runtime.summaries import summary_writer
 from train.progress import TrainingLog
 from config.schema import ConfigError, num_microbatches
+from loading.config import replace
 from models import flops
 from tiny import (compute_gradients, compute_logits, compute_losses, devices_for, fixed_batches, placement_for,
                   random_tokens, run_predict, run_training, tiny_config)
@@ -35,7 +36,7 @@ def mlm_batch(cfg, seed=0):
 @pytest.mark.parametrize("overrides", [{}, dict(MLM, **MOE)], ids=["lm", "mlm_moe"])
 def test_a_step_in_micro_batches_equals_a_step_on_the_whole_batch(overrides):
     whole = tiny_config(**overrides)
-    split = whole.replace(tokens_per_mb_per_replica=whole.n_ctx)  # one sequence per micro-batch
+    split = replace(whole, tokens_per_mb_per_replica=whole.n_ctx)  # one sequence per micro-batch
     assert num_microbatches(split, split.train_batch_size) == 4
     batch = (mlm_batch if whole.mlm_training else lm_batch)(whole)
     a = run_training(whole, [batch], devices_for(whole), steps=1)
@@ -55,7 +56,7 @@ def test_a_step_in_micro_batches_equals_a_step_on_the_whole_batch(overrides):
 @pytest.mark.parametrize("n_ctx", [16, 256], ids=["ctx16", "ctx256-causal-blocks"])  # 256: blocked attention
 def test_bfloat16_trains_close_to_float32(n_ctx):
     fp32 = tiny_config(lr=1e-2, n_ctx=n_ctx)
-    bf16 = fp32.replace(precision="bfloat16")
+    bf16 = replace(fp32, precision="bfloat16")
     pattern = (np.arange(2 * 4 * (n_ctx + 1)).reshape(2, 4, n_ctx + 1) % 7 + 1).astype(np.int32)
     batches = [(w[:, :-1], w[:, 1:]) for w in pattern]
     a = run_training(fp32, batches, devices_for(fp32), steps=6)
@@ -73,9 +74,9 @@ def test_recompute_grad_gives_the_same_gradients():
     cfg = tiny_config(**MOE)
     batch = lm_batch(cfg)
     a = run_training(cfg, [batch], devices_for(cfg), steps=1)
-    b = run_training(cfg.replace(recompute_grad=True), [batch], devices_for(cfg), steps=1)
+    b = run_training(replace(cfg, recompute_grad=True), [batch], devices_for(cfg), steps=1)
     np.testing.assert_allclose(b.objectives, a.objectives, rtol=1e-6)
-    grads_a, grads_b = (compute_gradients(c, *batch, devices_for(c)) for c in (cfg, cfg.replace(recompute_grad=True)))
+    grads_a, grads_b = (compute_gradients(c, *batch, devices_for(c)) for c in (cfg, replace(cfg, recompute_grad=True)))
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
         np.testing.assert_allclose(grads_b[name], grads_a[name], rtol=0, atol=1e-6, err_msg=name)
@@ -101,7 +102,7 @@ def test_all_options_together_train_alike_on_one_device_and_a_2x2_mesh():
     cfg = tiny_config(**EVERYTHING)
     batches = [lm_batch(cfg, seed) for seed in range(2)]
     one = run_training(cfg, batches, devices_for(cfg), steps=2)
-    split = cfg.replace(mesh_shape="x:2,y:2", layout="batch:x,heads:y,experts:y")
+    split = replace(cfg, mesh_shape="x:2,y:2", layout="batch:x,heads:y,experts:y")
     four = run_training(split, batches, devices_for(split), steps=2)
     np.testing.assert_allclose(four.losses, one.losses, rtol=0, atol=1e-5)
     np.testing.assert_allclose(four.moe_losses, one.moe_losses, rtol=0, atol=1e-5)
@@ -191,7 +192,7 @@ def logged_speed(cfg, peak_flops, seconds_per_step, monkeypatch):
 
 def test_mfu_divides_the_meshs_flops_per_device_by_one_devices_peak(monkeypatch):
     one = tiny_config(train_steps=10)
-    four = one.replace(mesh_shape="x:4", layout="batch:x")
+    four = replace(one, mesh_shape="x:4", layout="batch:x")
     flops_per_step = one.train_batch_size * one.n_ctx * flops.training_flops_per_token(one)
     peak = 2 * flops_per_step  # one device at this peak does a step in 0.5 s: MFU 50% at 1 s per step
     line_1, scalars_1 = logged_speed(one, peak, 1.0, monkeypatch)

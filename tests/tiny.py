@@ -9,7 +9,7 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from cli.config_loading import config_from_dict
+from loading.config import config_from_dict, replace
 from config.schema import GPTConfig
 from infer.run import predict
 from models import gpt
@@ -100,7 +100,7 @@ def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) 
                               if name.startswith("grad_norm/")}
 
     with tempfile.TemporaryDirectory() as folder:
-        cfg = cfg.replace(model_path=folder, train_steps=steps, steps_per_checkpoint=steps)
+        cfg = replace(cfg, model_path=folder, train_steps=steps, steps_per_checkpoint=steps)
         loop.train(cfg, Placement(devices=tuple(devices)), dataset, on_step=record)
         checkpoint = checkpoints.latest(folder)
         names = [name for name, _ in tf.train.list_variables(checkpoint)]

@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 from models import gpt  # noqa: E402  (first: the models package makes mesh-tensorflow importable)
 from console import ArgumentParser  # noqa: E402
 from runtime import checkpoints  # noqa: E402
-from cli.config_loading import config_from_dict, dataset_registry_for, load_config, read_json  # noqa: E402
+from loading.config import config_from_dict, dataset_registry_for, load_config, read_json, replace  # noqa: E402
 from config.schema import ConfigError, GPTConfig  # noqa: E402
 
 SAFETENSORS = "model.safetensors"
@@ -406,7 +406,7 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     missing = sorted(set(shapes) - set(state))
     if missing:
         raise ConversionError(f"no weights for {missing[:3]}{' ...' if len(missing) > 3 else ''}")
-    one_device = cfg.replace(mesh_shape="all:1", layout="", train_batch_size=1)
+    one_device = replace(cfg, mesh_shape="all:1", layout="", train_batch_size=1)
     graph = tf.Graph()
     with graph.as_default():
         zeros = tf.zeros([1, cfg.n_ctx], tf.int32)
@@ -569,7 +569,7 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
     `own_text` encodes a folder of text with the model's tokenizer into a new dataset to train on. Needs no
     PyTorch."""
     from transformers import GPTNeoConfig
-    from cli.config_loading import resolve_config_path
+    from loading.config import resolve_config_path
 
     config_path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(config_path):
@@ -629,7 +629,7 @@ def from_neo(neo_dir: str, config_out: str, model_path: str, tokenizer_dir: str,
     release ships no tokenizer: tokenizer_dir is a folder with GPT-2's files (a released HF GPT-Neo folder has
     them), recorded as the model's."""
     import tensorflow.compat.v1 as tf
-    from cli.config_loading import resolve_config_path
+    from loading.config import resolve_config_path
 
     config_path = os.path.join(neo_dir, "config.json")
     if not os.path.isfile(config_path):

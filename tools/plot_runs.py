@@ -45,7 +45,7 @@ def run_numbers(model_path: str, model: str | None = None) -> dict:
     if info is not None and not {"tokens_per_step", "flops_per_token"} <= set(info):
         info = None  # written by a damaged or foreign run_info.json: as good as none
     if info is None and model:
-        from cli.config_loading import load_config
+        from loading.config import load_config
         from tools.runs import run_info
         info = run_info(load_config(model))
     if info is None:

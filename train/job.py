@@ -11,6 +11,7 @@ from data.inputs import DatasetSource, check_train_sources, train_dataset
 from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals import harness, tasks, validation
+from loading.config import replace
 from models import gpt
 from runtime import checkpoints
 from runtime.devices import Placement
@@ -89,7 +90,7 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
         return start
     # "auto" becomes this device's precision (bfloat16 only on CPUs with bf16 matrix units); an explicit one stays
     chosen = precision.for_placement(cfg.precision, placement)
-    cfg = cfg.replace(precision=chosen.precision)
+    cfg = replace(cfg, precision=chosen.precision)
     sources = dataset_sources(cfg)
     # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices
     peak = (Peak(options.peak_tflops * 1e12, "--peak_tflops") if options.peak_tflops else

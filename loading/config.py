@@ -1,11 +1,19 @@
-"""Reading model and dataset configs: JSON in GPT-Neo's format, read once into config/schema.py's objects.
+"""Reading model and dataset configs: JSON in GPT-Neo's format, read once into config/schema.py's objects, and
+the one check of a config, which reading it and every change to it (`replace`) run.
 
 `load_config("name")` finds `configs/name.json` (or takes a path), checks every key, fills the reference
-defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json`, checks the names the
-config uses against the registries that define them (attention types, activations, mesh-tensorflow's MoE
-hyperparameters, optimizers and learning-rate decays, sampling modes and input functions, eval tasks, each
-registry entry's own checks), checks the layout against the model's tensor dimensions (models/layout.py) and
-returns a frozen `GPTConfig`. Every problem is a `ConfigError` with a one-line message that says what to change.
+defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json` and returns a frozen
+`GPTConfig` that passed `check`: config/schema.py's checks between fields (its datasets' tokenizers against
+the model's among them), then the names the config uses against the registries that define them (attention
+types, activations, mesh-tensorflow's MoE hyperparameters, optimizers and learning-rate decays, input
+functions, eval tasks), each used entry's own checks, and the layout against the model's tensor dimensions
+(models/layout.py). `replace(cfg, ...)` is a changed copy that passed the same check. Every problem is a
+`ConfigError` with a one-line message that says what to change.
+
+The checks live with their registries (an attention type's entry carries its own; MoE's beside its
+defaults; input functions' beside INPUT_FNS; an eval task's in its entry), and this module runs them all.
+It sits just above models/ and data/, where every registry is, and below the jobs, which can therefore all
+re-check a config they change (training's precision, export's one device, the planner's layouts).
 """
 from __future__ import annotations
 
@@ -175,8 +183,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
         last = values["datasets"][-1].dataset
         values.setdefault("eos_id", last.eos_id)
         values.setdefault("padding_id", last.padding_id)
-    # The tokenizers first: data of another tokenizer is the problem to name, whatever else differs (its n_vocab).
-    return check_registries(validate(check_tokenizer_ids(GPTConfig(**values), source)))
+    return check(GPTConfig(**values), source)
 
 
 def _parse_eval_tasks(value: Any) -> tuple:
@@ -194,9 +201,14 @@ def parse_harness_tasks(value: Any) -> tuple:
     return tuple(value)
 
 
-def check_registries(cfg: GPTConfig) -> GPTConfig:
-    """The names the config uses, checked against the registries that define them, each used entry's own
-    checks (an attention type's, an eval task's), and the layout against the model's tensor dimensions."""
+def check(cfg: GPTConfig, source: str = "the config") -> GPTConfig:
+    """Every check of a config, in one order: its datasets' tokenizers against the model's, the checks between
+    fields (config/schema.py's validate), the names it uses against the registries that define them with each
+    used entry's own checks (an attention type's, an eval task's), and the layout against the model's tensor
+    dimensions. `source` names the config in messages. Raises ConfigError naming the fix; returns cfg."""
+    # The tokenizers first: data of another tokenizer is the problem to name, whatever else differs (its n_vocab).
+    check_tokenizer_ids(cfg, source)
+    validate(cfg)
     check_attention_types(cfg)
     for key in ("activation_function", "moe_activation"):
         name = getattr(cfg, key)
@@ -215,6 +227,13 @@ def check_registries(cfg: GPTConfig) -> GPTConfig:
             raise ConfigError(f"eval task {task!r} is not known: choose from {', '.join(TASKS)}{closest(task, TASKS)}")
         TASKS[task].check(cfg)
     return cfg
+
+
+def replace(cfg: GPTConfig, **changes) -> GPTConfig:
+    """A copy of cfg with some fields changed, checked again as a config read from disk is (`check`). List and
+    object options may be given as in JSON; a move to another mesh is replace(cfg, mesh_shape=..., layout=...)."""
+    changes.update(parse_model_options(changes))
+    return check(dataclasses.replace(cfg, **changes))
 
 
 def load_config(name_or_path: str, overrides: Optional[dict] = None,
