@@ -2,8 +2,8 @@
 
 mesh-tensorflow's auto_mtf picks the layout (which tensor dimension is split over which mesh dimension)
 that minimises the peak per-device memory of the graph, as an integer program solved by OR-tools' CP-SAT.
-It works on the mtf graph alone (plan/model_graph.py builds the full training graph: forward, backward
-and optimizer updates), so planning needs none of the config's hardware.
+It works on the mtf graph alone (plan/model_graph.py builds the full training graph with the training step's
+own code: forward, backward and optimizer updates), so planning needs none of the config's hardware.
 
 Three changes to the stock optimizer, none of which changes its answer on a graph it handles:
 
@@ -267,7 +267,7 @@ class _Planner:
 
     def __init__(self, cfg: GPTConfig, n_layer: Optional[int]):
         self.cfg = cfg
-        self.built = model_graph.build(cfg, train=True, n_layer=n_layer)
+        self.built = model_graph.build(cfg, n_layer=n_layer)
         self.allowed = set(tensor_dim_sizes(cfg))
         unique_names(self.built.graph)
         with self.built.tf_graph.as_default():

@@ -1,6 +1,7 @@
 """--dry_run: the shape of a training run before it starts, and the smallest mesh it fits on.
 
-Everything comes from the model's real training graph (plan/model_graph.py), built without devices:
+Everything comes from the model's real training graph (plan/model_graph.py: the training step's own, built
+without devices):
 
 * parameters: the trainable variables of the graph, exactly (models/flops.py parameter_count is the
   closed-form cross-check for the default architecture);
@@ -119,7 +120,7 @@ def _itemsize(dtype) -> int:
 def collect(cfg: GPTConfig, recompute_flags: tuple = (False, True)) -> GraphFacts:
     """Builds the training graph with and without recompute_grad and reads what planning needs (inference
     estimates need only the graph without: recompute_flags=(False,), half the time)."""
-    graphs = {flag: model_graph.build(replace(cfg, recompute_grad=flag), train=True) for flag in recompute_flags}
+    graphs = {flag: model_graph.build(replace(cfg, recompute_grad=flag)) for flag in recompute_flags}
     plain = graphs[False]
     weights, optimizer, gradients, casts = TensorSet(), TensorSet(), TensorSet(), TensorSet()
     master = 0.0

@@ -1,10 +1,16 @@
 """The model's mesh-tensorflow training graph, built without devices and without lowering, for planning.
 
-`build(cfg)` makes exactly the graph that training builds (train/step.py's training_step: inputs, the
-losses of train/objective.py, gradients and the optimizer's updates) on an `mtf.Graph` and `mtf.Mesh` inside a
-throwaway `tf.Graph`. Nothing is allocated: master variables are declared, never initialized. Planning
-reads it for exact parameter and optimizer-state counts (whatever options the model code grows), per-tensor
-shapes under a layout, and the graph that mesh-tensorflow's layout optimizer (auto_mtf) works on.
+`build(cfg)` makes the training step's graph with the step's own code (train/step.py's `build`, the half of
+training_step before lowering: inputs, the losses of train/objective.py, gradients, float16's loss scaling, the
+learning rate and the optimizer's updates) on an `mtf.Graph` and `mtf.Mesh` inside a throwaway `tf.Graph`.
+Nothing is allocated: master variables are declared, never initialized. Planning reads it for exact parameter
+and optimizer-state counts (whatever options the model code grows), per-tensor shapes under a layout, and the
+graph that mesh-tensorflow's layout optimizer (auto_mtf) works on.
+
+It is the step of one pass over the whole batch. With tokens_per_mb_per_replica, training runs this same
+forward and backward pass on each micro-batch in turn (mtf.serialize_training_step's loop, whose body the graph
+would hide inside one operation) and sums the gradients: plan/dry_run.py sizes the activations at one
+micro-batch and adds the sums, and auto_mtf plans on the pass itself.
 """
 from __future__ import annotations
 
@@ -16,11 +22,10 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from train import objective as train_step
-from train.optimizer import apply_gradients
-from loading.config import replace
-from models import gpt
 from config.schema import GPTConfig
+from loading.config import replace
+from runtime import meshes
+from train import step as train_step
 
 # Variables whose dimensions include one of these are embeddings (token and position tables), the rest are
 # "non-embedding" parameters in the sense of the scaling-law papers.
@@ -37,7 +42,6 @@ class ModelGraph:
     cross_entropy: mtf.Tensor
     objective: mtf.Tensor          # what training minimises
     n_forward_ops: int             # graph.operations[:n_forward_ops] is the forward pass (inputs to loss)
-    train: bool
 
     @property
     def trainable_variables(self) -> list:
@@ -93,42 +97,39 @@ class _DeclaredVariable:
 
 
 def _declare_only(next_creator, **kwargs):
+    """Master variables (their initial value an initializer still to run) are declared; a variable whose initial
+    value is already a tensor costs nothing more to create, and the step reads it while it is built (float16's
+    loss scale): it is created."""
+    if not callable(kwargs.get("initial_value")):
+        return next_creator(**kwargs)
     return _DeclaredVariable(kwargs.get("name"), kwargs.get("shape"), kwargs.get("dtype"))
 
 
-def build(cfg: GPTConfig, train: bool = True, n_layer: Optional[int] = None,
-          batch_size: Optional[int] = None, declare_only: bool = True) -> ModelGraph:
-    """The training graph (train=True: forward, loss, gradients, optimizer updates) or the forward graph.
+def build(cfg: GPTConfig, n_layer: Optional[int] = None, declare_only: bool = True) -> ModelGraph:
+    """The training step's graph (forward, loss, gradients, optimizer updates), by train/step.py's `build`.
 
     `n_layer` builds a shallower copy (for fast planning: layouts are per dimension name, the same in every
-    layer); `batch_size` defaults to train_batch_size. The mesh carries no devices and no variable placer:
-    shapes and layouts are all that planning needs. With declare_only (the default) no TF variables are
-    created at all; pass False for a graph whose master variables exist (to lower it).
+    layer). The mesh carries no devices and no variable placer: shapes and layouts are all that planning
+    needs. With declare_only (the default) no TF master variables are created at all; pass False for a graph
+    whose master variables exist (to lower it).
     """
     if n_layer is not None:
         cfg = reduced(cfg, n_layer)
+    whole_batch = replace(cfg, tokens_per_mb_per_replica=None) if cfg.tokens_per_mb_per_replica else cfg
     tf_graph = tf.Graph()
     with tf_graph.as_default(), contextlib.ExitStack() as stack:
-        tf.train.get_or_create_global_step()  # a real one: optimizers (Adafactor) compute with it
+        tf.train.get_or_create_global_step()  # a real one: the learning rate and Adafactor compute with it
         if declare_only:
             stack.enter_context(tf.variable_creator_scope(_declare_only))
-        graph = mtf.Graph()
-        mesh = mtf.Mesh(graph, "gpt_mesh")
-        dims = gpt.Dims.of(cfg, batch_size or cfg.train_batch_size)
-        token_shape = mtf.Shape([dims.batch, dims.sequence])
-        zeros = tf.zeros(token_shape.to_integer_list, tf.int32)
-        inputs = mtf.import_fully_replicated(mesh, zeros, token_shape, "inputs")
-        targets = mtf.import_fully_replicated(mesh, zeros, token_shape, "labels")
-        if not train:
-            losses = train_step.evaluation_losses(inputs, targets, cfg, dims)
-            n_forward = len(graph.operations)
-        else:
-            # train_step.losses_and_gradients with one micro-batch, split where the backward pass begins.
-            # (Micro-batching runs this same graph on a smaller batch in a loop: build with batch_size.)
-            losses = train_step.losses(inputs, targets, cfg, dims, train=True, weights=gpt.loss_weights(targets, cfg))
-            n_forward = len(graph.operations)
-            variables = graph.trainable_variables
-            grads = mtf.gradients([losses.objective], [v.outputs[0] for v in variables])
-            lr = mtf.import_fully_replicated(mesh, tf.constant(cfg.lr, tf.float32), mtf.Shape([]), "lr")
-            apply_gradients(grads, variables, cfg, lr)
-    return ModelGraph(cfg, tf_graph, graph, mesh, losses.cross_entropy, losses.objective, n_forward, train)
+        mesh = meshes.new_mesh()
+        # What a run on CPUs or GPUs lowers it with; the step only asks whether it is a TPU's.
+        mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
+                                                              mtf.convert_to_layout_rules(cfg.layout),
+                                                              [""] * cfg.n_devices)
+        tokens = tf.zeros([cfg.train_batch_size, cfg.n_ctx], tf.int32)
+        step = train_step.build(whole_batch, mesh, mesh_impl, tokens, tokens)
+    losses = step.losses
+    # The forward pass ends with the objective (train/objective.py's losses: its last term); what follows,
+    # float16's scaling of it among them, is the backward pass and the update.
+    n_forward = mesh.graph.operations.index(losses.objective.operation) + 1
+    return ModelGraph(cfg, tf_graph, mesh.graph, mesh, losses.cross_entropy, losses.objective, n_forward)

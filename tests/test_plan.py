@@ -20,6 +20,8 @@ from config.schema import CONFIG_DIR, ConfigError, num_microbatches
 from runtime import meshes
 from runtime.devices import Placement
 from tiny import random_tokens, tiny_config, train
+from train import step as train_step
+from train.optimizer import AssignIf
 from train.step import training_step
 
 
@@ -60,6 +62,25 @@ def allocated_slices(cfg):
                 key = (op.device, kind)
                 per_device[key] = per_device.get(key, 0) + size * tf.as_dtype(op.get_attr("dtype")).size
     return per_device
+
+
+def test_the_planned_graph_is_the_one_the_training_step_builds():
+    """Planning reads the training step's own graph (train/step.py's build, before lowering), op for op: float16's
+    loss scaling and gated updates, the per-variable gradient norms, the learning rate. Bug caught: a planning graph
+    rebuilt by hand beside the step (plan/model_graph.py's was, without loss scaling)."""
+    cfg = tiny_config(precision="float16", log_grads=True, mesh_shape="x:2", layout="heads:x")
+    with tf.Graph().as_default():
+        tokens = tf.zeros([cfg.train_batch_size, cfg.n_ctx], tf.int32)
+        mesh, impl = meshes.placement_mesh(cfg, Placement(devices=tuple(CPU_DEVICES[:2])))
+        train_step.build(cfg, mesh, impl, tokens, tokens)
+    planned = model_graph.build(cfg)
+
+    def operations(graph):
+        return [(type(op).__name__, op.name, [t.shape for t in op.outputs]) for op in graph.operations]
+
+    assert operations(planned.graph) == operations(mesh.graph)
+    assert any(isinstance(op, AssignIf) for op in planned.graph.operations)  # float16's gated updates
+    assert planned.forward_operations[-1] is planned.objective.operation
 
 
 @pytest.mark.slow
