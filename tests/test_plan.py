@@ -64,6 +64,11 @@ def allocated_slices(cfg):
     return per_device
 
 
+def operations(graph) -> list:
+    """An mtf graph op for op: kind, name and output shapes."""
+    return [(type(op).__name__, op.name, [t.shape for t in op.outputs]) for op in graph.operations]
+
+
 def test_the_planned_graph_is_the_one_the_training_step_builds():
     """Planning reads the training step's own graph (train/step.py's build, before lowering), op for op: float16's
     loss scaling and gated updates, the per-variable gradient norms, the learning rate. Bug caught: a planning graph
@@ -75,12 +80,32 @@ def test_the_planned_graph_is_the_one_the_training_step_builds():
         train_step.build(cfg, mesh, impl, tokens, tokens)
     planned = model_graph.build(cfg)
 
-    def operations(graph):
-        return [(type(op).__name__, op.name, [t.shape for t in op.outputs]) for op in graph.operations]
-
     assert operations(planned.graph) == operations(mesh.graph)
     assert any(isinstance(op, AssignIf) for op in planned.graph.operations)  # float16's gated updates
     assert planned.forward_operations[-1] is planned.objective.operation
+
+
+def test_a_micro_batched_step_is_planned_as_one_pass_with_the_variables_training_makes():
+    """With tokens_per_mb_per_replica, training runs the step's pass on each micro-batch inside one loop operation;
+    the planner reads that pass (the whole batch's step, op for op) with exactly the variables the micro-batched
+    step creates (the weights and the optimizer's slots). Bug caught: the planner building the micro-batched step
+    itself, whose forward pass (everything up to the summed objective) would be the whole loop."""
+    cfg = tiny_config(tokens_per_mb_per_replica=2 * 16)  # 4 sequences of 16 -> 2 micro-batches
+    assert num_microbatches(cfg, cfg.train_batch_size) == 2
+    with tf.Graph().as_default():
+        tokens = tf.zeros([cfg.train_batch_size, cfg.n_ctx], tf.int32)
+        mesh, impl = meshes.placement_mesh(cfg, Placement(devices=tuple(CPU_DEVICES[:1])))
+        train_step.build(cfg, mesh, impl, tokens, tokens)
+    planned = model_graph.build(cfg)
+    whole_batch = model_graph.build(replace(cfg, tokens_per_mb_per_replica=None))
+
+    def variables(graph):
+        return [(v.name, v.shape, v.master_dtype, v.trainable) for v in graph.all_variables]
+
+    assert operations(planned.graph) == operations(whole_batch.graph)
+    assert planned.n_forward_ops == whole_batch.n_forward_ops
+    assert variables(planned.graph) == variables(mesh.graph)
+    assert any(type(op).__name__ == "WhileLoopOperation" for op in mesh.graph.operations)  # training loops
 
 
 @pytest.mark.slow
