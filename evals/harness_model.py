@@ -17,6 +17,10 @@ lengths (powers of two up to n_ctx; a length with less than a batch of rows join
 per length, so short requests are not padded to n_ctx.
 Models whose outputs might depend on the row length (a layout splitting 'sequence', a layer or option without
 an incremental path) are scored at n_ctx. A progress bar counts the requests.
+
+From Python, the harness's own way to name a model works once this module is imported (it registers the name):
+`lm_eval.simple_evaluate(model="gpt-neo-mtf", model_args="model=NAME,step=1000,batch_size=8", tasks=[...])`, with
+NAME a config as main.py's --model takes it (see `create_from_arg_string`).
 """
 from __future__ import annotations
 
@@ -89,6 +93,43 @@ class CheckpointLM(TemplateLM):
                             "stop): set eos_id in the dataset config")
         self._eot = int(eos)
         self.padding = cfg.padding_id if cfg.padding_id is not None else 0
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "CheckpointLM":
+        """The model `simple_evaluate(model="gpt-neo-mtf", model_args=...)` names: `model=NAME` (a config name in
+        configs/ or a path to one, as main.py's --model), optionally `step=N` (a checkpoint of model_path; default
+        the newest) and `batch_size=B` (default: simple_evaluate's batch_size if a number, else eval_batch_size).
+        The config is read and checked as main.py reads it; the mesh runs on this host's CPU devices or GPUs as
+        main.py places it without device flags."""
+        from data.tokenizer import load_for_config
+        from loading.config import load_config
+        from runtime import checkpoints, placements
+        from runtime.devices import DeviceRequest
+
+        args = harness_utils.simple_parse_args_string(arg_string or "")
+        unknown = sorted(set(args) - {"model", "step", "batch_size"})
+        if unknown or "model" not in args:
+            raise DataError(f"model_args {arg_string!r}: give model=NAME (a config), optionally step=N and "
+                            f"batch_size=B" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+        for key in ("step", "batch_size"):
+            if key in args and (type(args[key]) is not int or args[key] < (0 if key == "step" else 1)):
+                raise DataError(f"model_args {key}={args[key]!r}: give a whole number"
+                                + (" (a checkpoint's step)" if key == "step" else " of rows, at least 1"))
+        cfg = load_config(str(args["model"]))
+        if "step" in args:
+            step = args["step"]
+            if step not in checkpoints.steps(cfg.model_path):
+                raise DataError(f"no checkpoint of step {step} in {cfg.model_path}: its steps are "
+                                f"{checkpoints.steps(cfg.model_path) or 'none'}")
+            checkpoint = checkpoints.prefix_of(cfg.model_path, step)
+        else:
+            checkpoint = checkpoints.restorable(cfg.model_path)
+            if checkpoint is None:
+                raise DataError(f"no checkpoint in {cfg.model_path}: train the model first, or name a config "
+                                f"whose model_path holds one")
+        given = (additional_config or {}).get("batch_size")
+        batch_size = args.get("batch_size", given if isinstance(given, int) else None)
+        return cls(cfg, placements.place(DeviceRequest(), cfg), checkpoint, load_for_config(cfg), batch_size)
 
     # ---- what TemplateLM asks of a model -------------------------------------------------------------
 

@@ -35,10 +35,10 @@ def checkpoint_run(tmp_path_factory):
     return root, cfg
 
 
-def evaluate(model, manager, tasks):
+def evaluate(model, manager, tasks, **options):
     from lm_eval import evaluator
     return evaluator.simple_evaluate(model=model, tasks=tasks, task_manager=manager, log_samples=True,
-                                     bootstrap_iters=0)
+                                     bootstrap_iters=0, **options)
 
 
 def answers(results, task):
@@ -206,3 +206,46 @@ def test_bad_harness_input_is_one_error_line(checkpoint_run, tmp_path, capsys, m
     assert main.main(["--model", config, "--eval", "--harness_tasks", "tiny_lambada"]) == 1
     errors = error_lines(capsys)
     assert len(errors) == 1 and "pip install -r requirements-eval.txt" in errors[0]
+
+
+def test_the_harness_names_our_model_by_its_config(checkpoint_run):
+    """`simple_evaluate(model="gpt-neo-mtf", model_args="model=CONFIG,step=N,batch_size=B")`, the harness's own
+    way to name a model, reads the config as main.py does and scores what the model built by hand scores, at
+    the checkpoint of that step; a step without a checkpoint, a bad value or a missing model= is a DataError
+    naming the fix.
+    Bugs caught: the step ignored (the newest checkpoint scored), simple_evaluate's batch size "auto" passed on
+    as a number of rows, model_args' unknown keys dropped silently."""
+    from evals.harness_model import CheckpointLM, MODEL_NAME
+    from data.errors import DataError
+    from data.tokenizer import load_for_config
+    root, cfg = checkpoint_run
+    config = str(root / "configs" / "tiny.json")
+    first = os.path.join(cfg.model_path, "model.ckpt-1")
+    for suffix in (".index", ".data-00000-of-00001"):  # a newer checkpoint of other weights: step=1 must skip it
+        assert os.path.exists(first + suffix)
+    state = os.path.join(cfg.model_path, "checkpoint")
+    kept_state = open(state).read()
+    checkpoint_of_order_one_weights(cfg, os.path.join(cfg.model_path, "model.ckpt-2"), seed=5)
+    try:
+        named = CheckpointLM.create_from_arg_string(f"model={config},step=1,batch_size=3", {"batch_size": "auto"})
+        assert named.checkpoint == first and named.batch_size == 3
+        assert CheckpointLM.create_from_arg_string(f"model={config}", {"batch_size": "auto"}).batch_size == \
+            cfg.eval_batch_size
+        prepared = harness.prepare(harness.HarnessOptions(tasks=("tiny_lambada",), include_path=TASKS))
+        by_name = evaluate(MODEL_NAME, prepared.manager, prepared.tasks, model_args=f"model={config},step=1", limit=6)
+        by_hand = evaluate(CheckpointLM(cfg, placement_for(cfg), first, load_for_config(cfg)), prepared.manager,
+                           prepared.tasks, limit=6)
+        assert answers(by_name, "tiny_lambada") == pytest.approx(answers(by_hand, "tiny_lambada"))
+        for args, message in [(f"model={config},step=7", "no checkpoint of step 7"),
+                              (f"model={config},step=one", "step='one': give a whole number"),
+                              (f"model={config},batch_size=0", "batch_size=0: give a whole number"),
+                              (f"model={config},steps=1", "unknown: steps"),
+                              ("step=1", "give model=NAME")]:
+            with pytest.raises(DataError, match=message):
+                CheckpointLM.create_from_arg_string(args)
+    finally:
+        for name in os.listdir(cfg.model_path):  # the module's other tests read the step-1 checkpoint as newest
+            if name.startswith("model.ckpt-2"):
+                os.remove(os.path.join(cfg.model_path, name))
+        with open(state, "w") as f:
+            f.write(kept_state)
