@@ -31,18 +31,28 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class TokenizerId:
     """Which tokenizer a dataset was encoded with, or a model was trained with: a SHA-256 of its vocabulary and
-    merges (data/tokenizer.py's LoadedTokenizer.tokenizer_id) and its size. The `tokenizer_id` key of dataset and
-    model configs, {"sha256": HEX, "size": N, "from": PATH}; "from" only says where it was read, for messages."""
+    merges (data/tokenizer.py's LoadedTokenizer.tokenizer_id), its size and its end-of-text id. The `tokenizer_id`
+    key of dataset and model configs (and of a model_path's tokenizer_id.json, runtime/tokenizer_record.py),
+    {"sha256": HEX, "size": N, "eos_id": ID, "from": PATH}; "from" only says where it was read, for messages.
+    Records written before eos_id was recorded lack it: `matches` compares what both records have."""
     sha256: str
     size: int
     source: Optional[str] = field(default=None, compare=False)
+    eos_id: Optional[int] = field(default=None, compare=False)  # None: not recorded (or the vocabulary has none)
+
+    def matches(self, other: "TokenizerId") -> bool:
+        """The same tokenizer: vocabulary, merges and size, and the end-of-text id where both record one."""
+        return self == other and (self.eos_id is None or other.eos_id is None or self.eos_id == other.eos_id)
 
     def __str__(self) -> str:
+        eos = f", end-of-text {self.eos_id}" if self.eos_id is not None else ""
         where = f", {self.source}" if self.source else ""
-        return f"{self.sha256[:12]} ({self.size} tokens{where})"
+        return f"{self.sha256[:12]} ({self.size} tokens{eos}{where})"
 
     def to_json(self) -> dict:
         record = {"sha256": self.sha256, "size": self.size}
+        if self.eos_id is not None:
+            record["eos_id"] = self.eos_id
         if self.source:
             record["from"] = self.source
         return record
@@ -54,13 +64,18 @@ def parse_tokenizer_id(value: Any, where: str) -> Optional[TokenizerId]:
         return None
     if isinstance(value, TokenizerId):
         return value
-    if (not isinstance(value, dict) or not set(value) <= {"sha256", "size", "from"}
-            or not isinstance(value.get("sha256"), str) or len(value["sha256"]) != 64
-            or isinstance(value.get("size"), bool) or not isinstance(value.get("size"), int) or value["size"] < 1):
-        raise ConfigError(f'tokenizer_id in {where} must be {{"sha256": "<64 hex digits>", "size": N}} as '
-                          f"data/create_tfrecords.py or tools/hf.py writes it, got {value!r}: delete it, or encode "
-                          f"again to write it")
-    return TokenizerId(value["sha256"].lower(), value["size"], value.get("from"))
+
+    def count(key, low):
+        number = value.get(key)
+        return not isinstance(number, bool) and isinstance(number, int) and number >= low
+
+    if (not isinstance(value, dict) or not set(value) <= {"sha256", "size", "eos_id", "from"}
+            or not isinstance(value.get("sha256"), str) or len(value["sha256"]) != 64 or not count("size", 1)
+            or value.get("eos_id") is not None and not (count("eos_id", 0) and value["eos_id"] < value["size"])):
+        raise ConfigError(f'tokenizer_id in {where} must be {{"sha256": "<64 hex digits>", "size": N, "eos_id": '
+                          f"ID}} as data/create_tfrecords.py or tools/hf.py writes it, got {value!r}: delete it, or "
+                          f"encode again to write it")
+    return TokenizerId(value["sha256"].lower(), value["size"], value.get("from"), value.get("eos_id"))
 
 
 @dataclass(frozen=True)
@@ -532,15 +547,25 @@ def reference_tokenizer(cfg: GPTConfig, source: str = "the config") -> tuple:
 def check_tokenizer_ids(cfg: GPTConfig, source: str = "the config") -> GPTConfig:
     """Every dataset that records the tokenizer that encoded it (tokenizer_id) was encoded with the model's
     (reference_tokenizer): a model reads one tokenizer's ids, and another's would train it on garbage without a
-    sign. A ConfigError naming both."""
+    sign. And the end-of-text ids agree: a dataset's eos_id with its tokenizer's, the config's with the model's
+    tokenizer's (samples stop at it, and the data's documents end with it). A ConfigError naming both."""
+    for use in cfg.datasets:
+        dataset, recorded = use.dataset, use.dataset.tokenizer_id
+        if recorded is not None and None not in (recorded.eos_id, dataset.eos_id) and recorded.eos_id != dataset.eos_id:
+            raise ConfigError(f"dataset {dataset.id!r} sets eos_id {dataset.eos_id}, but the tokenizer that encoded it "
+                              f"({recorded}) ends a document with {recorded.eos_id}: set eos_id {recorded.eos_id} in "
+                              f"its dataset config")
     reference, named = reference_tokenizer(cfg, source)
     for use in cfg.datasets:
         dataset = use.dataset
-        if dataset.tokenizer_id is None or dataset.tokenizer_id == reference:
+        if dataset.tokenizer_id is None or dataset.tokenizer_id.matches(reference):
             continue
         how = f" (python data/create_tfrecords.py --tokenizer_from {reference.source} ...)" if reference.source else ""
         raise ConfigError(f"dataset {dataset.id!r} was encoded with tokenizer {dataset.tokenizer_id}, but {named}: "
                           f"encode the text with the model's tokenizer{how}, or train on data encoded with it")
+    if reference is not None and None not in (reference.eos_id, cfg.eos_id) and reference.eos_id != cfg.eos_id:
+        raise ConfigError(f"{source} has eos_id {cfg.eos_id}, but {named}: set eos_id to {reference.eos_id} in "
+                          f"{source}")
     return cfg
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from config.schema import GPTConfig, warn_unrecorded_tokenizers
 from data.errors import DataError
 from data.inputs import first_document_tokens, token_stats
-from data.tokenizer import load_for_dataset
+from data.tokenizer import load_for_dataset, not_the_encoder
 
 
 def run(cfg: GPTConfig) -> int:
@@ -34,10 +34,9 @@ def run(cfg: GPTConfig) -> int:
                                 f"fix n_vocab in its dataset config to the tokenizer's size")
         if ds.tokenizer_path:
             tokenizer = load_for_dataset(ds)
-            if ds.tokenizer_id is not None and tokenizer.tokenizer_id != ds.tokenizer_id:
-                failures.append(f"{ds.id}'s tokenizer_path {ds.tokenizer_path} is tokenizer {tokenizer.tokenizer_id}, "
-                                f"but its config records that {ds.tokenizer_id} encoded it: point tokenizer_path at "
-                                f"the tokenizer that encoded it, or encode the text again")
+            problem = not_the_encoder(ds, tokenizer)
+            if problem:
+                failures.append(problem)
             sample = first_document_tokens(ds.path or ds.eval_path, 64)
             print(f"{ds.id} decoded sample: {tokenizer.decode(sample)!r}")
     if failures:

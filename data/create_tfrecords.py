@@ -338,7 +338,7 @@ def read_manifest_tokenizer(output_dir: str, tokenizer: LoadedTokenizer):
             recorded = parse_tokenizer_id(manifest.get("tokenizer_id"), entry)
         except ConfigError as exc:
             return f"unknown ({exc})"
-        if recorded is not None and recorded != tokenizer.tokenizer_id:
+        if recorded is not None and not recorded.matches(tokenizer.tokenizer_id):
             return recorded
         if recorded is None and manifest["tokenizer_sha256"] != hashlib.sha256(tokenizer.backend.to_str().encode("utf-8")).hexdigest():
             return f"of JSON sha256 {manifest['tokenizer_sha256'][:12]} (per {entry})"

@@ -55,9 +55,11 @@ class LoadedTokenizer:
     @cached_property
     def tokenizer_id(self) -> TokenizerId:
         """What the configs record of this tokenizer: a SHA-256 of its vocabulary (added tokens included) and its
-        merges, and its size. The same tokenizer hashes the same whichever files it was read from (an HF folder's
-        vocab.json and merges.txt, or its tokenizer.json, or ours); another vocabulary or merge order does not."""
-        return TokenizerId(vocabulary_sha256(self.backend), self.vocab_size, self.path or None)
+        merges, its size and its end-of-text id. The same tokenizer hashes the same whichever files it was read
+        from (an HF folder's vocab.json and merges.txt, or its tokenizer.json, or ours); another vocabulary or
+        merge order does not. The end-of-text id is recorded apart, not hashed, so records written before it
+        keep their hash."""
+        return TokenizerId(vocabulary_sha256(self.backend), self.vocab_size, self.path or None, self.eos_id)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; no special tokens are added, so decode(encode(x)) == x."""
@@ -182,4 +184,19 @@ def load_for_config(cfg) -> LoadedTokenizer:
     dataset = cfg.tokenizer_dataset
     if dataset is None or not dataset.tokenizer_path:
         raise DataError("no tokenizer: the config's last dataset must name tokenizer_path in its dataset config")
-    return load_for_dataset(dataset)
+    tokenizer = load_for_dataset(dataset)
+    problem = not_the_encoder(dataset, tokenizer)  # prompts encoded, samples decoded with another tokenizer
+    if problem:
+        raise DataError(problem)
+    return tokenizer
+
+
+def not_the_encoder(dataset, tokenizer: LoadedTokenizer) -> Optional[str]:
+    """What is wrong when a dataset's tokenizer_path holds another tokenizer than the one its config records as
+    having encoded it (the path pointed elsewhere, or the file retrained in place); None when it is the one, or
+    when nothing is recorded."""
+    if dataset.tokenizer_id is None or tokenizer.tokenizer_id.matches(dataset.tokenizer_id):
+        return None
+    return (f"{dataset.id}'s tokenizer_path {dataset.tokenizer_path} is tokenizer {tokenizer.tokenizer_id}, but its "
+            f"config records that {dataset.tokenizer_id} encoded it: point tokenizer_path at the tokenizer that "
+            f"encoded it, or encode the text again")

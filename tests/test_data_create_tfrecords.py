@@ -255,7 +255,7 @@ def test_cli_success_writes_dataset_config_with_both_paths(tmp_path, capsys):
         "eos_id": TOKENIZER.eos_id,
         "padding_id": TOKENIZER.padding_id,
         "tokenizer_id": {"sha256": TOKENIZER.tokenizer_id.sha256, "size": TOKENIZER.vocab_size,
-                         "from": TOKENIZER_PATH},
+                         "eos_id": TOKENIZER.eos_id, "from": TOKENIZER_PATH},
     }
     dataset = loaded("tiny", tmp_path / "configs" / "dataset_configs")
     assert dataset.tokenizer_id == TOKENIZER.tokenizer_id

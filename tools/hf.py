@@ -528,6 +528,10 @@ def imported_config(raw: dict, config_out: str, tokenizer, datasets: Optional[li
     registry = dataset_registry_for(config_out)
     if tokenizer is not None:
         from data.create_tfrecords import dataset_config_path
+        if None not in (tokenizer.eos_id, raw.get("eos_id")) and tokenizer.eos_id != raw["eos_id"]:
+            raise ConversionError(f"the model's end-of-text id is {raw['eos_id']}, but its tokenizer's ({tokenizer.path}) "
+                                  f"is {tokenizer.eos_id}: that is not the tokenizer the model was trained with; "
+                                  f"give it the tokenizer files of its release")
         raw["tokenizer_id"] = {**tokenizer.tokenizer_id.to_json(), "from": dataset_config_path(tokenizer.path, registry)}
     if own_text is not None:
         if tokenizer is None:
