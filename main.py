@@ -95,7 +95,7 @@ def run(args) -> int:
     from data import check as data_check
     from evals.job import run_evaluation
     from infer.job import run_export, run_prediction
-    from runtime import checkpoints
+    from runtime import checkpoints, tokenizer_record
     from tools.runs import write_run_info
     from train.job import check_training, run_training
 
@@ -109,6 +109,8 @@ def run(args) -> int:
     overrides.update(eval_flags.config_overrides(args))
     overrides.update(plan_flags.config_overrides(args))
     cfg = load_config(args.model, overrides)
+    if not (args.export or args.new):  # the tokenizer model_path's checkpoints were trained on (--new deletes them)
+        tokenizer_record.check(cfg)
 
     if args.check_dataset:
         return data_check.run(cfg)
@@ -139,9 +141,13 @@ def run(args) -> int:
         return run_prediction(cfg, placement, predict_flags.predict_options(args))
     if args.eval:
         return run_evaluation(cfg, placement, eval_flags.options(args, cfg))
-    # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
-    run_training(cfg, placement, train_options,
-                 on_start=lambda step, trained: write_run_info(trained, step, args.sacred_id),
+
+    def started(step, trained):
+        tokenizer_record.record(trained)  # the data's tokenizer, which later jobs on model_path are checked against
+        # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
+        write_run_info(trained, step, args.sacred_id)
+
+    run_training(cfg, placement, train_options, on_start=started,
                  harness_options=eval_flags.options(args, cfg))
     return 0
 

@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 
 from models import gpt  # noqa: E402  (first: the models package makes mesh-tensorflow importable)
 from console import ArgumentParser  # noqa: E402
-from runtime import checkpoints  # noqa: E402
+from runtime import checkpoints, tokenizer_record  # noqa: E402
 from loading.config import config_from_dict, dataset_registry_for, load_config, read_json, replace  # noqa: E402
 from config.schema import ConfigError, GPTConfig  # noqa: E402
 
@@ -425,7 +425,9 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
         session.run(assign, {values[name]: value for name, value in state.items()})
         writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
                                               cfg.keep_checkpoint_every_n_hours)
-        return session.save(writer, 0)
+        saved = session.save(writer, 0)
+    tokenizer_record.record(cfg)  # the imported model's tokenizer, which its model_path's later jobs must match
+    return saved
 
 
 def read_json_file(path: str, what: str) -> dict:

@@ -1,0 +1,101 @@
+"""Which tokenizer encoded the data a model_path's checkpoints were trained on: `model_path/tokenizer_id.json`.
+
+A config names its tokenizer (config/schema.py's reference_tokenizer: the model's tokenizer_id, else its
+datasets'), and a config whose data disagrees with it is refused when it is read. But a model trained from scratch
+has no tokenizer of its own in its config, so pointing the config at data encoded by another tokenizer and
+resuming (or --eval, --predict with that tokenizer) would pass every check. So training's start records the
+data's tokenizer with the checkpoints (`record`: once, atomically, never over a record that disagrees), and
+every job that gives the model tokens (training, --eval, --predict, --check_dataset) compares the config's
+with it first (`check`). The record is a config's tokenizer_id (its vocabulary hash, size and end-of-text id);
+a model_path trained before the record gets a warning, and its next training records it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Optional
+
+import tensorflow.compat.v1 as tf
+
+from config.schema import ConfigError, GPTConfig, TokenizerId, parse_tokenizer_id, reference_tokenizer
+from runtime import checkpoints
+
+RECORD = "tokenizer_id.json"
+_WARNED: set = set()  # model_paths warned about in this process
+
+
+def data_tokenizer(cfg: GPTConfig) -> Optional[TokenizerId]:
+    """The tokenizer of the config's model and data, with the config's eos_id where its record has none (one
+    written before the end-of-text id was recorded); None when nothing in the config records one."""
+    reference, _ = reference_tokenizer(cfg)
+    if reference is not None and reference.eos_id is None and cfg.eos_id is not None:
+        reference = dataclasses.replace(reference, eos_id=cfg.eos_id)
+    return reference
+
+
+def read(model_path: str) -> Optional[TokenizerId]:
+    """model_path's record; None when it has none. A ConfigError when it is damaged."""
+    path = os.path.join(model_path, RECORD)
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            value = json.loads(f.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is damaged ({type(e).__name__}): it records which tokenizer's data the checkpoints "
+                          f"were trained on; restore it, or delete it if you know the config's data is that "
+                          f"tokenizer's") from None
+    return parse_tokenizer_id(value, path)
+
+
+def _mismatch(model_path: str, recorded: TokenizerId, current: TokenizerId) -> ConfigError:
+    how = f" (python data/create_tfrecords.py --tokenizer_from {recorded.source} ...)" if recorded.source else ""
+    return ConfigError(f"{model_path} was trained on data encoded with tokenizer {recorded} (its {RECORD}), but the "
+                       f"config's tokenizer is {current}: use data encoded with the model's tokenizer{how}, or "
+                       f"another model_path (--new deletes this one and starts over)")
+
+
+def check(cfg: GPTConfig) -> None:
+    """A ConfigError when model_path records another tokenizer than the config's; a warning (once per model_path
+    and process) when either side records none, so nothing can be compared."""
+    recorded, current = read(cfg.model_path), data_tokenizer(cfg)
+    if recorded is not None and current is not None and not recorded.matches(current):
+        raise _mismatch(cfg.model_path, recorded, current)
+    if cfg.model_path in _WARNED:
+        return
+    if recorded is None and current is not None and checkpoints.steps(cfg.model_path):
+        _WARNED.add(cfg.model_path)
+        _warn(f"{cfg.model_path} has checkpoints but no {RECORD} saying which tokenizer's data trained them (made "
+              f"before the record), so the config's tokenizer {current} is not checked against them; training "
+              f"records it")
+    elif recorded is not None and current is None:
+        _WARNED.add(cfg.model_path)
+        _warn(f"the config's datasets do not record the tokenizer that encoded them, so they are not checked against "
+              f"{cfg.model_path}'s tokenizer {recorded}: encode them again with data/create_tfrecords.py, which "
+              f"records it")
+
+
+def record(cfg: GPTConfig) -> Optional[str]:
+    """Writes model_path's record of the config's tokenizer when it has none (atomically: a temporary file
+    renamed); returns its path, or None when there is nothing to record or it is already there. A record that
+    disagrees is never rewritten: a ConfigError, as `check` gives."""
+    current = data_tokenizer(cfg)
+    if current is None:
+        return None
+    recorded = read(cfg.model_path)
+    if recorded is not None:
+        if not recorded.matches(current):
+            raise _mismatch(cfg.model_path, recorded, current)
+        return None
+    path = os.path.join(cfg.model_path, RECORD)
+    tf.io.gfile.makedirs(cfg.model_path)
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+        f.write(json.dumps(current.to_json(), indent=1) + "\n")
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    return path
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
