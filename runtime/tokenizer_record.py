@@ -23,7 +23,6 @@ from config.schema import ConfigError, GPTConfig, TokenizerId, parse_tokenizer_i
 from runtime import checkpoints
 
 RECORD = "tokenizer_id.json"
-_WARNED: set = set()  # model_paths warned about in this process
 
 
 def data_tokenizer(cfg: GPTConfig) -> Optional[TokenizerId]:
@@ -58,20 +57,16 @@ def _mismatch(model_path: str, recorded: TokenizerId, current: TokenizerId) -> C
 
 
 def check(cfg: GPTConfig) -> None:
-    """A ConfigError when model_path records another tokenizer than the config's; a warning (once per model_path
-    and process) when either side records none, so nothing can be compared."""
+    """A ConfigError when model_path records another tokenizer than the config's; a warning when one side records
+    none, so nothing can be compared (an old model_path's ends when training records it)."""
     recorded, current = read(cfg.model_path), data_tokenizer(cfg)
     if recorded is not None and current is not None and not recorded.matches(current):
         raise _mismatch(cfg.model_path, recorded, current)
-    if cfg.model_path in _WARNED:
-        return
     if recorded is None and current is not None and checkpoints.steps(cfg.model_path):
-        _WARNED.add(cfg.model_path)
         _warn(f"{cfg.model_path} has checkpoints but no {RECORD} saying which tokenizer's data trained them (made "
               f"before the record), so the config's tokenizer {current} is not checked against them; training "
               f"records it")
     elif recorded is not None and current is None:
-        _WARNED.add(cfg.model_path)
         _warn(f"the config's datasets do not record the tokenizer that encoded them, so they are not checked against "
               f"{cfg.model_path}'s tokenizer {recorded}: encode them again with data/create_tfrecords.py, which "
               f"records it")

@@ -9,6 +9,7 @@ one of GPT-Neo 125M's real config."""
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -229,6 +230,24 @@ def test_from_hf_refuses_tfrecords_encoded_with_another_tokenizer(released, tmp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "was encoded with tokenizer 250c64ee799c (4096 tokens)" in err
     assert not os.listdir(tmp_path / "configs" / "dataset_configs") and not (tmp_path / "configs" / "neo.json").exists()
+
+
+def test_from_hf_refuses_a_model_whose_end_of_text_is_not_its_tokenizers(released, tmp_path, capsys):
+    """A folder whose config.json ends texts with another id than its tokenizer's <|endoftext|>: samples would
+    not stop where the encoded documents end. One error line naming both ids; nothing is written.
+    Bug caught: imported_config not comparing them (the config was written, and refused on every later read)."""
+    folder = tmp_path / "neo"
+    shutil.copytree(released / "neo", folder)
+    hf_config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf_config, "eos_token_id": 3}))
+    base = workspace(tmp_path)
+    config = tmp_path / "configs" / "neo.json"
+    assert hf.main(["from_hf", str(folder), "--config", str(config), "--model_path", str(tmp_path / "run"),
+                    "--base_config", base, "--text_dir", str(released / "my_text")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the model's end-of-text id is 3, but its tokenizer's")
+    assert "is 511:" in err
+    assert not config.exists() and not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------------------------------
