@@ -49,6 +49,14 @@ class TokenizerId:
         where = f", {self.source}" if self.source else ""
         return f"{self.sha256[:12]} ({self.size} tokens{eos}{where})"
 
+    def encode_hint(self) -> str:
+        """How to encode text with this tokenizer, for messages (" (python ...)"), or "" when it is not known where
+        it was read: a tokenizer json is create_tfrecords' --encoder_path, a model folder its --tokenizer_from."""
+        if not self.source:
+            return ""
+        flag = "--encoder_path" if self.source.endswith(".json") else "--tokenizer_from"
+        return f" (python data/create_tfrecords.py {flag} {self.source} ...)"
+
     def to_json(self) -> dict:
         record = {"sha256": self.sha256, "size": self.size}
         if self.eos_id is not None:
@@ -560,9 +568,9 @@ def check_tokenizer_ids(cfg: GPTConfig, source: str = "the config") -> GPTConfig
         dataset = use.dataset
         if dataset.tokenizer_id is None or dataset.tokenizer_id.matches(reference):
             continue
-        how = f" (python data/create_tfrecords.py --tokenizer_from {reference.source} ...)" if reference.source else ""
         raise ConfigError(f"dataset {dataset.id!r} was encoded with tokenizer {dataset.tokenizer_id}, but {named}: "
-                          f"encode the text with the model's tokenizer{how}, or train on data encoded with it")
+                          f"encode the text with the model's tokenizer{reference.encode_hint()}, or train on data "
+                          f"encoded with it")
     if reference is not None and None not in (reference.eos_id, cfg.eos_id) and reference.eos_id != cfg.eos_id:
         raise ConfigError(f"{source} has eos_id {cfg.eos_id}, but {named}: set eos_id to {reference.eos_id} in "
                           f"{source}")

@@ -50,10 +50,10 @@ def read(model_path: str) -> Optional[TokenizerId]:
 
 
 def _mismatch(model_path: str, recorded: TokenizerId, current: TokenizerId) -> ConfigError:
-    how = f" (python data/create_tfrecords.py --tokenizer_from {recorded.source} ...)" if recorded.source else ""
-    return ConfigError(f"{model_path} was trained on data encoded with tokenizer {recorded} (its {RECORD}), but the "
-                       f"config's tokenizer is {current}: use data encoded with the model's tokenizer{how}, or "
-                       f"another model_path (--new deletes this one and starts over)")
+    return ConfigError(f"{model_path} was trained on data encoded with tokenizer {recorded}, as its {RECORD} "
+                       f"records, but the config's tokenizer is {current}: use data encoded with the model's "
+                       f"tokenizer{recorded.encode_hint()}, or another model_path (--new deletes this one and starts "
+                       f"over)")
 
 
 def check(cfg: GPTConfig) -> None:

@@ -73,6 +73,7 @@ def test_a_model_trained_from_scratch_refuses_data_of_another_tokenizer(trained_
         assert refused.stderr.startswith(f"error: {model_path} was trained on data encoded with tokenizer "
                                          f"{STDLIB.sha256[:12]}"), job
         assert f"the config's tokenizer is {other.sha256[:12]}" in refused.stderr, job
+        assert f"--encoder_path {TOKENIZER} ...)" in refused.stderr, job  # the fix: encode with the model's
     assert checkpoints.steps(model_path) == [1] and json.loads(open(record_path).read()) == written
     tokenizer_record.check(load_config(config))  # its own data still passes (test_an_old_model_path_... resumes)
 
