@@ -24,6 +24,63 @@ def prediction_program(cfg: GPTConfig, placement: Placement, rows: dict, batch_s
     return runner.Program(cfg, placement, step, runner.Fed.like(rows, batch_size))
 
 
+class Predictor:
+    """infer/outputs.py's outputs from one checkpoint, over programs built once per kind of rows (their arrays'
+    dtypes and row shapes, the batch size and the sampling options) and kept, each with its session open:
+    `restore(checkpoint)` moves them all to another checkpoint of the model without building anything again.
+    Training's evaluations at each checkpoint score through one (evals/tasks.py, evals/harness.py); each program
+    kept holds one copy of the model's weights (no optimizer state) until `close`."""
+
+    def __init__(self, cfg: GPTConfig, placement: Placement, checkpoint: Optional[str] = None):
+        if checkpoint and tf.io.gfile.isdir(checkpoint):
+            checkpoint = checkpoints.require_checkpoint(checkpoint)
+        self.cfg, self.placement, self.checkpoint = cfg, placement, checkpoint
+        self._programs: dict = {}  # key -> (program, session)
+
+    def restore(self, checkpoint: str) -> None:
+        """Every program kept restored from `checkpoint` (a prefix), and the ones built from now on opened at it."""
+        self.checkpoint = checkpoint
+        for _, session in self._programs.values():
+            session.restore(checkpoint)
+
+    def _program(self, rows: dict, batch_size: int, options):
+        key = (tuple((name, value.dtype.str, value.shape[1:]) for name, value in sorted(rows.items())), batch_size,
+               options)
+        if key not in self._programs:
+            program = prediction_program(self.cfg, self.placement, rows, batch_size, options)
+            self._programs[key] = (program, program.open(self.checkpoint, slot_patterns(), inference=True))
+        return self._programs[key]
+
+    def predict(self, rows: dict, batch_size: int, options=None, progress: bool = False,
+                on_batch: Optional[Callable[[int], None]] = None) -> dict:
+        """The outputs for every row of `rows` (see `predict`)."""
+        rows = {name: np.asarray(value) for name, value in rows.items()}
+        count = len(next(iter(rows.values())))
+        program, session = self._program(rows, batch_size, options)
+        batches = range(0, count, batch_size)
+        if progress and len(batches) > 1:
+            batches = tqdm(batches, unit="batch", desc="predict", dynamic_ncols=True)
+        results = []
+        for first in batches:
+            batch = {name: padded_batch(value[first:first + batch_size], batch_size) for name, value in rows.items()}
+            out = program.run(session, 1, batch)[0]
+            results.append({name: value[:min(batch_size, count - first)] for name, value in out.items()})
+            if on_batch:
+                on_batch(min(batch_size, count - first))
+        return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
+
+    def close(self) -> None:
+        for _, session in self._programs.values():
+            session.close()
+        self._programs.clear()
+
+    def __enter__(self) -> "Predictor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
             checkpoint: Optional[str] = None, options=None, progress: bool = False,
             on_batch: Optional[Callable[[int], None]] = None) -> dict:
@@ -31,20 +88,5 @@ def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
     `batch_size` rows at a time (the last batch padded); from `checkpoint`, a checkpoint prefix or a folder
     (its latest), or from the seeded initial weights when None. `progress` shows a bar of batches;
     `on_batch(rows)` is called after each batch with its count of rows (a caller's own progress bar)."""
-    rows = {name: np.asarray(value) for name, value in rows.items()}
-    count = len(next(iter(rows.values())))
-    if checkpoint and tf.io.gfile.isdir(checkpoint):
-        checkpoint = checkpoints.require_checkpoint(checkpoint)
-    program = prediction_program(cfg, placement, rows, batch_size, options)
-    batches = range(0, count, batch_size)
-    if progress and len(batches) > 1:
-        batches = tqdm(batches, unit="batch", desc="predict", dynamic_ncols=True)
-    results = []
-    with program.open(checkpoint, slot_patterns(), inference=True) as session:
-        for first in batches:
-            batch = {name: padded_batch(value[first:first + batch_size], batch_size) for name, value in rows.items()}
-            out = program.run(session, 1, batch)[0]
-            results.append({name: value[:min(batch_size, count - first)] for name, value in out.items()})
-            if on_batch:
-                on_batch(min(batch_size, count - first))
-    return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
+    with Predictor(cfg, placement, checkpoint) as predictor:
+        return predictor.predict(rows, batch_size, options, progress, on_batch)

@@ -52,7 +52,7 @@ class MeshSession:
         if finalize:  # nothing is added while running: a loop that grows the graph fails at once
             graph.finalize()
 
-    def _restore_newest_complete(self, graph: tf.Graph, checkpoint: str, tries: int = 3) -> str:
+    def _restore_newest_complete(self, graph: tf.Graph, checkpoint: str, tries: int = 3, initial: bool = True) -> str:
         """Restores `checkpoint`; when a trainer rotated it away meanwhile (its index gone: a reader does not take
         the trainer's lock, runtime/lock.py), from the newest complete one then, up to `tries` times in all (a
         trainer that saves every few seconds and keeps few checkpoints can rotate the next one away too). Returns
@@ -60,7 +60,7 @@ class MeshSession:
         folder, first = os.path.dirname(checkpoint), checkpoint
         for attempt in range(tries):
             try:
-                self._restore(graph, checkpoint)
+                self._restore(graph, checkpoint, initial)
                 break
             except (checkpoints.CheckpointError, tf.errors.OpError):
                 newest = None if tf.io.gfile.exists(checkpoint + ".index") else checkpoints.restorable(folder)
@@ -72,18 +72,31 @@ class MeshSession:
                              f"trainer rotated it away); using {os.path.basename(checkpoint)}, the newest then")
         return checkpoint
 
-    def _restore(self, graph: tf.Graph, checkpoint: str) -> None:
+    def restore(self, checkpoint: str) -> str:
+        """The variables of this open session restored from another checkpoint of the same model (an evaluation
+        program reused at each checkpoint of a training run, train/job.py) and copied to the mesh's slices: adds
+        nothing to the graph. Local variables keep their values (they are the session's own state, not the
+        checkpoint's: a TPU loop's count). Returns the checkpoint restored (the newest, if it was rotated away)."""
+        self.checkpoint = self._restore_newest_complete(self.session.graph, checkpoint, initial=False)
+        self.session.run(self.copy_to_slices)
+        return self.checkpoint
+
+    def _restore(self, graph: tf.Graph, checkpoint: str, initial: bool = True) -> None:
         with graph.as_default():
             # before anything is restored or written: every job's graph against its checkpoint
             checkpoints.check_fits(checkpoint, {v.op.name: v.shape.as_list() for v in tf.global_variables()},
                                    {v.op.name for v in tf.get_collection(RESTORE_OPTIONAL)}, self._slot_patterns)
             stored = {name for name, _ in tf.train.list_variables(checkpoint)}
             fresh = [v for v in tf.get_collection(RESTORE_OPTIONAL) if v.op.name not in stored]
+            if fresh and not initial:  # restore() builds no Saver: only a session's first restore meets these
+                raise checkpoints.CheckpointError(f"{os.path.basename(checkpoint)} lacks variables this session "
+                                                  f"initialised at its first restore: open a new session on it")
             restorer = self.saver
             if fresh:
                 names = {v.op.name for v in fresh}
                 restorer = tf.train.Saver([v for v in tf.global_variables() if v.op.name not in names], sharded=True)
-            restore_locals = tf.group(tf.local_variables_initializer(), tf.variables_initializer(fresh))
+            restore_locals = (tf.group(tf.local_variables_initializer(), tf.variables_initializer(fresh))
+                              if initial else None)
             # Saver.save/restore take their eager path outside the graph
             try:
                 restorer.restore(self.session, checkpoint)
@@ -94,7 +107,8 @@ class MeshSession:
                     f"{base} in {folder} cannot be restored ({checkpoints.reason(e)}): put back a good copy of "
                     f"its files, delete them ({base}.*) to use the previous checkpoint, or pass --new to start "
                     f"over") from e
-            self.session.run(restore_locals)
+            if restore_locals is not None:
+                self.session.run(restore_locals)
 
     def run(self, fetches, feed_dict=None):
         return self.session.run(fetches, feed_dict=feed_dict)
