@@ -24,6 +24,7 @@ from config.schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
 from data.tokenizer import load_for_config
 from evals.tasks import append_result
+from infer import run
 from runtime import checkpoints
 from runtime.summaries import summary_writer, write_scalars
 
@@ -169,39 +170,66 @@ def prepare(options: HarnessOptions) -> Prepared:
     return Prepared(manager, [local_task(manager, name) for name in options.tasks])
 
 
+class Harness:
+    """The harness's tasks at checkpoints (see the module docstring for what a run writes). The scoring programs
+    are built at the first checkpoint and kept, restored at each next one (a training run's evaluations)."""
+
+    def __init__(self, cfg: GPTConfig, placement, options: HarnessOptions, prepared: Optional[Prepared] = None):
+        self.prepared = prepared or prepare(options)
+        self.cfg, self.placement, self.options = cfg, placement, options
+        self.tokenizer = load_for_config(cfg)
+        self.predictor = run.Predictor(cfg, placement)
+
+    def on_checkpoint(self, step: int, prefix: str) -> dict:
+        """The tasks on the checkpoint `prefix` of `step`; prints one line per task and writes the results.
+        Returns {task: {metric: value}}."""
+        from lm_eval import evaluator
+        from evals import harness_model
+        cfg, options = self.cfg, self.options
+        manager, tasks = self.prepared.manager, self.prepared.tasks
+        output = options.output_path or os.path.join(cfg.model_path, "harness", f"results_{step}.json")
+        checkpoints.check_writable(os.path.dirname(os.path.abspath(output)),
+                                   "make it writable, or pass --harness_output to write the results elsewhere")
+        self.predictor.restore(prefix)
+        lm = harness_model.CheckpointLM(cfg, self.placement, prefix, self.tokenizer, options.batch_size,
+                                        predictor=self.predictor)
+        try:
+            results = evaluator.simple_evaluate(model=lm, tasks=tasks, num_fewshot=options.num_fewshot,
+                                                limit=options.limit, task_manager=manager,
+                                                log_samples=options.log_samples,
+                                                bootstrap_iters=0 if options.limit else 100000)
+        except (FileNotFoundError, ConnectionError) as e:  # a task's data neither local nor in the datasets cache
+            raise DataError(f"a harness task's data could not be read offline ({str(e).splitlines()[0]}): give the "
+                            f"task local data files (docs/evaluation.md)") from None
+        samples = results.pop("samples", None)
+        results["gpt_neo"] = {"step": step, "checkpoint": lm.checkpoint, "config": cfg.model_path}
+        write_json(output, results)
+        if samples is not None:
+            write_json(output[:-len(".json")] + "_samples.json" if output.endswith(".json") else output + ".samples",
+                       samples)
+        table = task_metrics(results)
+        writer = summary_writer(os.path.join(cfg.model_path, "eval"))
+        for task, metrics in table.items():
+            append_result(cfg, {"step": step, "task": f"harness/{task}", **metrics})
+            write_scalars(writer, step, {f"harness/{task}/{name}": value for name, value in metrics.items()})
+            shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+            print(f"harness {task} at step {step}: {shown}", flush=True)
+        writer.close()
+        print(f"harness results in {output}", flush=True)
+        return table
+
+    def close(self) -> None:
+        self.predictor.close()
+
+    def __enter__(self) -> "Harness":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def run_harness(cfg: GPTConfig, placement, step: int, options: HarnessOptions,
                 prepared: Optional[Prepared] = None) -> dict:
-    """The harness's tasks on model_path's checkpoint at `step`; prints one line per task and writes the
-    results (see the module docstring). Returns {task: {metric: value}}."""
-    prepared = prepared or prepare(options)
-    from lm_eval import evaluator
-    from evals import harness_model
-    manager, tasks = prepared.manager, prepared.tasks
-    lm = harness_model.CheckpointLM(cfg, placement, checkpoints.prefix_of(cfg.model_path, step), load_for_config(cfg),
-                                    options.batch_size)
-    output = options.output_path or os.path.join(cfg.model_path, "harness", f"results_{step}.json")
-    checkpoints.check_writable(os.path.dirname(os.path.abspath(output)),
-                               "make it writable, or pass --harness_output to write the results elsewhere")
-    try:
-        results = evaluator.simple_evaluate(model=lm, tasks=tasks, num_fewshot=options.num_fewshot,
-                                            limit=options.limit, task_manager=manager, log_samples=options.log_samples,
-                                            bootstrap_iters=0 if options.limit else 100000)
-    except (FileNotFoundError, ConnectionError) as e:  # a task's data neither local nor in the datasets cache
-        raise DataError(f"a harness task's data could not be read offline ({str(e).splitlines()[0]}): give the task "
-                        f"local data files (docs/evaluation.md)") from None
-    samples = results.pop("samples", None)
-    results["gpt_neo"] = {"step": step, "checkpoint": lm.checkpoint, "config": cfg.model_path}
-    write_json(output, results)
-    if samples is not None:
-        write_json(output[:-len(".json")] + "_samples.json" if output.endswith(".json") else output + ".samples",
-                   samples)
-    table = task_metrics(results)
-    writer = summary_writer(os.path.join(cfg.model_path, "eval"))
-    for task, metrics in table.items():
-        append_result(cfg, {"step": step, "task": f"harness/{task}", **metrics})
-        write_scalars(writer, step, {f"harness/{task}/{name}": value for name, value in metrics.items()})
-        shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-        print(f"harness {task} at step {step}: {shown}", flush=True)
-    writer.close()
-    print(f"harness results in {output}", flush=True)
-    return table
+    """The harness's tasks on model_path's checkpoint at `step` (Harness)."""
+    with Harness(cfg, placement, options, prepared) as harness:
+        return harness.on_checkpoint(step, checkpoints.prefix_of(cfg.model_path, step))

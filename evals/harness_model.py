@@ -79,12 +79,16 @@ class CheckpointLM(TemplateLM):
     """The harness's view of a checkpoint of `cfg`'s model on `placement`, tokenized by `tokenizer`
     (data/tokenizer.py's LoadedTokenizer); `batch_size` rows per forward pass (default eval_batch_size)."""
 
-    def __init__(self, cfg, placement, checkpoint: str, tokenizer, batch_size: Optional[int] = None):
+    def __init__(self, cfg, placement, checkpoint: str, tokenizer, batch_size: Optional[int] = None,
+                 predictor: Optional[run.Predictor] = None):
+        """`predictor`: the programs to score with, at `checkpoint` (kept by the caller across checkpoints); by
+        default each batch of requests builds its own (infer/run.py's predict)."""
         super().__init__()
         if cfg.mlm_training:
             raise DataError("a masked language model (mlm_training) does not score text left to right: evaluate a "
                             "causal model with the harness")
         self.cfg, self.placement, self.checkpoint, self.tokenizer_ = cfg, placement, checkpoint, tokenizer
+        self.predictor = predictor
         self.batch_size = batch_size or cfg.eval_batch_size
         self.by_length = rows_by_length_safe(cfg)
         eos = cfg.eos_id if cfg.eos_id is not None else tokenizer.eos_id
@@ -181,8 +185,8 @@ class CheckpointLM(TemplateLM):
                 for row, i in enumerate(members):
                     whole = rows[i][0]
                     tokens[row, :len(whole) - 1], targets[row, :len(whole) - 1] = whole[:-1], whole[1:]
-                out = run.predict(self.cfg, self.placement, {"tokens": tokens, "targets": targets},
-                                  min(self.batch_size, len(members)), self.checkpoint, on_batch=bar.update)
+                out = self._predict({"tokens": tokens, "targets": targets}, min(self.batch_size, len(members)),
+                                    on_batch=bar.update)
                 for row, i in enumerate(members):
                     end = len(rows[i][0]) - 1
                     span = slice(end - rows[i][1], end)
@@ -238,14 +242,18 @@ class CheckpointLM(TemplateLM):
                     tokens[row, :len(prompts[i])] = prompts[i]
                 features = {"tokens": tokens, "prompt_length": np.array([len(prompts[i]) for i in members], np.int32),
                             "seed": np.arange(len(members), dtype=np.int32) + (self.cfg.sampling_seed or self.cfg.seed)}
-                out = run.predict(self.cfg, self.placement, features, min(self.batch_size, len(members)),
-                                  self.checkpoint, options, on_batch=bar.update)
+                out = self._predict(features, min(self.batch_size, len(members)), options, on_batch=bar.update)
                 for row, i in enumerate(members):
                     new = out["tokens"][row, len(prompts[i]):out["lengths"][row]]
                     text = postprocess_generated_text(self.tok_decode(new), until, None)
                     results[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return results
+
+    def _predict(self, rows: dict, batch_size: int, options=None, on_batch=None) -> dict:
+        if self.predictor is not None:
+            return self.predictor.predict(rows, batch_size, options, on_batch=on_batch)
+        return run.predict(self.cfg, self.placement, rows, batch_size, self.checkpoint, options, on_batch=on_batch)
 
     def _sampling_options(self, settings: dict, stop_ids: tuple) -> SamplingOptions:
         """The sampler's settings for one group of requests: greedy unless the request asks for a temperature

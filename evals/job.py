@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Optional
 
 from config.schema import ConfigError, GPTConfig
-from data.tokenizer import load_for_config
-from evals import harness, tasks, validation
+from evals import harness
+from evals.at_checkpoints import Evaluations
 from runtime import checkpoints
 from runtime.devices import Placement
 
@@ -16,7 +16,8 @@ def run_evaluation(cfg: GPTConfig, placement: Placement, harness_options: Option
     """Evaluates the newest checkpoint that can be read; an error when there is none or nothing to evaluate.
     Results are printed, written under model_path/eval and appended to the results file. The harness's tasks
     (evals/harness.py) are checked first, before anything runs."""
-    step = checkpoints.step_of(checkpoints.require_checkpoint(cfg.model_path))
+    checkpoint = checkpoints.require_checkpoint(cfg.model_path)
+    step = checkpoints.step_of(checkpoint)
     checkpoints.check_writable(cfg.model_path, "make it writable (evaluation writes model_path/eval and its "
                                                "results file), or evaluate a writable copy")
     has_eval_path = bool(cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
@@ -25,10 +26,6 @@ def run_evaluation(cfg: GPTConfig, placement: Placement, harness_options: Option
                           "the model config, or pass --harness_tasks")
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
     prepared = harness.prepare(harness_options) if cfg.harness_tasks else None
-    if has_eval_path:
-        validation.report(cfg, placement)
-    if cfg.eval_tasks:
-        tasks.run_eval_tasks(cfg, placement, load_for_config(cfg), step)
-    if prepared:
-        harness.run_harness(cfg, placement, step, harness_options, prepared)
+    with Evaluations(cfg, placement, has_eval_path, harness_options, prepared) as evaluations:
+        evaluations.on_checkpoint(step, checkpoint)
     return 0

@@ -15,13 +15,12 @@ from infer import run
 from runtime import checkpoints
 
 
-def checkpoint_scorer(cfg, placement, checkpoint: str):
-    """score(tokens, targets) -> (token_loss, token_correct) at the checkpoint, eval_batch_size rows at a time
-    (infer/run.py's predict, so it runs wherever --predict does)."""
+def scorer(cfg, predictor: run.Predictor):
+    """score(tokens, targets) -> (token_loss, token_correct) at the predictor's checkpoint, eval_batch_size rows at
+    a time (infer/run.py's predictions, so it runs wherever --predict does)."""
 
     def score(tokens: np.ndarray, targets: np.ndarray):
-        out = run.predict(cfg, placement, {"tokens": tokens, "targets": targets}, cfg.eval_batch_size, checkpoint,
-                             progress=True)
+        out = predictor.predict({"tokens": tokens, "targets": targets}, cfg.eval_batch_size, progress=True)
         return out["token_loss"], out["token_correct"]
 
     return score
@@ -40,15 +39,38 @@ def append_result(cfg, record: dict) -> str:
     return path
 
 
+class EvalTasks:
+    """Every task in cfg.eval_tasks at checkpoints: printed and appended to the results file. The scoring programs
+    are built at the first checkpoint and kept, restored at each next one (a training run's evaluations)."""
+
+    def __init__(self, cfg, placement, tokenizer):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.predictor = run.Predictor(cfg, placement)
+
+    def on_checkpoint(self, step: int, prefix: str) -> list[dict]:
+        self.predictor.restore(prefix)
+        score = scorer(self.cfg, self.predictor)
+        records = []
+        for task in self.cfg.eval_tasks:
+            metrics = TASKS[task].run(self.cfg, score, self.tokenizer)
+            record = {"step": step, "task": task, **metrics}
+            path = append_result(self.cfg, record)
+            shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+            print(f"eval task {task} at step {step}: {shown} (appended to {path})", flush=True)
+            records.append(record)
+        return records
+
+    def close(self) -> None:
+        self.predictor.close()
+
+    def __enter__(self) -> "EvalTasks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def run_eval_tasks(cfg, placement, tokenizer, step: int) -> list[dict]:
-    """Runs every task in cfg.eval_tasks on the latest checkpoint, prints and appends the results."""
-    score = checkpoint_scorer(cfg, placement, checkpoints.prefix_of(cfg.model_path, step))
-    records = []
-    for task in cfg.eval_tasks:
-        metrics = TASKS[task].run(cfg, score, tokenizer)
-        record = {"step": step, "task": task, **metrics}
-        path = append_result(cfg, record)
-        shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-        print(f"eval task {task} at step {step}: {shown} (appended to {path})", flush=True)
-        records.append(record)
-    return records
+    """Runs every task in cfg.eval_tasks on model_path's checkpoint at `step`, prints and appends the results."""
+    with EvalTasks(cfg, placement, tokenizer) as eval_tasks:
+        return eval_tasks.on_checkpoint(step, checkpoints.prefix_of(cfg.model_path, step))

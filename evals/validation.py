@@ -40,6 +40,12 @@ def evaluation_program(cfg: GPTConfig, placement: Placement, batches: Callable[[
                           runner.Batches(batches), steps_per_call=steps)
 
 
+def mean_loss(program: runner.Program, session, steps: int) -> float:
+    """The mean loss over `steps` batches of the evaluation program's input, read from its start."""
+    program.start(session)
+    return float(np.mean([values["loss"] for values in program.run(session, steps)]))
+
+
 def evaluate(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data.Dataset], steps: int,
              checkpoint: Optional[str] = None) -> tuple[float, int]:
     """The mean loss over `steps` batches of `batches()` ((inputs, labels), eval_batch_size rows each; made
@@ -47,9 +53,7 @@ def evaluate(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data
     checkpoint = checkpoint or checkpoints.require_checkpoint(cfg.model_path)
     program = evaluation_program(cfg, placement, batches, steps)
     with program.open(checkpoint, slot_patterns()) as session:
-        program.start(session)
-        losses = [values["loss"] for values in program.run(session, steps)]
-    return float(np.mean(losses)), checkpoints.step_of(checkpoint)
+        return mean_loss(program, session, steps), checkpoints.step_of(checkpoint)
 
 
 def evaluated_bytes(batches: Callable[[], tf.data.Dataset], steps: int, decode: Callable[[list], str]) -> int:
@@ -68,36 +72,71 @@ def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
     return loss * tokens / (n_bytes * math.log(2))
 
 
+class Validation:
+    """The validation loss over eval_steps batches (at most the eval data's) at checkpoints: printed, written as
+    TensorBoard scalars under model_path/eval and appended to the results file. Beside loss and perplexity, bits
+    per byte (a causal model's cross-entropy over the bytes the tokens spell). The program is built at the first
+    checkpoint and its session kept, restored at each next one (a training run's evaluations, train/job.py)."""
+
+    def __init__(self, cfg: GPTConfig, placement: Placement):
+        path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
+        if not path:
+            raise ConfigError("no eval_path: set it in the dataset config to evaluate")
+        available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
+        self.cfg, self.placement, self.path = cfg, placement, path
+        self.steps = min(cfg.eval_steps or available, available)
+        self.program, self.session = None, None
+        self._bytes: Optional[int] = None  # the bytes the evaluated tokens spell: the same at every checkpoint
+
+    def batches(self) -> tf.data.Dataset:
+        return mask_dataset(eval_dataset(self.path, self.cfg.n_ctx, self.cfg.eval_batch_size, n_vocab=self.cfg.n_vocab),
+                            self.cfg)
+
+    def loss(self, checkpoint: str) -> float:
+        if self.session is None:
+            self.program = evaluation_program(self.cfg, self.placement, self.batches, self.steps)
+            self.session = self.program.open(checkpoint, slot_patterns())
+        else:
+            self.session.restore(checkpoint)
+        return mean_loss(self.program, self.session, self.steps)
+
+    def on_checkpoint(self, step: int, prefix: str) -> dict:
+        cfg, steps = self.cfg, self.steps
+        loss = self.loss(prefix)
+        # The entmax loss (entmax_loss) is no log-likelihood: it has no perplexity. A masked language model's loss
+        # covers only its masked positions: no bits per byte of the whole text.
+        scores = {"loss": loss} if cfg.entmax_loss else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
+        shown = " (entmax loss)" if cfg.entmax_loss else f" | perplexity {scores['perplexity']:.2f}"
+        if not cfg.entmax_loss and cfg.causal:
+            if self._bytes is None:
+                decode = load_for_config(cfg).backend.decode
+                self._bytes = evaluated_bytes(self.batches, steps, lambda ids: decode(ids, skip_special_tokens=True))
+            if self._bytes:
+                scores["bits_per_byte"] = bits_per_byte(loss, steps * cfg.eval_batch_size * cfg.n_ctx, self._bytes)
+                shown += f" | bits per byte {scores['bits_per_byte']:.4f}"
+        print(f"eval at step {step}: loss {loss:.4f}{shown} "
+              f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
+        writer = summary_writer(os.path.join(cfg.model_path, "eval"))
+        write_scalars(writer, step, scores)
+        writer.close()
+        record = {"step": step, "task": "validation", **scores, "batches": steps}
+        append_result(cfg, record)
+        return record
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def __enter__(self) -> "Validation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def report(cfg: GPTConfig, placement: Placement) -> dict:
-    """The validation loss at model_path's latest checkpoint over eval_steps batches (at most the eval data's):
-    printed, written as TensorBoard scalars under model_path/eval and appended to the results file. Beside
-    loss and perplexity, bits per byte (a causal model's cross-entropy over the bytes the tokens spell)."""
-
-    path = cfg.tokenizer_dataset.eval_path if cfg.tokenizer_dataset else None
-    if not path:
-        raise ConfigError("no eval_path: set it in the dataset config to evaluate")
-    available = eval_batches(path, cfg.n_ctx, cfg.eval_batch_size)
-    steps = min(cfg.eval_steps or available, available)
-
-    def batches():
-        return mask_dataset(eval_dataset(path, cfg.n_ctx, cfg.eval_batch_size, n_vocab=cfg.n_vocab), cfg)
-
-    loss, step = evaluate(cfg, placement, batches, steps)
-    # The entmax loss (entmax_loss) is no log-likelihood: it has no perplexity. A masked language model's loss
-    # covers only its masked positions: no bits per byte of the whole text.
-    scores = {"loss": loss} if cfg.entmax_loss else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
-    shown = " (entmax loss)" if cfg.entmax_loss else f" | perplexity {scores['perplexity']:.2f}"
-    if not cfg.entmax_loss and cfg.causal:
-        decode = load_for_config(cfg).backend.decode
-        n_bytes = evaluated_bytes(batches, steps, lambda ids: decode(ids, skip_special_tokens=True))
-        if n_bytes:
-            scores["bits_per_byte"] = bits_per_byte(loss, steps * cfg.eval_batch_size * cfg.n_ctx, n_bytes)
-            shown += f" | bits per byte {scores['bits_per_byte']:.4f}"
-    print(f"eval at step {step}: loss {loss:.4f}{shown} "
-          f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
-    writer = summary_writer(os.path.join(cfg.model_path, "eval"))
-    write_scalars(writer, step, scores)
-    writer.close()
-    record = {"step": step, "task": "validation", **scores, "batches": steps}
-    append_result(cfg, record)
-    return record
+    """The validation loss at model_path's latest checkpoint (Validation's line, scalars and results record)."""
+    checkpoint = checkpoints.require_checkpoint(cfg.model_path)
+    with Validation(cfg, placement) as validation:
+        return validation.on_checkpoint(checkpoints.step_of(checkpoint), checkpoint)

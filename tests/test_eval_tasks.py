@@ -16,7 +16,8 @@ from data.errors import DataError
 from data.inputs import eval_dataset
 from data.tokenizer import load_for_config
 from data import eval_tasks
-from evals.tasks import checkpoint_scorer
+from evals.tasks import scorer
+from infer.run import Predictor
 from loading.config import load_config, replace
 from config.schema import ConfigError
 from tiny import compute_logits, devices_for, tiny_config
@@ -222,7 +223,8 @@ def test_lambada_task_equals_the_harness_lambada_openai_on_the_same_file(bigram_
     assert "dataset_path: json" in local
     (tmp_path / "lambada_openai.yaml").write_text(local)
     placement, checkpoint = placement_for(cfg), str(root / "run" / "model.ckpt-0")
-    ours = eval_tasks.lambada(cfg, checkpoint_scorer(cfg, placement, checkpoint), load_for_config(cfg))
+    with Predictor(cfg, placement, checkpoint) as predictor:
+        ours = eval_tasks.lambada(cfg, scorer(cfg, predictor), load_for_config(cfg))
     cfg = replace(cfg, eval_results_path=str(tmp_path / "results.jsonl"), model_path=str(root / "run"))
     theirs = harness.run_harness(cfg, placement, 0, harness.HarnessOptions(
         tasks=("lambada_openai",), include_path=str(tmp_path), output_path=str(tmp_path / "harness.json")))
