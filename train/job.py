@@ -9,8 +9,8 @@ from typing import Callable, Optional
 from config.schema import ConfigError, GPTConfig
 from data.inputs import DatasetSource, check_train_sources, train_dataset
 from data.mlm import mask_dataset
-from data.tokenizer import load_for_config
-from evals import harness, tasks, validation
+from evals import harness
+from evals.at_checkpoints import Evaluations
 from loading.config import replace
 from models import gpt
 from runtime import checkpoints
@@ -59,15 +59,14 @@ def check_training(cfg: GPTConfig) -> None:
 def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
                  on_start: Optional[Callable[[int, GPTConfig], None]] = None,
                  harness_options: Optional[harness.HarnessOptions] = None) -> int:
-    """Trains model_path to train_steps (resuming at its latest checkpoint), in chunks of steps_per_checkpoint
-    with the validation loss and eval tasks after each when the config asks for them. `on_start(step, cfg)` runs
-    once training is about to start at `step`, given the config as trained (precision "auto" resolved): after the
-    checkpoint was restored and found to fit the config, before anything is written into model_path (a checkpoint of another model leaves it untouched). Returns the step
-    reached.
+    """Trains model_path to train_steps (resuming at its latest checkpoint) in one session, with the validation
+    loss, eval tasks and harness tasks after each steps_per_checkpoint checkpoint when the config asks for them.
+    `on_start(step, cfg)` runs once training is about to start at `step`, given the config as trained (precision
+    "auto" resolved): after the checkpoint was restored and found to fit the config, before anything is written
+    into model_path (a checkpoint of another model leaves it untouched). Returns the step reached.
 
-    Which checkpoint training starts from is decided here, once (the newest that can be read); each chunk
-    then resumes from the checkpoint the previous one saved. SIGINT or SIGTERM (on a multi-host run: to any of its
-    tasks) stops after the current step with a checkpoint (loop.Interrupted)."""
+    Which checkpoint training starts from is decided here, once (the newest that can be read). SIGINT or SIGTERM
+    (on a multi-host run: to any of its tasks) stops after the current step with a checkpoint (loop.Interrupted)."""
     _check_datasets_and_writable(cfg)
     # The harness's tasks are checked before the first step, not found wrong after the first checkpoint.
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
@@ -105,35 +104,22 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
         print(f"MFU against {peak.flops / 1e12:.3g} TFLOP/s per device ({peak.source})", flush=True)
     else:
         print(f"MFU not shown: one device's peak is {peak.source}", flush=True)
-    writer = None
+    log = TrainingLog(cfg, log_every, peak.flops, None)
 
-    def opened(log: TrainingLog) -> None:  # the checkpoint fits the config (loop.train checked): writing starts
-        nonlocal writer
-        if writer is None:
-            if on_start:
-                on_start(start, cfg)
-            writer = summary_writer(cfg.model_path)
-        log.writer = writer
+    def opened() -> None:  # the checkpoint fits the config (loop.train checked): writing starts
+        if on_start:
+            on_start(start, cfg)
+        log.writer = summary_writer(cfg.model_path)
 
     def batches(first: int):  # the stream from step `first` on: exactly what an uninterrupted run reads there
         stream = train_dataset(sources, cfg.n_ctx, cfg.train_batch_size, cfg.seed, start_step=first,
                                n_vocab=cfg.n_vocab)
         return mask_dataset(stream, cfg, first_step=first)  # MLM masking; unchanged for language modelling
 
-    # Train in chunks of steps_per_checkpoint when evaluating, so that eval runs after each checkpoint.
-    step, checkpoint = start, restored
-    while step < cfg.train_steps:
-        evaluating = cfg.eval_steps or cfg.eval_tasks or cfg.harness_tasks
-        target = min(cfg.train_steps, step + cfg.steps_per_checkpoint) if evaluating else cfg.train_steps
-        log = TrainingLog(cfg, log_every, peak.flops, None)
+    validate = bool(cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
+    # One program and one session train to train_steps; the evaluations run after each steps_per_checkpoint save
+    # (train/loop.py's callbacks), their programs built at the first and kept (evals/at_checkpoints.py).
+    with Evaluations(cfg, placement, validate, harness_options, prepared) as evaluations:
         # The placement's stop watcher: a multi-host chief also stops when one of its workers got SIGTERM.
-        step = loop.train(cfg, placement, batches, until=target, log=log, on_open=lambda: opened(log),
-                          checkpoint=checkpoint, checkpoint_minutes=options.checkpoint_minutes)
-        checkpoint = checkpoints.prefix_of(cfg.model_path, step)  # loop.train saved the step it reached
-        if cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path:
-            validation.report(cfg, placement)
-        if cfg.eval_tasks:
-            tasks.run_eval_tasks(cfg, placement, load_for_config(cfg), step)
-        if prepared:
-            harness.run_harness(cfg, placement, step, harness_options, prepared)
-    return step
+        return loop.train(cfg, placement, batches, log=log, on_open=opened, checkpoint=restored,
+                          checkpoint_minutes=options.checkpoint_minutes, callbacks=[evaluations] if evaluations else [])

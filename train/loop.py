@@ -5,6 +5,9 @@ checkpoint (or initialises the variables from their seeds; runtime/mesh_session.
 input pipeline, positioned at the restored step so that a resumed run sees exactly the batches an
 uninterrupted one would. It saves a checkpoint every `steps_per_checkpoint` steps and at the end
 (runtime/checkpoints.py: atomic, rotated), prints progress and writes TensorBoard scalars (train/progress.py).
+After each of those saves (not the ones `checkpoint_minutes` adds, nor one made to stop) the callbacks given run
+with the checkpoint just written (`Callback.on_checkpoint`: train/job.py's evaluations), while the training
+session stays open: one program and one session train the whole run.
 A non-finite loss or gradient norm stops the run at that step, and a checkpoint is never written with weights
 holding inf or NaN (train/divergence.py's Diverged, one line: the last checkpoint written is the newest).
 Ctrl-C or SIGTERM (a scheduler's preemption or time limit) stops after the current step with a checkpoint saved; a
@@ -17,9 +20,10 @@ runtime/cluster.py) one session call runs one step; with --tpu the SIMD mesh run
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol, Sequence
 
 import tensorflow.compat.v1 as tf
 
@@ -52,6 +56,15 @@ class Interrupted(KeyboardInterrupt):
         return exit_code(self.signum)
 
 
+class Callback(Protocol):
+    """What a training run does at its checkpoints, beside saving them (train/job.py's evaluations)."""
+
+    def on_checkpoint(self, step: int, prefix: str) -> None:
+        """Runs after the checkpoint of `step` was saved as `prefix` (model_path/model.ckpt-STEP), at every
+        steps_per_checkpoint boundary and at the last step, unless a stop was asked for; training goes on after
+        it in the same session. Its time is left out of the progress line's throughput."""
+
+
 # The clock of `checkpoint_minutes` (tests replace it).
 clock = time.monotonic
 
@@ -74,7 +87,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
           log: Optional[TrainingLog] = None, on_step: Optional[Callable[[int, dict], None]] = None,
           on_open: Optional[Callable[[], None]] = None,
           checkpoint: Optional[str] = NEWEST, checkpoint_minutes: Optional[float] = None,
-          stop: Optional[StopOnSignal] = None) -> int:
+          stop: Optional[StopOnSignal] = None, callbacks: Sequence[Callback] = ()) -> int:
     """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
     train_steps), saving every steps_per_checkpoint steps and at the end. Returns the step reached.
 
@@ -83,7 +96,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
     (a job's own writes go there).
     `checkpoint_minutes` saves also when that many minutes have passed since the last save (checked after each
     session call). `stop` is the signal watcher to use; by default the placement's (a multi-host chief's also
-    stops when one of its workers got SIGTERM).
+    stops when one of its workers got SIGTERM). `callbacks` run after each steps_per_checkpoint save (Callback).
 
     `checkpoint` is the prefix to start from, as the caller decided it (train/job.py), None for the seeded
     initial weights, or NEWEST: model_path's newest that can be read (runtime/checkpoints.py's `restorable`: found
@@ -133,6 +146,11 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
                 if step == boundary or (due and not stop.requested):
                     save()
                     saved, saved_at = step, clock()
+                if step == boundary and callbacks and not stop.requested:
+                    prefix = checkpoints.prefix_of(cfg.model_path, step)
+                    with (log.paused() if log else contextlib.nullcontext()):
+                        for callback in callbacks:
+                            callback.on_checkpoint(step, prefix)
         finally:
             if log:
                 log.close()

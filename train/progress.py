@@ -11,6 +11,7 @@ learning_rate, grad_norm (and moe_loss; float16's loss_scale; with `log_grads`, 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Optional
@@ -63,6 +64,18 @@ class TrainingLog:
             speed["mfu"] = per_device / self.peak
         self._write(step, values, speed)
         self._last_time, self._last_step = now, step
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (an evaluation at a checkpoint) is not training: the next line's rate leaves it out.
+        The scalars written so far are flushed first, so that TensorBoard shows them during a long evaluation."""
+        self.close()
+        began = time.time()
+        try:
+            yield
+        finally:
+            if self._last_time is not None:
+                self._last_time += time.time() - began
 
     def graph(self, graph: tf.Graph) -> None:
         """The training graph, for TensorBoard's graph view (devices included)."""
