@@ -1,5 +1,6 @@
 """Training behaviour: equivalence across mesh layouts, resume (also from the TF 2.15 Estimator's checkpoints),
 what a checkpoint holds, atomic saves, retention and Ctrl-C."""
+import json
 import os
 import shutil
 import signal
@@ -194,3 +195,62 @@ def test_a_non_finite_loss_inside_a_call_of_several_steps_names_its_own_step(tmp
         loop.train(cfg, placement_for(cfg), fixed_batches(random_tokens([8, 17], seed=3), cfg.train_batch_size),
                    on_step=lambda step, values: seen.append(step))
     assert seen == [1, 2] and checkpoints.steps(cfg.model_path) == []
+
+
+def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evaluates_each_checkpoint(tmp_path,
+                                                                                                     monkeypatch):
+    """train/job.py with eval_steps and a checkpoint every step: one training program and one evaluation program
+    for the whole run (one session each, on a mesh of two devices: masters and slices apart), the same losses as a run that does not evaluate, and each checkpoint's
+    validation loss the one a fresh evaluation of that checkpoint gives; infer/run.py's Predictor (the eval tasks'
+    and the harness's scoring) moved to another checkpoint scores as a fresh one. Bugs caught: training in chunks
+    again (a program and session per checkpoint), Validation.loss building its program at every checkpoint, or
+    not restoring the kept session (stale weights: every checkpoint gets the first one's loss), MeshSession.restore
+    not copying the restored masters to the slices, and Predictor.restore leaving a kept session at its old
+    checkpoint."""
+    from cli.config_loading import load_config
+    from evals import validation
+    from infer import run
+    from train import progress
+    from train.job import run_training
+    from workspace import make_workspace
+
+    built, opened, losses = [], [], {}
+    program_init, program_open, log_step = runner.Program.__init__, runner.Program.open, progress.TrainingLog.step
+
+    def counted_init(self, cfg, placement, step, inputs, steps_per_call=1, seed=None):
+        built.append(type(inputs).__name__)
+        program_init(self, cfg, placement, step, inputs, steps_per_call, seed)
+
+    monkeypatch.setattr(runner.Program, "__init__", counted_init)
+    monkeypatch.setattr(runner.Program, "open", lambda self, *a, **k: opened.append(self) or program_open(self, *a, **k))
+    monkeypatch.setattr(progress.TrainingLog, "step", lambda self, step, values: losses.setdefault(
+        self.cfg.model_path, []).append(float(values["loss"])) or log_step(self, step, values))
+    cfg = load_config(make_workspace(tmp_path, train_steps=3, steps_per_checkpoint=1, eval_steps=2,
+                                     precision="float32", mesh_shape="x:2", layout="batch:x"))
+    placement = placement_for(cfg)
+    assert run_training(cfg, placement) == 3
+    assert len(built) == 2 and len(opened) == 2  # training's program and the validation's, a session each
+
+    with open(os.path.join(cfg.model_path, "eval_results.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    assert [(r["task"], r["step"]) for r in records] == [("validation", 1), ("validation", 2), ("validation", 3)]
+    evaluation = validation.Validation(cfg, placement)
+    for record in records:
+        fresh, _ = validation.evaluate(cfg, placement, evaluation.batches, evaluation.steps,
+                                       checkpoints.prefix_of(cfg.model_path, record["step"]))
+        assert record["loss"] == pytest.approx(fresh, rel=1e-6)
+    assert len({r["loss"] for r in records}) == 3
+
+    plain = cfg.replace(eval_steps=0, model_path=str(tmp_path / "plain"))
+    assert run_training(plain, placement) == 3
+    np.testing.assert_allclose(losses[cfg.model_path], losses[plain.model_path], rtol=1e-6)
+
+    rows = {"tokens": random_tokens([2, cfg.n_ctx], vocab=cfg.n_vocab), "targets": random_tokens([2, cfg.n_ctx],
+                                                                                                vocab=cfg.n_vocab)}
+    last = checkpoints.prefix_of(cfg.model_path, 3)
+    with run.Predictor(cfg, placement, checkpoints.prefix_of(cfg.model_path, 1)) as predictor:
+        first = predictor.predict(rows, 2)["token_loss"]
+        predictor.restore(last)
+        moved = predictor.predict(rows, 2)["token_loss"]
+    np.testing.assert_allclose(moved, run.predict(cfg, placement, rows, 2, last)["token_loss"], rtol=1e-6)
+    assert not np.allclose(first, moved)
