@@ -207,7 +207,7 @@ def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evalu
     not restoring the kept session (stale weights: every checkpoint gets the first one's loss), MeshSession.restore
     not copying the restored masters to the slices, and Predictor.restore leaving a kept session at its old
     checkpoint."""
-    from cli.config_loading import load_config
+    from loading.config import load_config
     from evals import validation
     from infer import run
     from train import progress
@@ -241,7 +241,7 @@ def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evalu
         assert record["loss"] == pytest.approx(fresh, rel=1e-6)
     assert len({r["loss"] for r in records}) == 3
 
-    plain = cfg.replace(eval_steps=0, model_path=str(tmp_path / "plain"))
+    plain = replace(cfg, eval_steps=0, model_path=str(tmp_path / "plain"))
     assert run_training(plain, placement) == 3
     np.testing.assert_allclose(losses[cfg.model_path], losses[plain.model_path], rtol=1e-6)
 
