@@ -178,6 +178,9 @@ class ScalarWriter:
     def add_summary(self, summary, step):
         self.scalars.update({value.tag: value.simple_value for value in summary.value})
 
+    def flush(self):
+        pass
+
 
 def logged_speed(cfg, peak_flops, seconds_per_step, monkeypatch):
     """The progress line and scalars of step 2, one step of `seconds_per_step` after an untimed step 1."""
@@ -207,3 +210,20 @@ def test_mfu_divides_the_meshs_flops_per_device_by_one_devices_peak(monkeypatch)
     assert f"| {flops_per_step / 4e9:.2f} GFLOP/s/device |" in line_4
     no_peak, scalars = logged_speed(four, 0.0, 1.0, monkeypatch)
     assert "MFU" not in no_peak and "mfu" not in scalars
+
+
+def test_the_rate_leaves_out_the_time_of_an_evaluation_at_a_checkpoint(monkeypatch):
+    """Steps 1 to 3 at 1 s each with a 10 s evaluation after step 2 (train/loop.py runs the callbacks inside
+    TrainingLog.paused): the line at step 3 shows 1 step/s, not 2 steps in 12 s. (Bug: paused() not moving the
+    last line's time by the pause.)"""
+    clock = iter([100.0, 101.0, 101.0, 111.0, 112.0])  # step 1, step 2, pause begins, pause ends, step 3
+    monkeypatch.setattr("train.progress.time.time", lambda: next(clock))
+    lines, writer = [], ScalarWriter()
+    log = TrainingLog(tiny_config(train_steps=10), every=1, peak_flops=0.0, writer=writer,
+                      print_fn=lambda line, **_: lines.append(line))
+    log.step(1, {"loss": 1.0, "learning_rate": 1e-3})
+    log.step(2, {"loss": 1.0, "learning_rate": 1e-3})
+    with log.paused():
+        pass
+    log.step(3, {"loss": 1.0, "learning_rate": 1e-3})
+    assert "| 1.00 steps/s |" in lines[1] and "| 1.00 steps/s |" in lines[2]
