@@ -221,12 +221,18 @@ ATTENTION_LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,hea
 @pytest.mark.parametrize("kind,length", [("global", 16), ("local_causal", 16), ("local_bidirectional", 16),
                                          ("local_causal", 512), ("local_bidirectional", 512),
                                          ("global_causal_blocks", 512), ("local_causal_blocks", 512),
-                                         ("local_causal_blocks_radius_100", 512)])
-def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind, length):
+                                         ("local_causal_blocks_radius_100", 512),
+                                         ("global_causal_blocks_recomputed", 512),
+                                         ("local_causal_blocks_radius_100_recomputed", 512)])
+def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind, length, monkeypatch):
     """*_causal_blocks: `causal_attention`, global (8 blocks of 64 queries, each against the keys up to its
     end) against mtf's attention over the whole square with the causal bias; local (8 blocks of 64 queries, each
-    against the keys its queries' windows reach, radius 4 and 100) against mtf's local_attention_1d."""
+    against the keys its queries' windows reach, radius 4 and 100) against mtf's local_attention_1d; *_recomputed:
+    with the softmax weights recomputed in the backward pass (as above KEEPS_WEIGHTS_UP_TO), not kept."""
     import mesh_tensorflow.transformer.attention as mtf_attention
+    if kind.endswith("_recomputed"):
+        monkeypatch.setattr(attention, "KEEPS_WEIGHTS_UP_TO", 0)
+        kind = kind[:-len("_recomputed")]
     if "causal_blocks" in kind and ("sequence" in layout or "memory_length" in layout):
         pytest.skip("the blocked causal attention runs where neither length is split (models/attention.py)")
     if kind != "global" and "sequence" in layout and length < 256:
@@ -278,12 +284,15 @@ def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind
 
 
 @pytest.mark.usefixtures("kernel_path")
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
 @pytest.mark.parametrize("radius", [None, 100])
-def test_causal_attention_in_bfloat16_is_float32s_rounded_to_bfloat16(radius):
+def test_causal_attention_in_bfloat16_is_float32s_rounded_to_bfloat16(radius, recompute, monkeypatch):
     """bf16 q, k, v: the logits and their softmax are fp32, the weights multiply v in bf16 and the backward
     products take bf16 operands; values and gradients are fp32's (on the same bf16-rounded inputs) to bf16
-    precision. The bug it guards: the weights handed to the bf16 products not being the softmax's (e.g. the
-    logits cast), which the fp32 tests cannot see: there the fp32 weights are used directly."""
+    precision, with the weights kept or recomputed. The bug it guards: the weights handed to the bf16 products
+    not being the softmax's (e.g. the logits cast), which the fp32 tests cannot see: there the fp32 weights are
+    used directly."""
+    monkeypatch.setattr(attention, "KEEPS_WEIGHTS_UP_TO", 0 if recompute else 512)
     rng = np.random.RandomState(3)
     batch, seq, heads, kv = (mtf.Dimension("batch", 1), mtf.Dimension("sequence", 512), mtf.Dimension("heads", 2),
                              mtf.Dimension("features_per_head", 8))

@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 import main
 from conftest import CPU_DEVICES
 from models import flops
+from models.kernels import attention
 from plan import model_graph
 from plan import dry_run as plan
 from loading.config import load_config, replace
@@ -176,13 +177,17 @@ def test_activation_estimates_follow_recompute_batch_and_layout():
 
 
 @pytest.mark.parametrize("precision,itemsize", [("float32", 4), ("bfloat16", 2)])
-def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps(precision, itemsize):
+def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps(precision, itemsize, monkeypatch):
     """models/kernels/attention.causal_attention keeps every block's softmax weights for its backward pass inside
     one op, where the mtf graph does not show them: the plan counts them from the op's kept_for_backward, in the
-    activations' dtype (under bf16 only the bf16 weights are kept)."""
-    cfg = tiny_config(n_layer=2, attention_types=[[["global", "local"], 1]], n_ctx=256, train_batch_size=2,
-                      precision=precision)
-    facts = plan.collect(cfg, recompute_flags=(False,))
+    activations' dtype (under bf16 only the bf16 weights are kept). Above KEEPS_WEIGHTS_UP_TO it recomputes them
+    and keeps nothing: the plan's activations grow linearly with the context."""
+    def saved(n_ctx):
+        cfg = tiny_config(n_layer=2, attention_types=[[["global", "local"], 1]], n_ctx=n_ctx, train_batch_size=2,
+                          precision=precision)
+        return cfg, plan.collect(cfg, recompute_flags=(False,))
+
+    cfg, facts = saved(256)
     # global: 4 blocks of 64 queries over 64, 128, 192 and 256 keys; local (radius 4): 4 blocks of 64 queries,
     # the first over its own 64 keys, the others over 3 more before them
     expected = {"global": 64 * (64 + 128 + 192 + 256), "local": 64 * 64 + 3 * 64 * (64 + 3)}
@@ -194,6 +199,14 @@ def test_the_plan_counts_the_softmax_weights_the_blocked_attention_keeps(precisi
     per_layer = [sum(dict(key).get("causal_attention_weights", 0) for (key, _), _ in layer.groups.items())
                  for layer in facts.layer_saved]
     assert per_layer == [expected["global"], expected["local"]]
+
+    monkeypatch.setattr(attention, "KEEPS_WEIGHTS_UP_TO", 128)
+    sizer = plan.Sizer("all:1", "")
+    recomputed = {n_ctx: saved(n_ctx)[1].saved[False] for n_ctx in (256, 512)}
+    assert not any("causal_attention_weights" in dict(key) for key, _ in recomputed[256].groups)
+    assert facts.saved[False].bytes(sizer) - recomputed[256].bytes(sizer) == pytest.approx(
+        itemsize * 2 * cfg.n_head * sum(expected.values()))
+    assert recomputed[512].bytes(sizer) == pytest.approx(2 * recomputed[256].bytes(sizer), rel=0.01)  # linear
 
 
 @pytest.mark.parametrize("changes", [

@@ -87,13 +87,21 @@ def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout
     return laid_out(out, output_shape.dims)
 
 
+# Contexts above this recompute the softmax weights in the backward pass instead of keeping them (_causal_blocks).
+KEEPS_WEIGHTS_UP_TO = 2048
+# The longest query block: one block's fp32 weights, [block, keys] per head, are the kernel's working set.
+MAX_BLOCK_LENGTH = 256
+
+
 def causal_block_length(n_ctx: int, radius: int | None = None) -> int:
     """The query block length of `causal_attention`: the largest divisor of n_ctx not above max(64, n_ctx / 8)
     for global attention (256 at GPT-Neo's 2048: 8 blocks, 36 of the square's 64 block pairs computed; 64 at
     context 256, where 128-query blocks computed 3/4 of the square and trained 1% slower), not above
-    max(64, radius / 2) for a window of `radius` (128 at GPT-Neo's 256: each block reads 383 keys, not mtf's 512)."""
+    max(64, radius / 2) for a window of `radius` (128 at GPT-Neo's 256: each block reads 383 keys, not mtf's 512);
+    never above MAX_BLOCK_LENGTH, so that one block's weights stay small at long contexts (at 32768, 256 queries
+    by 32768 keys by 12 heads in fp32 are 400 MB)."""
     block_length = max(64, n_ctx // 8) if radius is None else max(64, radius // 2)
-    block_length = min(block_length, n_ctx)
+    block_length = min(block_length, n_ctx, MAX_BLOCK_LENGTH)
     while n_ctx % block_length:
         block_length -= 1
     return block_length
@@ -112,24 +120,32 @@ def _visible_keys(start: int, end: int, radius: int | None) -> int:
 
 @tf.function(jit_compile=True)
 def _softmax_backward_as(y, dy, dtype):
-    """`_softmax_backward` computed in fp32 for weights `y` and their gradient `dy` in the activations' dtype,
-    stored in `dtype` (the dtype of q and k, which the logits' gradient is multiplied with next)."""
+    """`_softmax_backward` computed in fp32 for weights `y` (recomputed in fp32, or kept in the activations' dtype)
+    and their gradient `dy`, stored in `dtype` (the dtype of q and k, which the logits' gradient is multiplied with
+    next)."""
     y, dy = f32(y), f32(dy)
     return tf.cast((dy - tf.reduce_sum(dy * y, axis=-1, keepdims=True)) * y, dtype)
 
 
-def _causal_blocks(q, k, v, block_length: int, radius: int | None):
+def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bool):
     """One device's causal attention: q, k [..., length, key], v [..., length, value], all in the activations'
     dtype. Each block of queries against only the keys some query of it sees: from 0 (global) or the window's
     start (`radius`) to the block's own end, masked where a query does not see a key.
 
     The logits are fp32 products (q and k cast once; their softmax in fp32), as mtf's attention computes them.
-    The softmax weights are kept for the backward pass in v's dtype only, the one the product with v takes (under
-    bf16, 2 bytes per query-key pair instead of fp32's 4 plus the bf16 copy's 2: at 125M and context 8192 the
-    global layers' kept weights take 5 GiB instead of 15); the softmax gradient computes from them in fp32.
+    Without `recompute`, each block's softmax weights are kept for the backward pass in v's dtype only, the one
+    the product with v takes (2 bytes per query-key pair and head under bf16). With it (causal_attention: contexts
+    above KEEPS_WEIGHTS_UP_TO) nothing but q, k and v is kept: the backward pass recomputes each block's logits
+    (one more product per block) and their softmax, one block at a time, so attention's memory grows linearly
+    with the context (the kept weights of 125M's global layers take 5 GiB at context 8192 in bf16, 21 GiB at
+    16384). Flash attention keeps each row's log-sum-exp and recomputes the weights as exp(logits - lse); TF's
+    oneDNN softmax recomputed them faster than an XLA kernel's exp from kept statistics (a global layer's attention
+    forward and backward at context 2048, bf16, one core: 189 ms keeping the weights, 263 recomputing them with
+    the softmax, more with the log-sum-exp), which is also why short contexts keep them.
     The backward pass's products take their operands in the activations' dtype, as every other gradient product
-    does under bf16: the logits' gradient is stored in it by the fused softmax gradient, and multiplied with q
-    and k as they came (at bf16, oneDNN's bf16 kernels, several times fp32's rate on CPUs with bf16 units).
+    does under bf16: the fused softmax gradient (computed in fp32) stores the logits' gradient in it, and
+    multiplies it and the weights with q, k and the output's gradient as they came (at bf16, oneDNN's bf16
+    kernels, several times fp32's rate on CPUs with bf16 units).
 
     The gradient is written out (TF's own would pad every block's key and value gradients to the whole length
     and add them up: at context 2048 that cost a tenth of the step). Going back from the last block, the key and
@@ -145,27 +161,48 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None):
         seen = offset <= 0 if radius is None else tf.logical_and(offset <= 0, offset > -radius)
         return tf.where(seen, tf.zeros(tf.shape(offset)), tf.fill(tf.shape(offset), -1e10))
 
+    def softmax(q32, k32, start, end, first):  # the block's fp32 softmax weights [.., block, keys]
+        logits = tf.matmul(q32[..., start:end, :], k32[..., first:end, :], transpose_b=True)
+        return tf.nn.softmax(logits + mask(start, end, first), axis=-1)
+
+    def one_at_a_time(after):
+        """When recomputing, each block's ops (slices included) wait for `after`, the block before's results: only
+        one block's weights exist at once. TF's executor would otherwise run every block's ops the moment their
+        inputs exist and leave some (a block's query gradient, nothing needs it till the end) for later, holding
+        their inputs (its weights' gradient, slices that share a carry's buffer) meanwhile."""
+        return tf.control_dependencies(after if recompute else [])
+
     @tf.custom_gradient
     def blocks(q, k, v):
         q32, k32 = f32(q), f32(k)
-        weights, outputs = [], []  # in v's dtype, kept for the backward pass (kept_for_backward)
+        kept, outputs = [], []  # kept: each block's weights in v's dtype, unless recomputed (kept_for_backward)
         for start, end, first in spans:
-            logits = tf.matmul(q32[..., start:end, :], k32[..., first:end, :], transpose_b=True)  # [.., block, keys]
-            weights.append(tf.cast(tf.nn.softmax(logits + mask(start, end, first), axis=-1), v.dtype))
-            outputs.append(tf.matmul(weights[-1], v[..., first:end, :]))
+            with one_at_a_time(outputs[-1:]):
+                weights = tf.cast(softmax(q32, k32, start, end, first), v.dtype)
+                kept.append(None if recompute else weights)
+                outputs.append(tf.matmul(weights, v[..., first:end, :]))
 
         def gradient(d_out):
+            if recompute:
+                # q and k cast again once the backward pass reaches this op, or grappler's deduplication merges the
+                # casts with the forward pass's, whose fp32 copies of q and k (under bf16) are then kept till here
+                with tf.control_dependencies([d_out]):
+                    q32, k32 = f32(q), f32(k)
             d_q, d_k, d_v = [], [], []
             carry_k = carry_v = None  # over the keys from `carried_from` to the current block's start
+            after = [d_out]
             for i in reversed(range(len(spans))):
                 start, end, first = spans[i]
-                keys, values = k[..., first:end, :], v[..., first:end, :]  # sliced again: not kept meanwhile
-                d_out_i = d_out[..., start:end, :]
-                d_weights = tf.matmul(d_out_i, values, transpose_b=True)
-                d_logits = compiled(_softmax_backward_as, weights[i], d_weights, q.dtype)
-                d_q.append(tf.matmul(d_logits, keys))
-                part_k = f32(tf.matmul(d_logits, q[..., start:end, :], transpose_a=True))  # [.., end - first, key]
-                part_v = f32(tf.matmul(weights[i], d_out_i, transpose_a=True))
+                with one_at_a_time(after):
+                    keys, values = k[..., first:end, :], v[..., first:end, :]  # sliced again: not kept meanwhile
+                    d_out_i = d_out[..., start:end, :]
+                    d_weights = tf.matmul(d_out_i, values, transpose_b=True)
+                    weights = softmax(q32, k32, start, end, first) if recompute else kept[i]
+                    d_logits = compiled(_softmax_backward_as, weights, d_weights, q.dtype)
+                    weights = tf.cast(weights, v.dtype)
+                    d_q.append(tf.matmul(d_logits, keys))
+                    part_k = f32(tf.matmul(d_logits, q[..., start:end, :], transpose_a=True))  # [.., end - first, key]
+                    part_v = f32(tf.matmul(weights, d_out_i, transpose_a=True))
                 if carry_k is not None:  # the carry covers [carried_from, start): pad its front to `first`
                     before = [[0, 0]] * (len(part_k.shape) - 2) + [[carried_from - first, 0], [0, 0]]
                     carry_k = part_k + tf.pad(carry_k, before) if carried_from > first else part_k + carry_k
@@ -175,6 +212,7 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None):
                 d_k.append(tf.cast(carry_k[..., start - first:, :], k.dtype))
                 d_v.append(tf.cast(carry_v[..., start - first:, :], v.dtype))
                 carry_k, carry_v, carried_from = carry_k[..., :start - first, :], carry_v[..., :start - first, :], first
+                after = [d_q[-1], d_k[-1], d_v[-1], carry_k, carry_v]  # the block done, nothing of it left pending
             return [tf.concat(d[::-1], axis=-2) for d in (d_q, d_k, d_v)]
 
         return tf.concat(outputs, axis=-2), gradient
@@ -198,16 +236,17 @@ def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim,
     k = laid_out(k, shared + [memory_length_dim, key_dim])  # operands to fp32 itself
     v = laid_out(v, shared + [memory_length_dim, value_dim])
     block_length = causal_block_length(length_dim.size, radius)
-    out = mtf.slicewise(lambda q_, k_, v_: _causal_blocks(q_, k_, v_, block_length, radius), [q, k, v],
+    recompute = length_dim.size > KEEPS_WEIGHTS_UP_TO
+    out = mtf.slicewise(lambda q_, k_, v_: _causal_blocks(q_, k_, v_, block_length, radius, recompute), [q, k, v],
                         output_shape=mtf.Shape(shared + [length_dim, value_dim]), output_dtype=v.dtype,
                         splittable_dims=shared, name="causal_attention")
-    # What the op keeps for its backward pass beyond its inputs and output, which the mtf graph does not show:
-    # every block's softmax weights, in v's dtype. The memory plan (plan/dry_run.py)
-    # counts it with the activations the backward pass reads.
+    # What the op keeps for its backward pass beyond its inputs and output, which the mtf graph does not show (the
+    # memory plan, plan/dry_run.py, counts it with the activations the backward pass reads): every block's softmax
+    # weights in v's dtype, or nothing where they are recomputed.
     pairs = sum(block_length * (start + block_length - _visible_keys(start, start + block_length, radius))
                 for start in range(0, length_dim.size, block_length))
-    out.operation.kept_for_backward = [(mtf.Shape(shared + [mtf.Dimension("causal_attention_weights", pairs)]),
-                                        v.dtype.size)]
+    out.operation.kept_for_backward = [] if recompute else [
+        (mtf.Shape(shared + [mtf.Dimension("causal_attention_weights", pairs)]), v.dtype.size)]
     return laid_out(out, output_shape.dims)
 
 
