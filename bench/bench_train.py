@@ -171,10 +171,11 @@ def worker_ours(args, names: list | None = None) -> dict:
             ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
             return ds.repeat().batch(cfg.train_batch_size, drop_remainder=True).skip(start_step).prefetch(2)
 
-        times, losses = [], []
+        times, cpu_times, losses = [], [], []
 
         def clock(step, values):
             times.append(time.perf_counter())
+            cpu_times.append(time.process_time())
             losses.append(float(values["loss"]))
 
         loop.train(cfg, devices.Placement(tuple(names), kernels=getattr(args, "kernels", "xla")), batches, on_step=clock)
@@ -183,7 +184,10 @@ def worker_ours(args, names: list | None = None) -> dict:
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,
             "flops_per_token": training_flops_per_token(cfg), "first_loss": losses[0], "last_loss": losses[-1],
             "peak_rss": peak_rss(), "rss_framework": rss_framework,
-            "step_times": [round(b - a, 3) for a, b in zip(times[args.warmup - 1:], times[args.warmup:])]}
+            "step_times": [round(b - a, 3) for a, b in zip(times[args.warmup - 1:], times[args.warmup:])],
+            # the process's CPU seconds per step (all its threads): on a shared machine, what other work does not
+            # stretch as it stretches the wall time (two commits compared on one pinned core: --cpus 0)
+            "cpu_s_per_step": (cpu_times[-1] - cpu_times[args.warmup - 1]) / args.steps}
 
 
 def worker_hf(args, device: str = "cpu") -> dict:
@@ -237,7 +241,10 @@ def worker_hf(args, device: str = "cpu") -> dict:
     tokens = args.steps * m["batch"] * m["n_ctx"]
     result = {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps, "first_loss": losses[0],
               "last_loss": losses[-1], "peak_rss": peak_rss(), "rss_framework": rss_framework,
-              "step_times": [round(b - a, 3) for a, b in zip(times[args.warmup - 1:], times[args.warmup:])]}
+              "step_times": [round(b - a, 3) for a, b in zip(times[args.warmup - 1:], times[args.warmup:])],
+            # the process's CPU seconds per step (all its threads): on a shared machine, what other work does not
+            # stretch as it stretches the wall time (two commits compared on one pinned core: --cpus 0)
+            "cpu_s_per_step": (cpu_times[-1] - cpu_times[args.warmup - 1]) / args.steps}
     if device == "cpu":
         result.update(torch_threads=torch.get_num_threads(),
                       torch_fp32_matmul_flops=torch_matmul_peak(args.peak_size, args.peak_seconds),
