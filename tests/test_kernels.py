@@ -205,6 +205,30 @@ def test_cross_entropy_and_log_z_match_mtf_with_gradient(mesh_shape, layout, z_l
     np.testing.assert_allclose(got[0], reference, rtol=1e-5)
 
 
+def test_bfloat16_widened_and_stored_are_tf_casts():
+    """The fused kernels' integer conversions to and from bf16 (common.widened, common.stored) give tf.cast's
+    values: every bf16 bit pattern widened, and fp32 values rounded to nearest even (ties both ways, values that
+    round to infinity, infinities, NaN of any payload kept NaN). The bugs they guard: a rounding that truncates
+    or breaks ties away from even, and a NaN whose payload carries into the sign bit (stored as +0: a diverged
+    gradient hidden)."""
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    ties = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x3F807FFF, 0x3F808001, 0x7F7FFFFF, 0x7F7F8000, 0xFF7FFFFF,
+                     0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x7F800001, 0x7FFFFFFF, 0x00000001, 0x80008000],
+                    np.uint32)
+    values = np.concatenate([ties, np.random.RandomState(4).randint(0, 1 << 32, 100000, dtype=np.uint32)])
+    with tf.Graph().as_default(), tf.Session() as session:
+        bf16 = tf.bitcast(tf.constant(patterns), tf.bfloat16)
+        f32 = tf.bitcast(tf.constant(values), tf.float32)
+        widened, widened_cast, stored, stored_cast = session.run(
+            [tf.bitcast(t, tf.uint32) if t.dtype == tf.float32 else tf.bitcast(t, tf.uint16)
+             for t in (common.widened(bf16), tf.cast(bf16, tf.float32), common.stored(f32, tf.bfloat16),
+                       tf.cast(f32, tf.bfloat16))])
+    np.testing.assert_array_equal(widened, widened_cast)
+    nan = (stored_cast & 0x7F80 == 0x7F80) & (stored_cast & 0x7F != 0)
+    assert nan[:16].sum() == 4 and ((stored & 0x7F80 == 0x7F80) & (stored & 0x7F != 0) == nan).all()
+    np.testing.assert_array_equal(stored[~nan], stored_cast[~nan])
+
+
 def test_split_vocab_is_detected():
     from tiny import tiny_config
     assert not dimension_is_split(tiny_config(), "vocab")

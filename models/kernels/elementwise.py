@@ -10,7 +10,7 @@ import math
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums
+from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums, stored, widened
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -22,15 +22,15 @@ _GELU_C = math.sqrt(2 / math.pi)
 
 @tf.function(jit_compile=True)
 def _gelu_forward(x):
-    y = f32(x)
-    return tf.cast(y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y)))), x.dtype)
+    y = widened(x)
+    return stored(y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y)))), x.dtype)
 
 
 @tf.function(jit_compile=True)
 def _gelu_backward(x, dy):
-    x, dtype, dy = f32(x), dy.dtype, f32(dy)
+    x, dtype, dy = widened(x), dy.dtype, widened(dy)
     t = tf.tanh(_GELU_C * (x + 0.044715 * x * x * x))
-    return tf.cast(dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_GELU_C * (1.0 + 3 * 0.044715 * x * x))), dtype)
+    return stored(dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_GELU_C * (1.0 + 3 * 0.044715 * x * x))), dtype)
 
 
 def gelu(x: mtf.Tensor) -> mtf.Tensor:
@@ -56,22 +56,22 @@ def gelu(x: mtf.Tensor) -> mtf.Tensor:
 def _layer_norm_forward(x, g, b, epsilon):
     """y, and each row's mean and 1/sqrt(var + eps) for the backward pass (which then reads x once instead of
     three times: its moments were two more passes over x)."""
-    dtype, x, g, b = x.dtype, f32(x), f32(g), f32(b)
+    dtype, x, g, b = x.dtype, widened(x), widened(g), widened(b)
     mean = tf.reduce_mean(x, axis=-1, keepdims=True)
     xc = x - mean
     r = tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon)
-    return tf.cast(xc * r * g + b, dtype), mean[..., 0], r[..., 0]
+    return stored(xc * r * g + b, dtype), mean[..., 0], r[..., 0]
 
 
 @tf.function(jit_compile=True)
 def _layer_norm_backward_fused(x, g, dy, mean, r):
-    dtype, x, g, dy = x.dtype, f32(x), f32(g), f32(dy)
+    dtype, x, g, dy = x.dtype, widened(x), widened(g), widened(dy)
     r = r[..., None]
     x_hat = (x - mean[..., None]) * r
     d_hat = dy * g
     dx = r * (d_hat - tf.reduce_mean(d_hat, axis=-1, keepdims=True)
               - x_hat * tf.reduce_mean(d_hat * x_hat, axis=-1, keepdims=True))
-    return tf.cast(dx, dtype), tf.cast(dy * x_hat, dtype)
+    return stored(dx, dtype), stored(dy * x_hat, dtype)
 
 
 def _layer_norm_backward(x, g, dy, mean, r):
