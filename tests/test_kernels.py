@@ -205,6 +205,35 @@ def test_cross_entropy_and_log_z_match_mtf_with_gradient(mesh_shape, layout, z_l
     np.testing.assert_allclose(got[0], reference, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("kernel_path")
+def test_cross_entropy_of_bfloat16_logits_computes_in_float32():
+    """bf16 logits (the training path under bf16 hands them over without an fp32 copy): the losses are fp32's of
+    the same bf16 values and the gradient is fp32's rounded to bf16. The bug it guards: the kernel computing its
+    logsumexp in the logits' own dtype (bf16 sums of 50k exponentials lose the loss to rounding)."""
+    rng = np.random.RandomState(2)
+    batch, seq, _, _ = dims()
+    vocab = mtf.Dimension("vocab", 2048)
+    logits = (3 * rng.randn(batch.size, seq.size, vocab.size)).astype(np.float32)
+    labels = rng.randint(0, vocab.size, [batch.size, seq.size]).astype(np.int32)
+
+    def build(dtype):
+        def graph(mesh):
+            lg = mtf.cast(mtf.cast(mtf.import_tf_tensor(mesh, tf.constant(logits), mtf.Shape([batch, seq, vocab])),
+                                   tf.bfloat16), dtype)
+            lb = mtf.import_tf_tensor(mesh, tf.constant(labels), mtf.Shape([batch, seq]))
+            xent, log_z = cross_entropy_and_log_z(lg, lb, vocab)
+            [grad] = mtf.gradients([mtf.reduce_mean(xent) + 1e-2 * mtf.reduce_mean(mtf.square(log_z))], [lg])
+            assert xent.dtype == log_z.dtype == tf.float32 and grad.dtype == dtype
+            return [xent, log_z, mtf.cast(grad, tf.float32)]
+        return graph
+
+    expected = run(build(tf.float32), "all:1", "")
+    got = run(build(tf.bfloat16), "all:1", "")
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[2], expected[2], rtol=2 ** -8, atol=1e-9)
+
+
 def test_bfloat16_widened_and_stored_are_tf_casts():
     """The fused kernels' integer conversions to and from bf16 (common.widened, common.stored) give tf.cast's
     values: every bf16 bit pattern widened, and fp32 values rounded to nearest even (ties both ways, values that
