@@ -133,6 +133,26 @@ def test_bias_add_equals_mtf_add_with_gradients(mesh_shape, layout):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_bfloat16_product_over_a_long_contraction_in_pieces(transpose_a, transpose_b):
+    """A bf16 product whose contraction is long (the tied output layer's gradient: the vocabulary) runs in pieces
+    summed in fp32: the fp32 product of the same bf16 operands, to bf16 precision, with every transpose flag.
+    The bugs it guards: a piece left out or counted twice (the edges), a piece sliced along the wrong axis."""
+    k = 2 * matmul.LONG_CONTRACTION + 5  # three pieces
+    rng = np.random.RandomState(5)
+    a = rng.randn(*((k, 4) if transpose_a else (4, k))).astype(np.float32)
+    b = rng.randn(*((6, k) if transpose_b else (k, 6))).astype(np.float32)
+    with tf.Graph().as_default(), tf.Session() as session:
+        a16, b16 = tf.cast(tf.constant(a), tf.bfloat16), tf.cast(tf.constant(b), tf.bfloat16)
+        got, expected = session.run([tf.cast(matmul._product_2d(a16, b16, transpose_a, transpose_b), tf.float32),
+                                     tf.matmul(tf.cast(a16, tf.float32), tf.cast(b16, tf.float32),
+                                               transpose_a=transpose_a, transpose_b=transpose_b)])
+        pieces = [op for op in tf.get_default_graph().get_operations() if op.type == "MatMul"]
+    assert len(pieces) == 3 + 1
+    np.testing.assert_allclose(got, expected, rtol=2 ** -7, atol=2 ** -7 * np.abs(expected).max())
+
+
 def test_matmul_falls_back_to_einsum_where_it_is_not_one_matrix_product():
     mesh = mtf.Mesh(mtf.Graph(), "m")
     batch, heads, kv = mtf.Dimension("batch", 2), mtf.Dimension("heads", 3), mtf.Dimension("kv", 4)
