@@ -380,8 +380,10 @@ def _check_first_documents(source: DatasetSource, table: _FileTable, window: int
 
 
 def _source_tag(index: int, source: DatasetSource) -> int:
-    """A per-source hash input so two sources never share random decisions."""
-    return (zlib.crc32(source.path.encode("utf-8")) * 1000 + index) % _PRIME
+    """A per-source hash input so two sources never share random decisions: the glob's file pattern and the
+    source's place in the list, not its folder, so that data moved elsewhere (a clone in another folder, a run
+    continued on a host with another home directory) gives the same batches."""
+    return (zlib.crc32(os.path.basename(source.path).encode("utf-8")) * 1000 + index) % _PRIME
 
 
 def _choice_thresholds(sources: list[DatasetSource]) -> list:

@@ -85,6 +85,31 @@ def test_resume_with_mixed_sources(documents_glob, tmp_path):
     assert len(resumed) == 17 and all((a[0] == b[0]).all() for a, b in zip(uninterrupted[23:], resumed))
 
 
+@pytest.mark.parametrize("mode", ["documents_random", "sequential"])
+def test_moved_data_gives_the_same_batches(documents_glob, tmp_path, mode):
+    """A run's data moved to another folder (a repository cloned elsewhere, a run continued on another host with
+    another home directory) gives the same batches, so a resumed run still trains on what the uninterrupted one
+    would have. Bug caught: a source's random decisions seeded by its absolute path."""
+    import shutil
+    path, _ = documents_glob
+    if mode == "sequential":  # whole chunks of n_ctx+1 tokens, its files in a seeded order each epoch
+        path = write_files(str(tmp_path / "chunks"), "chunks", synthetic_documents([9] * 23), 5)
+    other = write_files(str(tmp_path / "here"), "other", synthetic_documents([12] * 30, base=500_000), 7)
+
+    def batches(first, second):
+        sources = [DatasetSource(first, 1 if mode == "sequential" else 2, mode, 2.0),
+                   DatasetSource(second, 1, "documents_fixed", 1.0)]
+        return take(train_dataset(sources, 8, 3, seed=5), 12)
+
+    moved = tmp_path / "elsewhere" / "deeper"
+    shutil.copytree(os.path.dirname(path), moved / "docs")
+    shutil.copytree(os.path.dirname(other), moved / "other")
+    for (a, _), (b, _) in zip(batches(path, other), batches(str(moved / "docs" / os.path.basename(path)),
+                                                               str(moved / "other" / os.path.basename(other))),
+                              strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_documents_random_windows_are_contiguous_slices_of_stitched_documents(documents_glob):
     path, lengths = documents_glob
     stitch = 3
