@@ -132,7 +132,8 @@ def run(args) -> int:
         plan_flags.check_memory(args, cfg, placement)  # the dry run's estimate against host RAM and GPUs' memory
     training = not (args.export or args.predict or args.eval)
     if training:
-        check_training(cfg)  # no datasets, a model_path that cannot be written, data that cannot give windows
+        # no datasets, a model_path that cannot be written, data that cannot give windows, unknown harness tasks
+        check_training(cfg, eval_flags.options(args, cfg))
     if args.new:
         train_flags.delete_model_path(cfg.model_path)
     if args.export:

@@ -182,12 +182,12 @@ def test_a_checkpoint_of_another_shape_is_one_line_and_nothing_is_touched(traine
 # 2b. --new deletes last: every refusal comes first
 
 
-@pytest.mark.parametrize("refusal", ["memory", "data", "lock"])
+@pytest.mark.parametrize("refusal", ["memory", "data", "lock", "harness"])
 def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(trained, tmp_path, capsys, monkeypatch,
                                                                          refusal):
     """`--new --yes` deleted model_path, then the memory check refused the job: the run was gone and nothing
-    trained. The memory check, training's data check (stitch 1 of documents shorter than n_ctx+1) and a running
-    trainer's lock all refuse before anything is deleted."""
+    trained. The memory check, training's data check (stitch 1 of documents shorter than n_ctx+1), a running
+    trainer's lock and an unknown harness task all refuse before anything is deleted."""
     from plan import memory_check
     changes = dict(datasets=[["tiny", 1, "documents_random", 1.0]], n_ctx=4096) if refusal == "data" else {}
     config, model_path = copy_run(trained, tmp_path, train_steps=3, **changes)
@@ -196,11 +196,14 @@ def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(traine
     if refusal == "lock":  # this process, alive, holds the lock
         with open(os.path.join(model_path, ".trainer.lock"), "w") as f:
             json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}, f)
+    tasks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "evals", "harness_tasks")
+    flags = ["--harness_tasks", "tiny_lambda", "--harness_include_path", tasks] if refusal == "harness" else []
     before = snapshot(model_path)
-    code, out, err = run(capsys, config, "--new", "--yes")
+    code, out, err = run(capsys, config, "--new", "--yes", *flags)
     line = one_error(code, err)
     expected = {"memory": "error: training ", "data": "error: stitch 1 * shortest document",
-                "lock": f"error: {model_path} is being trained by pid {os.getpid()}"}[refusal]
+                "lock": f"error: {model_path} is being trained by pid {os.getpid()}",
+                "harness": "error: harness task 'tiny_lambda' is not known"}[refusal]
     assert line.startswith(expected), line
     assert "deleted" not in out and snapshot(model_path) == before
 

@@ -47,13 +47,17 @@ def _check_datasets_and_writable(cfg: GPTConfig) -> None:
     checkpoints.check_writable(cfg.model_path, "make it writable, or set model_path to a folder you can write in")
 
 
-def check_training(cfg: GPTConfig) -> None:
+def check_training(cfg: GPTConfig, harness_options: Optional[harness.HarnessOptions] = None) -> None:
     """Every refusal of training that needs no checkpoint, writing nothing: a config without datasets, a
-    model_path that cannot be written, and the data's (data/inputs.py's build-time checks: files that are there
-    and whole, documents that `stitch` makes into windows of n_ctx+1 tokens, ids below n_vocab). main.py runs it
-    before --new deletes model_path; training itself meets the data's when it builds its input pipeline."""
+    model_path that cannot be written, the data's (data/inputs.py's build-time checks: files that are there
+    and whole, documents that `stitch` makes into windows of n_ctx+1 tokens, ids below n_vocab) and the
+    harness's tasks (known, their local data there). main.py runs it before --new deletes model_path; training
+    itself meets the data's when it builds its input pipeline."""
     _check_datasets_and_writable(cfg)
     check_train_sources(dataset_sources(cfg), cfg.n_ctx, cfg.train_batch_size, cfg.seed, n_vocab=cfg.n_vocab)
+    harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
+    if harness_options.tasks:
+        harness.prepare(harness_options)
 
 
 def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
