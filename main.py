@@ -109,15 +109,16 @@ def run(args) -> int:
     overrides.update(eval_flags.config_overrides(args))
     overrides.update(plan_flags.config_overrides(args))
     cfg = load_config(args.model, overrides)
-    if not (args.export or args.new):  # the tokenizer model_path's checkpoints were trained on (--new deletes them)
-        tokenizer_record.check(cfg)
 
     if args.check_dataset:
+        tokenizer_record.check(cfg)  # the tokenizer model_path's checkpoints were trained on
         return data_check.run(cfg)
     train_options = train_flags.options(args)  # checked here, before anything runs
-    handled = plan_flags.dispatch(args, cfg)  # --dry_run, --auto_layout*
+    handled = plan_flags.dispatch(args, cfg)  # --dry_run, --auto_layout*: they read nothing in model_path
     if handled is not None:
         return handled
+    if not (args.export or args.new):  # the tokenizer model_path's checkpoints were trained on (--new deletes them)
+        tokenizer_record.check(cfg)
     if not args.export:  # training, --eval and --predict read the data's tokens (--check_dataset warns itself)
         warn_unrecorded_tokenizers(cfg)
     # A TPU, the hosts of a multi-host cluster (whose workers serve here until released), or this machine's GPUs
