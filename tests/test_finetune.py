@@ -254,6 +254,7 @@ def test_from_hf_refuses_a_model_whose_end_of_text_is_not_its_tokenizers(release
 # The path end to end
 
 
+@pytest.mark.slow
 def test_a_fine_tune_lowers_eval_loss_on_the_new_text(released, tmp_path, capsys):
     """docs/finetune.md's commands on a small released model: from_hf --text_dir encodes the text with the
     folder's tokenizer (held-out file apart) into a dataset read as the base config's entry is; --eval and
@@ -309,6 +310,7 @@ def test_a_fine_tune_lowers_eval_loss_on_the_new_text(released, tmp_path, capsys
     np.testing.assert_array_equal(model.transformer.wte.weight.detach().numpy(), wte)
 
 
+@pytest.mark.slow
 def test_gpt_neo_125m_imports_encodes_fine_tunes_a_step_and_exports(released, tmp_path, capfd):
     """GPT-Neo 125M's real shape and config (random weights, saved by transformers) beside a GPT-2-style tokenizer
     folder: from_hf --text_dir with configs/finetune.json's settings, one training step at its full context

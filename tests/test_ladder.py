@@ -177,6 +177,7 @@ def trained_ladder(tmp_path_factory):
             "second_code": second_code, "kept": kept, "kept_results": kept_results, "cut": cut}
 
 
+@pytest.mark.slow
 def test_cut_off_ladder_resumes_without_training_again(trained_ladder):
     """SIGINT during the second size stops the ladder with that size's checkpoint saved where it stopped; the next
     run skips the finished size (its files untouched), resumes the cut one from its checkpoint and trains it to the
@@ -199,6 +200,7 @@ def test_cut_off_ladder_resumes_without_training_again(trained_ladder):
     assert re.search(r"\| ladder \d+% of FLOPs, eta \S+", out)  # the ladder's progress on the sizes' lines
 
 
+@pytest.mark.slow
 def test_tiny_ladders_eval_loss_falls_with_n(trained_ladder):
     """At the same tokens per parameter (the same fraction of each run) the bigger size has the lower eval loss, at
     every evaluation. (Bug: size_runs shaping every size by the first target.)"""
@@ -209,6 +211,7 @@ def test_tiny_ladders_eval_loss_falls_with_n(trained_ladder):
         assert big_loss < small_loss, (small, big)
 
 
+@pytest.mark.slow
 def test_status_reads_the_model_paths(trained_ladder):
     """status: every size done at 100%, with its final eval loss as recorded. (Bug: the eval loss shown from the
     first evaluation instead of the latest.)"""
@@ -219,6 +222,7 @@ def test_status_reads_the_model_paths(trained_ladder):
         assert row.endswith("done") and " 100%" in row and f"{final:.3f}" in row, row
 
 
+@pytest.mark.slow
 def test_a_started_size_keeps_its_config(trained_ladder, tmp_path):
     """A spec changed after sizes trained (another lr rule) is refused before anything is written. (Bug:
     write_configs comparing only the sizes that have not started.)"""
