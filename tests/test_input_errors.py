@@ -64,7 +64,9 @@ def test_main_names_a_binary_prompt_file_and_a_model_path_that_is_a_file(tmp_pat
     assert (tmp_path / "run").read_text() == "not a folder"
 
 
-@pytest.mark.parametrize("content", [PNG, gzip.compress(b"text\n"), b"caf\xe9 au lait\n", "hi\n".encode("utf-16-le")])
+# mtime=0: the same gzip bytes in every process, so that pytest-xdist's workers collect the same test ids
+@pytest.mark.parametrize("content", [PNG, gzip.compress(b"text\n", mtime=0), b"caf\xe9 au lait\n",
+                                     "hi\n".encode("utf-16-le")])
 @pytest.mark.parametrize("per_line", [False, True])
 def test_a_prompt_file_that_is_not_utf8_text_is_one_line_naming_it(tmp_path, content, per_line):
     good = tmp_path / "good.txt"
