@@ -4,11 +4,12 @@ loopback from each; --cluster/--workers override the environment."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from ports import loopback_ports
 
 import main
 from runtime import checkpoints
@@ -103,18 +104,7 @@ def test_the_device_request_holds_the_launchers_cluster_but_not_for_selfcheck_or
 
 def free_port_pair():
     """A port p with p + 1 free too (SLURM's layout: a node's tasks on consecutive ports)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    pytest.skip("no two consecutive free ports on loopback")
+    return loopback_ports(2)[0]
 
 
 @pytest.mark.slow

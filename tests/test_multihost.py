@@ -4,11 +4,12 @@ import glob
 import json
 import os
 import re
-import socket
 import subprocess
 
 import numpy as np
 import pytest
+
+from ports import loopback_ports
 import tensorflow.compat.v1 as tf
 
 import main
@@ -23,13 +24,7 @@ LOSS = re.compile(r"step +(\d+)/3 \| loss ([0-9.]+)")
 
 
 def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    return loopback_ports(n)
 
 
 def finish(processes: dict, timeouts: dict) -> dict:
