@@ -46,8 +46,9 @@ if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ c
     quiet_tensorflow()
 
 import bench_train  # noqa: E402  (peer_name; nothing heavy at module level)
+import worker  # noqa: E402
 
-MARK = "BENCH_RESULT "
+MARK = worker.MARK
 PEERS = ["float32", "bfloat16", "float32+compile", "bfloat16+compile"]
 
 
@@ -348,14 +349,7 @@ def print_table(s: dict, args) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
-    if args.worker:
-        if args.cpus:
-            os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])  # before TF/torch size their pools
-        print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
-        return 0
-    print_table(measure(args), args)
-    return 0
+    return worker.main(parse(argv), WORKERS, measure, print_table)
 
 
 if __name__ == "__main__":

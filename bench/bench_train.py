@@ -43,11 +43,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
     from console import quiet_tensorflow
     quiet_tensorflow()
 
-MARK = "BENCH_RESULT "
+import worker  # noqa: E402
+
+MARK = worker.MARK
 # Shapes: every flag of model_args; a flag given on the command line overrides its shape's value.
 SHAPES = {
     "bench": dict(n_layer=6, n_embd=512, n_head=8, n_vocab=8192, n_ctx=256, window=128, batch=8),
@@ -467,14 +470,7 @@ def print_table(s: dict, args) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
-    if args.worker:
-        if args.cpus:
-            os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])  # before TF/torch size their pools
-        print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
-        return 0
-    print_table(measure(args), args)
-    return 0
+    return worker.main(parse(argv), WORKERS, measure, print_table)
 
 
 if __name__ == "__main__":
