@@ -2,7 +2,9 @@
 initialised from their seeds) and copied to the mesh's slices; saving copies them back first.
 
 Every job's program runs in one (opened by runtime/runner.py's Program for training, evaluation, prediction, the
-SavedModel export and --selfcheck; tools/hf.py's import opens its own), on CPUs and GPUs or on a TPU.
+SavedModel export and --selfcheck), on CPUs and GPUs or on a TPU. tools/hf.py's import writes its step-0
+checkpoint without one (nothing is lowered), with the same Saver and finiteness check (`checkpoint_saver`,
+`save_finite`).
 """
 from __future__ import annotations
 
@@ -33,8 +35,7 @@ class MeshSession:
     def __init__(self, graph: tf.Graph, lowering: mtf.Lowering, target: str, config: tf.ConfigProto,
                  checkpoint: Optional[str], finalize: bool = True, slot_patterns: Mapping[str, str] = {}):
         with graph.as_default():
-            self.saver = tf.train.Saver(tf.global_variables(), sharded=True, max_to_keep=None,
-                                        save_relative_paths=True)
+            self.saver = checkpoint_saver(tf.global_variables())
             initialize = tf.group(tf.global_variables_initializer(), tf.local_variables_initializer())
             self.copy_to_slices = lowering.copy_masters_to_slices()
             self.copy_to_masters = lowering.copy_slices_to_masters()
@@ -118,13 +119,7 @@ class MeshSession:
         """Copies the slices back to the masters and writes them as model.ckpt-STEP; weights holding inf or NaN
         are a checkpoints.NonFiniteWeights, with nothing written."""
         self.session.run(self.copy_to_masters)
-        if self._finite is not None:
-            finite = self.session.run(self._finite)
-            if not finite.all():
-                names = [v.op.name for v, ok in zip(self._checked, finite) if not ok]
-                raise checkpoints.NonFiniteWeights(writer.model_path, step, names)
-        with self.session.graph.as_default():
-            return writer.save(self.session, step)
+        return save_finite(self.session, writer, step, self._checked, self._finite)
 
     def close(self) -> None:
         self.session.close()
@@ -146,6 +141,26 @@ def run_once(session: tf.Session, op) -> None:
     initialise = session._make_callable_from_options(options)  # Session.make_callable takes run()'s path instead
     initialise()
     del initialise  # TF_SessionReleaseCallable
+
+
+def checkpoint_saver(variables: list) -> tf.train.Saver:
+    """The Saver of a checkpoint of `variables` (every global variable of a job's graph), as every checkpoint is
+    written: sharded by device, with relative paths (a model_path can move), rotation left to
+    checkpoints.CheckpointWriter."""
+    return tf.train.Saver(variables, sharded=True, max_to_keep=None, save_relative_paths=True)
+
+
+def save_finite(session: tf.Session, writer: checkpoints.CheckpointWriter, step: int, checked: list,
+                finite: Optional[tf.Tensor]) -> str:
+    """Writes model.ckpt-STEP through `writer`, unless a variable of `checked` holds inf or NaN (`finite`: their
+    flags, from `finiteness`): then a checkpoints.NonFiniteWeights, with nothing written."""
+    if finite is not None:
+        flags = session.run(finite)
+        if not flags.all():
+            names = [v.op.name for v, ok in zip(checked, flags) if not ok]
+            raise checkpoints.NonFiniteWeights(writer.model_path, step, names)
+    with session.graph.as_default():
+        return writer.save(session, step)
 
 
 def finiteness(variables: list) -> tuple[list, Optional[tf.Tensor]]:
