@@ -12,8 +12,11 @@ import tensorflow.compat.v1 as tf
 import main
 from data.tokenizer import load_tokenizer
 from loading.config import load_config, replace
+from models import gpt
+from runtime import checkpoints
 from tiny import checkpoint_of_order_one_weights, compute_logits, devices_for, random_tokens, tiny_config, train
 from tools import hf
+from train import loss_scale
 from workspace import REPO, TOKENIZER, make_workspace, run_python
 
 torch = pytest.importorskip("torch")
@@ -156,6 +159,7 @@ WITHOUT_TORCH = """
 import sys
 sys.modules["torch"] = None  # import torch raises ImportError; transformers finds no PyTorch
 from tools import hf
+from train import loss_scale
 for command in sys.argv[1:]:
     code = hf.main(command.split("\\t"))
     if code:
@@ -205,6 +209,65 @@ def test_models_trained_from_each_gpt3_config_convert_both_ways_without_pytorch(
     assert back.endswith("model.ckpt-0")
     for variable in ("gpt2/wte", "gpt2/h0/attn/q", "gpt2/h1/mlp/conv1d_main/c_fc/kernel", "gpt2/ln_f/b"):
         np.testing.assert_array_equal(tf.train.load_variable(back, variable), tf.train.load_variable(first, variable))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The step-0 checkpoint from_hf and from_neo write (hf.write_checkpoint), made from the training step's graph
+# without lowering it: exactly what a training checkpoint of the config holds.
+
+
+def stored(checkpoint: str) -> dict:
+    """name -> (shape, dtype) of every variable in a checkpoint, as TensorFlow's reader lists them."""
+    reader = tf.train.load_checkpoint(checkpoint)
+    dtypes = reader.get_variable_to_dtype_map()
+    return {name: (list(shape), dtypes[name]) for name, shape in reader.get_variable_to_shape_map().items()}
+
+
+@pytest.mark.parametrize("precision,opt_name", [("float32", "adam"), ("float16", "adam"), ("bfloat16", "adafactor")])
+def test_imported_checkpoint_holds_exactly_the_variables_a_training_checkpoint_holds(tmp_path, precision, opt_name):
+    """write_checkpoint against the checkpoint one training step saves for the same config: the same variable
+    names, shapes and dtypes (float32 masters under bfloat16 and float16, the optimizer's slots, global_step,
+    float16's loss-scale state), the weights given, every other variable at its initial value. (Training resumes
+    from it: test_hf_folder_becomes_a_checkpoint_that_main_trains_and_predicts_from, tests/test_finetune.py.)
+    Bugs caught: write_checkpoint saving tf.trainable_variables() instead of tf.global_variables() (no slots,
+    no global_step), or building the step at float32 whatever the config's precision (float16's loss-scale state
+    missing)."""
+    cfg = tiny_config(precision=precision, opt_name=opt_name, model_path=str(tmp_path / "trained"))
+    data = random_tokens([8, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=3)
+    train(cfg, data, 1)
+    trained = checkpoints.latest(cfg.model_path)
+    weights = {name: tf.train.load_variable(trained, name) for name in gpt.variable_shapes(cfg)}
+    imported = replace(cfg, model_path=str(tmp_path / "imported"))
+    written = hf.write_checkpoint(imported, weights)
+    assert written == checkpoints.prefix_of(imported.model_path, 0)
+    assert stored(written) == stored(trained)
+    for name in stored(written):
+        value = tf.train.load_variable(written, name)
+        if name in weights:
+            np.testing.assert_array_equal(value, weights[name])
+        elif name == loss_scale.SCALE:
+            assert value == cfg.initial_loss_scale
+        else:  # optimizer slots, global_step, the loss scale's count of good steps
+            assert not np.any(value), name
+
+
+def test_write_checkpoint_refuses_weights_that_are_not_the_configs_and_writes_nothing(tmp_path):
+    """Missing, unknown and misshapen weights are one ConversionError each, and weights holding NaN a
+    NonFiniteWeights, all before anything is written in model_path.
+    Bug caught: write_checkpoint dropping the finiteness check (a model_path whose step 0 is NaN)."""
+    cfg = tiny_config(model_path=str(tmp_path / "run"))
+    weights = {name: np.zeros(shape, np.float32) for name, shape in gpt.variable_shapes(cfg).items()}
+    with pytest.raises(hf.ConversionError, match=r"no weights for \['gpt2/wpe'\]"):
+        hf.write_checkpoint(cfg, {name: value for name, value in weights.items() if name != "gpt2/wpe"})
+    with pytest.raises(hf.ConversionError, match="the training graph has no variable gpt2/extra"):
+        hf.write_checkpoint(cfg, {**weights, "gpt2/extra": np.zeros([3], np.float32)})
+    with pytest.raises(hf.ConversionError, match=r"gpt2/wpe is \[8, 32\] in the HF model but \[16, 32\] here"):
+        hf.write_checkpoint(cfg, {**weights, "gpt2/wpe": np.zeros([8, 32], np.float32)})
+    broken = dict(weights)
+    broken["gpt2/ln_f/g"] = np.full(broken["gpt2/ln_f/g"].shape, np.nan, np.float32)
+    with pytest.raises(checkpoints.NonFiniteWeights, match="gpt2/ln_f/g hold inf or NaN"):
+        hf.write_checkpoint(cfg, broken)
+    assert not os.path.exists(cfg.model_path) or not os.listdir(cfg.model_path)
 
 
 # ----------------------------------------------------------------------------------------------------

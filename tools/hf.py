@@ -32,8 +32,11 @@ last, so a run cut short in between leaves a folder no reader takes for a model.
 stay. from_hf refuses a folder whose weights files do not agree with each other or with their index.
 
 from_hf writes the model config from `--base_config` (training settings, datasets, mesh) with the architecture
-taken from the HF config, then builds the training graph of that config once, so the checkpoint holds every
-variable training restores (optimizer slots at their initial zeros, global_step 0) and the HF weights.
+taken from the HF config, then a step-0 checkpoint of it (`write_checkpoint`, from_neo's too): the variables are
+those the training step's mesh-tensorflow graph creates (train/step.build, before lowering), so the checkpoint
+holds exactly what a training checkpoint of the config holds, by name, shape and dtype: the HF weights, the
+optimizer's slots at zero, global_step 0, float16's loss-scale state at its start. The graph is neither lowered
+nor run: only the variables' values are set and saved.
 """
 from __future__ import annotations
 
@@ -394,13 +397,17 @@ def register_tokenizer_dataset(tokenizer, dataset_id: str, data_path: str, eval_
 
 
 def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
-    """Builds the training graph of cfg, sets the model weights from `state` (our names -> arrays) and saves
-    model.ckpt-0 in cfg.model_path with every variable training restores (optimizer slots at zero)."""
+    """Saves model.ckpt-0 in cfg.model_path with every variable training restores: the model weights from
+    `state` (our names -> arrays), everything else at its initial value (optimizer slots at zero, global_step 0,
+    float16's loss scale at initial_loss_scale). The variables are those the training step's mesh-tensorflow
+    graph creates (train/step.build, the step before lowering: its master variables, named, shaped and typed as
+    a training checkpoint stores them, with the optimizer's slots and the step's own state); nothing is lowered
+    and no mesh session opened, and the initializers of the weights state replaces are never run."""
     import tensorflow.compat.v1 as tf
     from runtime import meshes
     from runtime.devices import Placement
-    from runtime.mesh_session import MeshSession
-    from train.step import training_step
+    from runtime.mesh_session import checkpoint_saver, finiteness, save_finite
+    from train.step import build
 
     shapes = gpt.variable_shapes(cfg)
     missing = sorted(set(shapes) - set(state))
@@ -410,8 +417,8 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     graph = tf.Graph()
     with graph.as_default():
         zeros = tf.zeros([1, cfg.n_ctx], tf.int32)
-        mesh, impl = meshes.placement_mesh(one_device, Placement(devices=("",)))  # slices are the masters
-        lowered = training_step(one_device, mesh, impl, zeros, zeros)
+        mesh, impl = meshes.placement_mesh(one_device, Placement(devices=("",)))
+        build(one_device, mesh, impl, zeros, zeros)  # creates the master variables; slices come at lowering
         variables = {v.op.name: v for v in tf.global_variables()}
         for name, value in state.items():
             if name not in variables:
@@ -421,11 +428,17 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
                                       f"{variables[name].shape.as_list()} here")
         values = {name: tf.placeholder(variables[name].dtype.base_dtype, value.shape) for name, value in state.items()}
         assign = tf.group([variables[name].assign(values[name]) for name in state])
-    with MeshSession(graph, lowered.lowering, "", tf.ConfigProto(), checkpoint=None) as session:
+        initialize = tf.variables_initializer([v for name, v in variables.items() if name not in state])
+        saver = checkpoint_saver(list(variables.values()))
+        checked, finite = finiteness(list(variables.values()))
+    config = tf.ConfigProto()  # at L1, TF's graph optimiser first folds the slots' zeros into constants (5 s at 125M)
+    config.graph_options.optimizer_options.opt_level = tf.OptimizerOptions.L0
+    with tf.Session(graph=graph, config=config) as session:
         session.run(assign, {values[name]: value for name, value in state.items()})
-        writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
+        session.run(initialize)
+        writer = checkpoints.CheckpointWriter(cfg.model_path, saver, cfg.keep_checkpoint_max,
                                               cfg.keep_checkpoint_every_n_hours)
-        saved = session.save(writer, 0)
+        saved = save_finite(session, writer, 0, checked, finite)
     tokenizer_record.record(cfg)  # the imported model's tokenizer, which its model_path's later jobs must match
     return saved
 
