@@ -157,4 +157,6 @@ def run(args) -> int:
 if __name__ == "__main__":
     from console import quiet_tensorflow
     quiet_tensorflow()  # before TensorFlow is imported: its C++ start-up chatter stays off the console
-    sys.exit(main())
+    code = main()
+    from cli.device_flags import leave
+    leave(code)  # a multi-host chief releases its workers and leaves with os._exit

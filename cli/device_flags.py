@@ -95,6 +95,16 @@ def placement(request, cfg):
     return placements.place(request, cfg)
 
 
+def leave(code: int) -> None:
+    """Ends main.py with `code`. A multi-host chief first releases its workers, then leaves by `exit_process`: the
+    process holds a TF gRPC server, and a chief that could not release a worker (gone, or unreachable) was seen
+    blocked in interpreter shutdown instead of exiting."""
+    cluster = sys.modules.get("runtime.cluster")  # imported only by multi-host runs
+    if cluster is not None and cluster.release_held_workers():
+        exit_process(code)
+    sys.exit(code)
+
+
 def exit_process(code: int) -> None:
     """Ends this process now. A TF gRPC server cannot be shut down cleanly, and interpreter shutdown can
     block on its threads, so a process that started one leaves with os._exit after flushing its output."""

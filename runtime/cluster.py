@@ -446,15 +446,31 @@ def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
                     print(f"could not release worker {task}: {type(e).__name__}", file=sys.stderr)
 
 
+# The (cluster, server) of each cluster this process leads as the chief, until its workers are released.
+_held: list = []
+
+
+def release_held_workers() -> bool:
+    """Releases the workers this process holds as a chief (each cluster once: at `leave` or, failing that, at
+    exit). True when this process started a chief's server: a TF gRPC server cannot be shut down, and interpreter
+    shutdown can block on its threads, so such a process leaves with os._exit (cli/device_flags.leave)."""
+    held = bool(_held)
+    while _held:
+        release_workers(*_held.pop())
+    return held
+
+
 def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected: int):
     """Task 0: starts this host's server, checks the mesh size, and returns the Placement that trains over
-    the whole cluster. The workers are released when this process exits."""
+    the whole cluster. The workers are released when main.py leaves (`release_held_workers`)."""
     mesh_devices = cluster.mesh_devices(local_devices)
     if len(mesh_devices) != mesh_devices_expected:
         raise DeviceError(f"the mesh has {mesh_devices_expected} devices but the cluster has {len(mesh_devices)} "
                           f"({cluster.size} hosts x {len(local_devices)} devices each): change --mesh_shape or "
                           f"the devices per host (--gpu_ids)")
     server = start_server(cluster, local_devices)
-    atexit.register(release_workers, cluster, server)
+    if not _held:
+        atexit.register(release_held_workers)
+    _held.append((cluster, server))
     return ClusterPlacement(devices=tuple(mesh_devices), master=server.target, hosts=tuple(cluster.host_devices()),
                             default_device=cluster.task_device(0)), server

@@ -107,9 +107,17 @@ def free_port_pair():
     return loopback_ports(2)[0]
 
 
+# Imported by the chief's Python at start-up (PYTHONPATH): a thread that never ends, which interpreter shutdown
+# waits for, as it can wait for a TF gRPC server's threads.
+LINGERING_THREAD = "import threading\nthreading.Thread(target=threading.Event().wait, name='lingering').start()\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["TF_CONFIG", "SLURM"])
 def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, launcher):
+    """Two tasks from the launcher's environment train one step together; the chief, whose process holds a thread
+    that never ends, still releases its worker and exits. Bug caught: main.py leaving by sys.exit on a chief
+    (cli/device_flags.leave not called): the chief blocks in interpreter shutdown and the test times out."""
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
                             steps_per_checkpoint=1, mesh_shape="x:2", layout="batch:x")
     port = free_port_pair()
@@ -123,12 +131,16 @@ def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, la
         else:
             envs.append(dict(base, SLURM_JOB_ID="7", SLURM_PROCID=str(task), SLURM_STEP_NUM_TASKS="2",
                              SLURM_STEP_NODELIST="127.0.0.1", SLURM_STEP_TASKS_PER_NODE="2"))
+    lingering = tmp_path / "lingering"
+    lingering.mkdir()
+    (lingering / "sitecustomize.py").write_text(LINGERING_THREAD)
+    envs[0]["PYTHONPATH"] = str(lingering)
     extra = ["--cluster_port", str(port)] if launcher == "SLURM" else []
     processes = [start_main("--model", config, "--peak_tflops", "1", *extra,
                             *(["--worker_timeout", "240"] if task else []), env=envs[task], merge_stderr=True)
                  for task in (1, 0)]
     try:
-        worker_out, chief_out = (p.communicate(timeout=300)[0] for p in processes)
+        worker_out, chief_out = (p.communicate(timeout=240)[0] for p in processes)
     finally:
         for p in processes:
             if p.poll() is None:
