@@ -110,18 +110,18 @@ class Program:
             self.driver = placement.steps(inputs.tensors, lambda tensors: step(*placement.mesh(cfg), tensors),
                                           steps_per_call)
         self.lowered = self.driver.lowered
-        self._listing, self._listing_out = False, None
+        self._listing, self._listing_out, self._on_listed = False, None, None
         self.placement_report = None  # runtime.gpus.PlacementReport of the first step, after list_placement()
 
     @property
     def steps_per_call(self) -> int:
         return self.driver.steps_per_call
 
-    def list_placement(self, out=None) -> None:
+    def list_placement(self, out=None, then: Optional[Callable[[Any], None]] = None) -> None:
         """The next step run also lists the ops that ran elsewhere than placed (runtime/gpus.py: printed to `out`,
-        default stdout, and kept in `placement_report`); where the session can list them (placement.op_listing
-        None: not on a TPU, whose XLA compiles the whole step)."""
-        self._listing, self._listing_out = self.placement.op_listing is None, out
+        default stdout, kept in `placement_report` and handed to `then`); where the session can list them
+        (placement.op_listing None: not on a TPU, whose XLA compiles the whole step)."""
+        self._listing, self._listing_out, self._on_listed = self.placement.op_listing is None, out, then
 
     def open(self, checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {}, inference: bool = False,
              finalize: bool = True) -> MeshSession:
@@ -142,5 +142,7 @@ class Program:
             self._listing = False
             results, self.placement_report = self.driver.run(session, steps, feed_dict, listing=True,
                                                              out=self._listing_out)
+            if self._on_listed:
+                self._on_listed(self.placement_report)
             return results
         return self.driver.run(session, steps, feed_dict)

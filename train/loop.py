@@ -21,6 +21,7 @@ runtime/cluster.py) one session call runs one step; with --tpu the SIMD mesh run
 from __future__ import annotations
 
 import contextlib
+import io
 import signal
 import time
 from typing import Callable, Optional, Protocol, Sequence
@@ -69,13 +70,18 @@ class Callback(Protocol):
 clock = time.monotonic
 
 
-def training_program(cfg: GPTConfig, placement: Placement, batches: TrainBatches, start_step: int) -> runner.Program:
+def training_program(cfg: GPTConfig, placement: Placement, batches: TrainBatches, start_step: int,
+                     on_placement: Optional[Callable[[gpus.PlacementReport], None]] = None) -> runner.Program:
     """The training step (train/step.py) on the placement, reading `batches` from `start_step` on: one step per
-    session call, or `iterations` in a TPU's loop; on GPUs the first step lists the ops that ran on the CPU."""
+    session call, or `iterations` in a TPU's loop. On GPUs the first step lists the ops that ran on the CPU,
+    printing the line; `on_placement(report)` asks for that listing on any placement but a TPU's (quiet off
+    GPUs: the line speaks of GPUs) and gets it after the first step."""
     program = runner.Program(cfg, placement, lambda mesh, impl, batch: training_step(cfg, mesh, impl, *batch),
                              runner.Batches(lambda: batches(start_step)), steps_per_call=cfg.iterations, seed=cfg.seed)
     if gpus.uses_gpus(placement):
-        program.list_placement()
+        program.list_placement(then=on_placement)
+    elif on_placement:
+        program.list_placement(out=io.StringIO(), then=on_placement)
     return program
 
 
@@ -86,6 +92,7 @@ NEWEST = "newest"
 def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Optional[int] = None,
           log: Optional[TrainingLog] = None, on_step: Optional[Callable[[int, dict], None]] = None,
           on_open: Optional[Callable[[], None]] = None,
+          on_placement: Optional[Callable[[gpus.PlacementReport], None]] = None,
           checkpoint: Optional[str] = NEWEST, checkpoint_minutes: Optional[float] = None,
           stop: Optional[StopOnSignal] = None, callbacks: Sequence[Callback] = ()) -> int:
     """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
@@ -93,7 +100,8 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
 
     `on_step(step, values)` sees each step's scalars (train/step.py's outputs); `on_open()` runs once the session
     is open, the checkpoint restored and found to fit the config, before training writes anything into model_path
-    (a job's own writes go there).
+    (a job's own writes go there); `on_placement(report)` gets where the first step's ops ran (runtime/gpus.py's
+    PlacementReport, from that step's partition graphs; not on a TPU), see training_program.
     `checkpoint_minutes` saves also when that many minutes have passed since the last save (checked after each
     session call). `stop` is the signal watcher to use; by default the placement's (a multi-host chief's also
     stops when one of its workers got SIGTERM). `callbacks` run after each steps_per_checkpoint save (Callback).
@@ -108,7 +116,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
     start = step = checkpoints.step_of(checkpoint) if checkpoint else 0
     if step >= until:
         return step
-    program = training_program(cfg, placement, batches, step)
+    program = training_program(cfg, placement, batches, step, on_placement)
     with program.open(checkpoint, slot_patterns()) as session, (stop or placement.stop_watcher()) as stop:
         # The checkpoint fits the config (opening the session compared them): from here on model_path is written.
         checkpoints.remove_leftovers(cfg.model_path)
