@@ -11,8 +11,9 @@ reference. The verdict (`judge`, a pure function of both runs) requires:
   far training moved it from the first step to the last, in norm (a wrong or missing gradient or update moves it
   elsewhere, by about as much as training did).
 It also lists the ops of the training step that ran on another device than the one they were placed on (GPUs: no
-kernel for their type and dtype), measures one device's peak (runtime/peaks.py) and the step's MFU, and times
-start-up (graph, session, initialisation) and the first step (compilation) apart from the steady steps.
+kernel for their type and dtype; the devices' first step lists them, train/loop.py's on_placement), measures one
+device's peak (runtime/peaks.py) and the step's MFU, and times start-up (graph, session, initialisation) and the
+first step (compilation, and that listing: lost in it on two CPU devices) apart from the steady steps.
 
 It prints one verdict line and a JSON report (stack versions, device facts, results) to attach to an issue;
 the exit status is 0 when it passed.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import io
 import json
 import platform
 import re
@@ -62,6 +62,7 @@ class Run:
     startup_s: float
     first_step_s: float
     step_s: float          # median of the steps after the first
+    placed_ops: Optional[list] = None  # (name, op type, requested, placed) of the first step's ops, when listed
 
 
 def learnable_tokens(rows: int, n_ctx: int, n_vocab: int, seed: int = 0) -> np.ndarray:
@@ -85,18 +86,20 @@ def _weights(checkpoint: str) -> dict:
     return {n: np.asarray(reader.get_tensor(n), np.float64) for n in names}
 
 
-def train_and_time(cfg: GPTConfig, placement: Placement, data: np.ndarray) -> Run:
-    """Trains cfg (STEPS steps, a checkpoint after each) on `placement` from scratch; returns the Run."""
+def train_and_time(cfg: GPTConfig, placement: Placement, data: np.ndarray, list_placement: bool = False) -> Run:
+    """Trains cfg (STEPS steps, a checkpoint after each) on `placement` from scratch; returns the Run.
+    `list_placement`: the first step also lists where its ops ran (not on a TPU; the Run's placed_ops)."""
     from runtime import checkpoints
-    losses, stamps, opened = [], [], []
+    losses, stamps, opened, listed = [], [], [], []
     start = time.monotonic()
     loop.train(cfg, placement, batches(data, cfg.train_batch_size),
                on_open=lambda: opened.append(time.monotonic()),
-               on_step=lambda step, values: (losses.append(float(values["loss"])), stamps.append(time.monotonic())))
+               on_step=lambda step, values: (losses.append(float(values["loss"])), stamps.append(time.monotonic())),
+               on_placement=(lambda report: listed.append(report.ops)) if list_placement else None)
     steps = np.diff([opened[0]] + stamps)
     return Run(losses, _weights(checkpoints.prefix_of(cfg.model_path, 1)),
                _weights(checkpoints.prefix_of(cfg.model_path, len(losses))), opened[0] - start, float(steps[0]),
-               float(np.median(steps[1:])) if len(steps) > 1 else float(steps[0]))
+               float(np.median(steps[1:])) if len(steps) > 1 else float(steps[0]), listed[0] if listed else None)
 
 
 @dataclass
@@ -157,17 +160,6 @@ def off_device(ops: list, mesh_devices) -> list:
     return [op for op in ops if _kind_index(op[2]) in wanted and _kind_index(op[3]) != _kind_index(op[2])]
 
 
-def list_off_device(cfg: GPTConfig, placement: Placement, data: np.ndarray, checkpoint: str) -> list:
-    """One more training step on the devices (from `checkpoint`, not saved) with its partition graphs: the ops
-    that ran elsewhere than placed."""
-    program = loop.training_program(cfg, placement, batches(data, cfg.train_batch_size), 0)
-    program.list_placement(out=io.StringIO())
-    with program.open(checkpoint) as session:
-        program.start(session)
-        program.run(session, 1)
-    return off_device(program.placement_report.ops, placement.devices)
-
-
 def stack_versions() -> dict:
     versions = {"python": platform.python_version()}
     for name in ("tensorflow", "tensorflow-tpu", "tensorflow-cpu", "libtpu", "mesh-tensorflow", "numpy",
@@ -194,15 +186,14 @@ def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, r
     if precision == "float32":  # TF32 (Ampere and newer) would be a difference of its own
         tf.config.experimental.enable_tensor_float_32_execution(False)
     data = learnable_tokens(device_cfg.train_batch_size, device_cfg.n_ctx, device_cfg.n_vocab)  # one batch, repeated
-    device = train_and_time(device_cfg, placement, data)
+    device = train_and_time(device_cfg, placement, data, list_placement=not placement.op_listing)
     reference = train_and_time(reference_cfg, reference_placement, data)
     verdict = judge(device, reference, TOLERANCES[precision])
     n_devices = device_cfg.n_devices
     if placement.op_listing:  # why the session cannot list them (a TPU's)
         elsewhere, placed = None, placement.op_listing
-    else:
-        from runtime import checkpoints
-        elsewhere = list_off_device(device_cfg, placement, data, checkpoints.prefix_of(device_cfg.model_path, 1))
+    else:  # listed by the devices' first step
+        elsewhere = off_device(device.placed_ops, placement.devices)
         placed = f"{len(elsewhere)} ops of the step ran off their device"
     peak = placement.peak(precision, seconds=0.5)
     tokens = device_cfg.train_batch_size * device_cfg.n_ctx

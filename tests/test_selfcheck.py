@@ -1,17 +1,19 @@
 """python main.py --selfcheck: the verdict over two runs (selfcheck/job.py's `judge`, a pure function), the ops
-found off their device, and the whole check on logical CPU devices: a 2-way mesh passes (float32 and bfloat16),
-and the same mesh with a wrong gradient or no update (injected here, in the test) fails with the reason."""
+found off their device, and the whole check on logical CPU devices: a 2-way mesh passes (float32, bfloat16 and
+float16), listing the op its step runs off its device (injected here, in the test), and the same mesh with a
+wrong gradient or no update (injected too) fails with the reason."""
 import dataclasses
 import json
 
 import mesh_tensorflow as mtf
 import numpy as np
 import pytest
+import tensorflow.compat.v1 as tf
 
 import main
 from selfcheck import job
 from selfcheck.job import Run, Tolerance, judge
-from train import objective, step
+from train import loop, objective, step
 
 TIGHT = Tolerance(loss_rtol=1e-3, weight_share=0.02)
 
@@ -51,9 +53,9 @@ def reference_trained_once_per_precision(monkeypatch):
     without model_path, and the data), which saves one training in each failing-check test."""
     train_and_time = job.train_and_time
 
-    def reused(cfg, placement, data):
+    def reused(cfg, placement, data, **kwargs):
         if placement != job.REFERENCE:
-            return train_and_time(cfg, placement, data)
+            return train_and_time(cfg, placement, data, **kwargs)
         key = (repr(dataclasses.replace(cfg, model_path="")), data.tobytes())
         if key not in _REFERENCE_RUNS:
             _REFERENCE_RUNS[key] = train_and_time(cfg, placement, data)
@@ -68,14 +70,48 @@ def selfcheck(capsys, *flags):
     return code, json.loads("\n".join(out[start:-1])), out[-1]
 
 
+MISPLACED = "misplaced_read"
+
+
+def misplaced_read(monkeypatch):
+    """The devices' step (2-way mesh) also reads a weight slice that lives on /device:CPU:0 from an op placed on
+    /device:CPU:1: soft placement runs the read beside the variable, off its device, as a GPU op without a GPU
+    kernel runs on the CPU. The step's outputs (and so the check's numbers) are otherwise unchanged."""
+    right = loop.training_step
+
+    def with_a_misplaced_read(cfg, mesh, mesh_impl, inputs, labels):
+        lowered = right(cfg, mesh, mesh_impl, inputs, labels)
+        if cfg.n_devices > 1:
+            variable = next(op for op in tf.get_default_graph().get_operations()
+                            if op.type == "VarHandleOp" and "_slice_" in op.name and op.device == "/device:CPU:0")
+            with tf.device("/device:CPU:1"):
+                read = tf.raw_ops.ReadVariableOp(resource=variable.outputs[0], dtype=variable.get_attr("dtype"),
+                                                 name=MISPLACED)
+            lowered.outputs[MISPLACED] = tf.reduce_sum(tf.cast(read, tf.float32))
+        return lowered
+    monkeypatch.setattr(loop, "training_step", with_a_misplaced_read)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])  # float16 on 2 devices crashed before
-def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys, dtype):
+def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys, monkeypatch, dtype):
+    """In float32 the devices' step also has an op that runs off its device (misplaced_read), which the report
+    must list as the only one; the others must list none. The devices' first step lists them itself (no third
+    training program). Bugs caught: the devices' run not asked to list its placement (selfcheck/job.run's
+    `list_placement=...` False: nothing listed), train/loop.training_program listing only on GPUs (its
+    `elif on_placement` branch gone), off_device comparing the placed device with itself."""
+    if dtype == "float32":
+        misplaced_read(monkeypatch)
     code, report, verdict = selfcheck(capsys, dtype, "--gpu_ids", "device:CPU:0", "device:CPU:1")
     assert code == 0 and verdict.startswith(f"selfcheck passed on /device:CPU:0, /device:CPU:1 (2 devices, {dtype}")
     assert report["verdict"] == "passed" and report["model"]["mesh_shape"] == "all:2"
     assert report["losses"]["devices"][-1] < report["losses"]["devices"][0]
-    assert report["off_device_ops"] == [] and report["peak"]["flops"] > 0 and 0 < report["mfu"] < 1
+    off = [MISPLACED] if dtype == "float32" else []
+    assert [op[0] for op in report["off_device_ops"]] == off and f"{len(off)} ops of the step ran off" in verdict
+    if off:
+        assert report["off_device_ops"][0][1:3] == ["ReadVariableOp", "/device:CPU:1"]
+        assert report["off_device_ops"][0][3].endswith("/device:CPU:0")
+    assert report["peak"]["flops"] > 0 and 0 < report["mfu"] < 1
     assert report["seconds"]["start_up"] > 0 and report["seconds"]["first_step"] > 0
     assert "tensorflow" in report["stack"] or "tensorflow-tpu" in report["stack"]
 
