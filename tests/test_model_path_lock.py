@@ -19,7 +19,7 @@ from loading.config import replace
 from runtime import checkpoints
 from runtime.lock import LOCK, LockedError, TrainerLock, read
 from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
-from workspace import make_workspace, run_main, start_main, wait_for_line
+from workspace import make_workspace, run_main_in_process, start_main, wait_for_line
 
 
 def write_lock(model_path, **holder):
@@ -154,9 +154,13 @@ def test_a_checkpoint_removed_during_its_restore_is_retried_once_from_the_newest
 
 @pytest.mark.slow
 def test_while_one_trainer_runs_a_second_is_refused_and_predict_reads_the_rotating_checkpoints(tmp_path):
-    """The issue's scenario with real processes: a trainer saving every 10 steps (about a second here) and keeping
-    two checkpoints, so that the one --predict chose is rotated away while it builds its graph; a second trainer
-    started on the same model_path meanwhile."""
+    """The issue's scenario across processes: a trainer in a process of its own, saving every 10 steps (well under a
+    second here) and keeping two checkpoints, so that the one --predict chose is rotated away while it builds its
+    graph; a second trainer started on the same model_path meanwhile. The second trainer and --predict run main()
+    in this test's process: another process than the trainer's, which is what the lock and the rotation see (a
+    fresh TensorFlow for each only added its start-up). The second asks for --train_steps 1, so that were it not
+    refused it would stop at once here rather than train on. Bug caught: TrainerLock taking over a live trainer's
+    lock (lock._alive always False)."""
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
                             steps_per_checkpoint=10, keep_checkpoint_max=2, max_new_tokens=2)
     (tmp_path / "prompt.txt").write_text("import json\n")
@@ -165,8 +169,8 @@ def test_while_one_trainer_runs_a_second_is_refused_and_predict_reads_the_rotati
         wait_for_line(first, r"step +11/100000 \| loss")
         drain = threading.Thread(target=first.stdout.read, daemon=True)  # the trainer never waits on its pipe
         drain.start()
-        second = run_main("--model", config, "--peak_tflops", "1", timeout=300)
-        reader = run_main("--model", config, "--predict", "--prompt", str(tmp_path / "prompt.txt"), timeout=300)
+        second = run_main_in_process("--model", config, "--peak_tflops", "1", "--train_steps", "1")
+        reader = run_main_in_process("--model", config, "--predict", "--prompt", str(tmp_path / "prompt.txt"))
         assert first.poll() is None  # still training through both
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=120)
