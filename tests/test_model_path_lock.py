@@ -15,10 +15,10 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
-from loading.config import replace
+from loading.config import load_config, replace
 from runtime import checkpoints
 from runtime.lock import LOCK, LockedError, TrainerLock, read
-from tiny import compute_logits, devices_for, random_tokens, tiny_config, train
+from tiny import compute_logits, devices_for, random_tokens
 from workspace import make_workspace, run_main_in_process, start_main, wait_for_line
 
 
@@ -94,12 +94,12 @@ def test_main_refuses_to_train_a_locked_model_path_in_one_line_and_touches_nothi
 
 
 @pytest.fixture(scope="module")
-def three_checkpoints(tmp_path_factory):
-    cfg = tiny_config(model_path=str(tmp_path_factory.mktemp("readers") / "run"), train_steps=3, steps_per_checkpoint=1)
-    train(cfg, random_tokens([16, 17], seed=31))
-    assert checkpoints.steps(cfg.model_path) == [1, 2, 3]
-    tokens = random_tokens([2, cfg.n_ctx], seed=32)
-    return cfg, tokens, compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 3))
+def two_checkpoints(trained_workspace):
+    """The session's trained workspace (checkpoints 1 and 2), some tokens and their logits at checkpoint 2."""
+    cfg = load_config(os.path.join(trained_workspace, "configs", "tiny.json"))
+    assert checkpoints.steps(cfg.model_path) == [1, 2]
+    tokens = random_tokens([2, cfg.n_ctx], vocab=cfg.n_vocab, seed=32)
+    return cfg, tokens, compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 2))
 
 
 def copy_of(cfg, tmp_path):
@@ -116,40 +116,40 @@ def remove_checkpoint(model_path, step):
             os.remove(os.path.join(model_path, name))
 
 
-def test_a_reader_whose_checkpoint_was_rotated_away_takes_the_newest(three_checkpoints, tmp_path, capsys):
-    cfg, tokens, newest_logits = three_checkpoints
+def test_a_reader_whose_checkpoint_was_rotated_away_takes_the_newest(two_checkpoints, tmp_path, capsys):
+    cfg, tokens, newest_logits = two_checkpoints
     cfg = copy_of(cfg, tmp_path)
-    remove_checkpoint(cfg.model_path, 2)  # chosen by the reader, then rotated away by the trainer
-    logits = compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 2))
+    remove_checkpoint(cfg.model_path, 1)  # chosen by the reader, then rotated away by the trainer
+    logits = compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 1))
     np.testing.assert_array_equal(logits, newest_logits)
     err = capsys.readouterr().err
-    assert "model.ckpt-2" in err and "removed while it was being read" in err and "model.ckpt-3" in err, err
+    assert "model.ckpt-1" in err and "removed while it was being read" in err and "model.ckpt-2" in err, err
 
 
-def test_a_checkpoint_removed_during_its_restore_is_retried_once_from_the_newest(three_checkpoints, tmp_path,
+def test_a_checkpoint_removed_during_its_restore_is_retried_once_from_the_newest(two_checkpoints, tmp_path,
                                                                                  monkeypatch):
-    cfg, tokens, newest_logits = three_checkpoints
+    cfg, tokens, newest_logits = two_checkpoints
     cfg = copy_of(cfg, tmp_path)
     restore, calls = tf.train.Saver.restore, []
 
     def rotated_meanwhile(self, session, path):
         calls.append(os.path.basename(path))
         if len(calls) == 1:
-            remove_checkpoint(cfg.model_path, 2)
+            remove_checkpoint(cfg.model_path, 1)
         return restore(self, session, path)
 
     monkeypatch.setattr(tf.train.Saver, "restore", rotated_meanwhile)
-    logits = compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 2))
-    assert calls == ["model.ckpt-2", "model.ckpt-3"]
+    logits = compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 1))
+    assert calls == ["model.ckpt-1", "model.ckpt-2"]
     np.testing.assert_array_equal(logits, newest_logits)
 
     # Once only: a checkpoint that cannot be restored for another reason is still one error.
     monkeypatch.setattr(tf.train.Saver, "restore", restore)
     for name in os.listdir(cfg.model_path):
-        if name.startswith("model.ckpt-3.data-"):
+        if name.startswith("model.ckpt-2.data-"):
             os.truncate(os.path.join(cfg.model_path, name), 10)
-    with pytest.raises(checkpoints.CheckpointError, match="model.ckpt-3"):
-        compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 3))
+    with pytest.raises(checkpoints.CheckpointError, match="model.ckpt-2"):
+        compute_logits(cfg, tokens, devices_for(cfg), checkpoints.prefix_of(cfg.model_path, 2))
 
 
 @pytest.mark.slow
