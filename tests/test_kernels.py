@@ -38,6 +38,20 @@ def run(build, mesh_shape, layout):
             return session.run(tf_outputs)
 
 
+@pytest.fixture(scope="module")
+def reference():
+    """`reference(key, build)`: `run(build, "all:1", "")`, run the first time `key` is asked for and kept for the
+    module. For mesh-tensorflow's own graphs, which a test compares every layout and both kernel paths with: they
+    depend on neither, so each is built once per case (key: what its values depend on), not once per layout."""
+    results = {}
+
+    def get(key, build):
+        if key not in results:
+            results[key] = run(build, "all:1", "")
+        return results[key]
+    return get
+
+
 def dims(b=4, s=6, v=11, e=8):
     return (mtf.Dimension("batch", b), mtf.Dimension("sequence", s), mtf.Dimension("vocab", v),
             mtf.Dimension("embd", e))
@@ -293,15 +307,19 @@ ATTENTION_LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,hea
 @pytest.mark.parametrize("mesh_shape,layout", ATTENTION_LAYOUTS)
 @pytest.mark.parametrize("kind,length", [("global", 16), ("local_causal", 16), ("local_bidirectional", 16),
                                          ("local_causal", 512), ("local_bidirectional", 512),
-                                         ("global_causal_blocks", 512), ("local_causal_blocks", 512),
-                                         ("local_causal_blocks_radius_100", 512),
-                                         ("global_causal_blocks_recomputed", 512),
-                                         ("local_causal_blocks_radius_100_recomputed", 512)])
-def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind, length, monkeypatch):
-    """*_causal_blocks: `causal_attention`, global (8 blocks of 64 queries, each against the keys up to its
-    end) against mtf's attention over the whole square with the causal bias; local (8 blocks of 64 queries, each
-    against the keys its queries' windows reach, radius 4 and 100) against mtf's local_attention_1d; *_recomputed:
-    with the softmax weights recomputed in the backward pass (as above KEEPS_WEIGHTS_UP_TO), not kept."""
+                                         ("global_causal_blocks", 256), ("local_causal_blocks", 256),
+                                         ("local_causal_blocks_radius_100", 256),
+                                         ("global_causal_blocks_recomputed", 256),
+                                         ("local_causal_blocks_radius_100_recomputed", 256)])
+def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind, length, monkeypatch, reference):
+    """*_causal_blocks: `causal_attention`, global (4 blocks of 64 queries, each against the keys up to its
+    end) against mtf's attention over the whole square with the causal bias; local (4 blocks of 64 queries, each
+    against the keys its queries' windows reach, radius 4 and 100: every block's window starts before the block
+    it carries its key gradients from) against mtf's local_attention_1d; *_recomputed: with the softmax weights
+    recomputed in the backward pass (as above KEEPS_WEIGHTS_UP_TO), not kept. 512 positions for local_attention_1d
+    (blocks of 128): two blocks on each half where the layout splits the sequence. Bugs it guards: the blocks'
+    causal mask one position off (`offset <= 1`), the carried key gradient not summed (`carry_k = part_k`), the
+    local window one key wider (`offset > -radius - 1`)."""
     import mesh_tensorflow.transformer.attention as mtf_attention
     if kind.endswith("_recomputed"):
         monkeypatch.setattr(attention, "KEEPS_WEIGHTS_UP_TO", 0)
@@ -349,7 +367,7 @@ def test_attention_matches_mtf_attention_with_gradients(mesh_shape, layout, kind
             return [out] + mtf.gradients([loss], [q, k, v])
         return graph
 
-    expected = run(build(False), "all:1", "")
+    expected = reference((kind, length), build(False))  # mtf's: the same for both kernel paths and kept weights
     got = run(build(True), mesh_shape, layout)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
@@ -367,8 +385,8 @@ def test_causal_attention_in_bfloat16_is_float32s_rounded_to_bfloat16(radius, re
     used directly."""
     monkeypatch.setattr(attention, "KEEPS_WEIGHTS_UP_TO", 0 if recompute else 512)
     rng = np.random.RandomState(3)
-    batch, seq, heads, kv = (mtf.Dimension("batch", 1), mtf.Dimension("sequence", 512), mtf.Dimension("heads", 2),
-                             mtf.Dimension("features_per_head", 8))
+    batch, seq, heads, kv = (mtf.Dimension("batch", 1), mtf.Dimension("sequence", 256), mtf.Dimension("heads", 2),
+                             mtf.Dimension("features_per_head", 8))  # 4 blocks of 64 queries
     values = [rng.randn(batch.size, seq.size, heads.size, kv.size).astype(np.float32) for _ in range(4)]
 
     def build(dtype):
@@ -494,7 +512,7 @@ def test_write_at_position_in_a_cache_laid_out_for_decoding(mesh_shape, layout):
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2,y:2", "batch:x,heads:y"),
                                                ("x:2", "memory_length:x"), ("x:2", "features_per_head:x")])
 def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_shape, layout, memory_size, window,
-                                                                          steps, kernel_path):
+                                                                          steps, kernel_path, reference):
     """A decoding step against [batch, heads, memory, kv] caches: the caches come back with this token's key and
     value at the position, and the output is mesh-tensorflow's attention over the written caches. A layout that
     splits memory or kv takes mtf's path, the others the in-place writes and batched products; several steps
@@ -540,7 +558,7 @@ def test_decode_step_attention_writes_the_caches_and_equals_mtf_attention(mesh_s
             return outputs + [k_cache, v_cache]
         return graph
 
-    expected = run(build(False), "all:1", "")
+    expected = reference((memory_size, window, tuple(steps)), build(False))  # mtf's, for every layout and path
     got = run(build(True), mesh_shape, layout)
     k_ref, v_ref = k_cache_value.copy(), v_cache_value.copy()
     for i, position in enumerate(steps):
