@@ -18,10 +18,12 @@ from models.optimizers import slot_patterns
 
 def prediction_program(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
                        options=None) -> runner.Program:
-    """infer/outputs.py's outputs on the placement for `batch_size` rows like those of `rows`, fed per call."""
+    """infer/outputs.py's outputs on the placement for `batch_size` rows like those of `rows`, fed per call. The
+    graph seed is training's: without a checkpoint, the outputs are those of the initial weights training starts
+    from."""
     def step(mesh, impl, features):
         return outputs.predictions(cfg, mesh, impl, features, options, gather=placement.whole_outputs)
-    return runner.Program(cfg, placement, step, runner.Fed.like(rows, batch_size))
+    return runner.Program(cfg, placement, step, runner.Fed.like(rows, batch_size), seed=cfg.seed)
 
 
 class Predictor:

@@ -131,6 +131,7 @@ def _at_initial_weights(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, 
     placement = Placement(devices=tuple(devices))
     graph = tf.Graph()
     with graph.as_default():
+        tf.set_random_seed(cfg.seed)  # the graph seed training's program sets: its initial weights
         mesh, impl = meshes.placement_mesh(cfg, placement)
         dims = gpt.Dims.of(cfg, inputs.shape[0])
         x, y = (mtf.import_fully_replicated(mesh, tf.constant(t), mtf.Shape([dims.batch, dims.sequence]))
