@@ -172,24 +172,31 @@ assert "torch" not in [name.split(".")[0] for name, module in sys.modules.items(
 def test_models_trained_from_each_gpt3_config_convert_both_ways_without_pytorch(tmp_path):
     """Each shipped gpt3 config, shrunk (its other keys kept: bfloat16, recompute_grad,
     tokens_per_mb_per_replica, its optimizer settings), trains a step and converts to a folder that
-    transformers loads with exactly the weights its own TF-checkpoint reader finds; one converts back."""
+    transformers loads with exactly the weights its own TF-checkpoint reader finds; one converts back.
+    Shrunk, the configs differ in their lr alone (each size's peak), which changes the weights' values but no
+    variable's name, shape or dtype: configs that differ from an earlier one only there convert the model that
+    one trained (into their own folders), so that a step is trained per distinct set of training settings."""
     registry = tmp_path / "configs" / "dataset_configs"
     registry.mkdir(parents=True)
     (registry / "tok.json").write_text(json.dumps({"n_vocab": 4096, "path": "unused_*.tfrecords",
                                                    "tokenizer_path": TOKENIZER, "eos_id": 0, "padding_id": 1}))
     names = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(REPO, "configs", "gpt3_*.json")))
     assert len(names) >= 6
-    commands = []
+    commands, runs = [], {}  # runs: the shrunk config but its lr -> the model_path trained for it
     for name in names:
         raw = json.loads(open(os.path.join(REPO, "configs", name + ".json")).read())
         assert raw["tokens_per_mb_per_replica"] and raw["precision"] == "bfloat16"
         raw.update(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
-                   train_batch_size=2, train_steps=1, mesh_shape="all:1", layout="", datasets=[["tok"]],
-                   model_path=str(tmp_path / "runs" / name))
+                   train_batch_size=2, train_steps=1, mesh_shape="all:1", layout="", datasets=[["tok"]])
+        settings = json.dumps({key: value for key, value in raw.items() if key not in ("lr", "model_path")},
+                              sort_keys=True)
+        trains = settings not in runs
+        raw["model_path"] = runs.setdefault(settings, str(tmp_path / "runs" / name))
         (tmp_path / "configs" / f"{name}.json").write_text(json.dumps(raw))
         cfg = load_config(str(tmp_path / "configs" / f"{name}.json"))
         assert cfg.model_options() == []  # its training settings change how it trains, not the model
-        train(cfg, random_tokens([2, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=len(commands)))
+        if trains:
+            train(cfg, random_tokens([2, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=len(runs)))
         commands.append(f"to_hf\t--model\t{tmp_path / 'configs' / name}.json\t--out\t{tmp_path / 'hf' / name}")
     commands.append(f"from_hf\t{tmp_path / 'hf' / names[0]}\t--config\t{tmp_path / 'configs' / 'back.json'}\t"
                     f"--model_path\t{tmp_path / 'back'}\t--base_config\t{tmp_path / 'configs' / names[0]}.json")
@@ -199,7 +206,8 @@ def test_models_trained_from_each_gpt3_config_convert_both_ways_without_pytorch(
     for name in names:
         model = GPTNeoForCausalLM.from_pretrained(str(tmp_path / "hf" / name))
         oracle = GPTNeoForCausalLM(model.config)
-        load_tf_weights_in_gpt_neo(oracle, model.config, tf.train.latest_checkpoint(str(tmp_path / "runs" / name)))
+        trained = load_config(str(tmp_path / "configs" / f"{name}.json")).model_path
+        load_tf_weights_in_gpt_neo(oracle, model.config, tf.train.latest_checkpoint(trained))
         ours, theirs = parameters(model), parameters(oracle)
         assert ours.keys() == theirs.keys()
         for key, value in ours.items():
