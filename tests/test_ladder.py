@@ -148,7 +148,9 @@ def ladder_workspace(root) -> str:
     return base
 
 
-SMALL, BIG = "n6.6K-x0.2", "n51K-x0.2"  # the two runs of the real ladder: its sizes at Chinchilla multiple 0.2
+# The two runs of the real ladder: its sizes at Chinchilla multiple 0.1, 25 and 51 steps (at 0.2, twice as many
+# steps, the bigger size's eval loss was the lower by less).
+SMALL, BIG = "n6.6K-x0.1", "n51K-x0.1"
 
 
 @pytest.fixture(scope="module")
@@ -156,13 +158,13 @@ def trained_ladder(tmp_path_factory):
     """Two tiny sizes (8x apart) on the test corpus, run here: the ladder gets SIGINT at the bigger size's first
     step, then runs again. Returns what each run said and what the finished size held after the cut."""
     root = tmp_path_factory.mktemp("ladder")
-    spec = load_spec(write_spec(root, ladder_workspace(root), sizes=["6.6K", "51K"], chinchilla_multiples=[0.2],
+    spec = load_spec(write_spec(root, ladder_workspace(root), sizes=["6.6K", "51K"], chinchilla_multiples=[0.1],
                                 eval_steps=20))
     first = []
 
     def say(line):
         first.append(line)
-        if re.match(r"\[n51K-x0\.2\] step\s+1/", line):
+        if re.match(rf"\[{re.escape(BIG)}\] step\s+1/", line):
             os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C reaches the ladder
 
     first_code = ladder_run.run(ladder_plan.make_ladder(spec), say=say)
@@ -189,9 +191,9 @@ def test_cut_off_ladder_resumes_without_training_again(trained_ladder):
     assert len(t["cut"]) == 1 and 1 <= t["cut"][0] < 10, t["cut"]
     out = t["second"]
     assert t["second_code"] == 0, out[-3000:]
-    assert re.search(r"size 1/2 n6\.6K-x0\.2: .*: done, skipped", out)
-    assert re.search(rf"size 2/2 n51K-x0\.2: .*: resumes at step {t['cut'][0]}$", out, re.M)
-    assert re.search(rf"\[n51K-x0\.2\] training .* steps {t['cut'][0]} -> ", out)
+    assert re.search(rf"size 1/2 {re.escape(SMALL)}: .*: done, skipped", out)
+    assert re.search(rf"size 2/2 {re.escape(BIG)}: .*: resumes at step {t['cut'][0]}$", out, re.M)
+    assert re.search(rf"\[{re.escape(BIG)}\] training .* steps {t['cut'][0]} -> ", out)
     assert f"[{SMALL}]" not in out  # nothing of the finished size ran
     done = os.path.join(t["spec"].out, SMALL)
     assert {n: os.stat(os.path.join(done, n)).st_mtime_ns for n in os.listdir(done)} == t["kept"]
@@ -234,7 +236,7 @@ def test_a_started_size_keeps_its_config(trained_ladder, tmp_path):
     with open(changed, "w") as f:
         json.dump(raw, f)
     before = open(os.path.join(spec.out, "configs", SMALL + ".json")).read()
-    with pytest.raises(LadderError, match=r"size n6\.6K-x0\.2 has trained .*\(lr changed\)"):
+    with pytest.raises(LadderError, match=rf"size {re.escape(SMALL)} has trained .*\(lr changed\)"):
         ladder_plan.write_configs(ladder_plan.make_ladder(load_spec(changed)))
     assert open(os.path.join(spec.out, "configs", SMALL + ".json")).read() == before
 
