@@ -352,6 +352,10 @@ def serve_worker(request: DeviceRequest, cfg) -> int:
     return serve(request.cluster, start_server(request.cluster, local), request.worker_timeout)
 
 
+# A non-chief's wait for the chief's release, in seconds, between looks at its signals.
+RELEASE_WAIT = 0.25
+
+
 def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     """A non-chief task: hold this host's devices for the chief until it releases us. 0 when released,
     3 when the timeout passed first, 143 when released after a SIGTERM (which asked the chief to stop)."""
@@ -370,8 +374,10 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
                 if term.received and not asked:
                     asked = True
                     _ask_chief_to_stop(cluster, server, log)
-                # A signal's handler runs between waits (the wait itself blocks in TensorFlow): within 2 s.
-                wait_ms = 2000 if deadline is None else int(max(1, min(2.0, deadline - time.monotonic())) * 1000)
+                # A signal's handler runs between waits (the wait itself blocks in TensorFlow): a SIGTERM is seen,
+                # and the chief asked to stop, within RELEASE_WAIT seconds (a wait: one call on this host's queue).
+                wait = RELEASE_WAIT if deadline is None else min(RELEASE_WAIT, deadline - time.monotonic())
+                wait_ms = max(1, int(wait * 1000))  # 0 would wait without a limit
                 try:
                     session.run(dequeue, options=tf.RunOptions(timeout_in_ms=wait_ms))
                     if term.received:

@@ -173,8 +173,8 @@ def test_sigterm_to_a_worker_of_two_hosts_makes_the_chief_save_and_both_resume_e
     from test_multihost import free_ports
     # Nothing split (each host computes the whole step): a resume on one process continues the two-host run's
     # losses; with the batch split over the hosts they drift apart in the last bits over a hundred steps.
-    # Longer steps (n_ctx 128, batch 8): the stop comes within a few dozen steps, before the two-host run and one
-    # process drift apart in the last bits of the losses.
+    # Longer steps (n_ctx 128, batch 8): the stop comes within some ten steps (the worker looks at its signals every
+    # quarter second), before the two-host run and one process drift apart in the last bits of the losses.
     config = make_workspace(tmp_path, **MODEL, mesh_shape="x:2", layout="", n_ctx=128, train_batch_size=8)
     model_path = str(tmp_path / "run")
     workers = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
