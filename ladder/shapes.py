@@ -15,8 +15,10 @@ step) is an error naming the nearest shape and the rule to change.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 from config.schema import GPTConfig
 from models import flops
@@ -43,14 +45,25 @@ def non_embedding(base: GPTConfig, n_layer: int, n_embd: int) -> int:
     return flops.parameter_count(dataclasses.replace(base, n_layer=n_layer, n_embd=n_embd))["non_embedding"]
 
 
-def _widths(base: GPTConfig, n_layer: int, target: float, step: int) -> list:
-    """The two widths (multiples of `step`) whose counts bracket the target at this depth."""
-    lo, hi = 1, 2
-    while non_embedding(base, n_layer, hi * step) < target:
-        lo, hi = hi, hi * 2
+def _widths(count: Callable[[int, int], int], n_layer: int, target: float, step: int,
+            most: Optional[int] = None) -> list:
+    """The two widths whose counts bracket the target at this depth: k and k + 1 times `step`, k the most steps
+    (at least one) whose count is below the target. `most`: a k known not to be exceeded (one layer shallower's: at
+    a given width a deeper model counts more), searched down from rather than up from one step."""
+    def below(k):
+        return count(n_layer, k * step) < target
+
+    if most is None:
+        lo, hi = 1, 2
+        while below(hi):
+            lo, hi = hi, hi * 2
+    else:  # galloping down from `most`: a few counts where the width changes little from one depth to the next
+        lo, hi, down = most, most + 1, 1
+        while lo > 1 and not below(lo):
+            lo, hi, down = max(1, lo - down), lo, down * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if non_embedding(base, n_layer, mid * step) < target:
+        if below(mid):
             lo = mid
         else:
             hi = mid
@@ -60,12 +73,15 @@ def _widths(base: GPTConfig, n_layer: int, target: float, step: int) -> list:
 def shape_for(base: GPTConfig, target: float, rules: Rules) -> Shape:
     """The rule above; raises LadderError when no shape is within the tolerance."""
     step = rules.head_width
-    best, nearest = None, None
+    count_of = functools.lru_cache(maxsize=None)(functools.partial(non_embedding, base))  # each shape counted once
+    best, nearest, most = None, None, None
     for n_layer in range(1, MAX_LAYERS + 1):
-        if non_embedding(base, n_layer, step) > target * (1 + rules.size_tolerance):
+        if count_of(n_layer, step) > target * (1 + rules.size_tolerance):
             break  # one head per layer is already too many parameters: deeper is worse
-        for n_embd in _widths(base, n_layer, target, step):
-            count = non_embedding(base, n_layer, n_embd)
+        widths = _widths(count_of, n_layer, target, step, most)
+        most = widths[0] // step
+        for n_embd in widths:
+            count = count_of(n_layer, n_embd)
             miss = abs(count / target - 1)
             shape = Shape(n_layer, n_embd, n_embd // step, count)
             if nearest is None or miss < abs(nearest.non_embedding / target - 1):
