@@ -226,7 +226,7 @@ def worker_hf(args, device: str = "cpu") -> dict:
 
     if getattr(args, "compile", False):
         forward_loss = torch.compile(forward_loss)
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for step in range(args.warmup + args.steps):
         rows = torch.arange(step * m["batch"], (step + 1) * m["batch"]) % data.shape[0]
         loss = forward_loss(data[rows.to(device)])
@@ -239,6 +239,7 @@ def worker_hf(args, device: str = "cpu") -> dict:
         if device != "cpu":
             torch.cuda.synchronize()  # the step's kernels are queued: time them done
         times.append(time.perf_counter())
+        cpu_times.append(time.process_time())
         losses.append(float(loss))
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * m["batch"] * m["n_ctx"]

@@ -123,6 +123,19 @@ def test_the_profile_sorts_each_op_of_a_real_training_step_into_its_part_of_the_
     assert not unsorted, unsorted
 
 
+def test_the_hf_worker_trains_and_reports_its_wall_and_cpu_seconds(monkeypatch):
+    """bench_train.py's HF side (worker_hf) on a tiny GPTNeo trains a few steps and reports tokens/s and the
+    process's CPU seconds per step as ours does. Bug caught: the CPU clock not read in its loop
+    (a NameError on every HF run, which left bench_memory.py without a peer)."""
+    import bench_train
+    import torch
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process's torch keeps its threads
+    args = SimpleNamespace(**TINY, warmup=1, steps=3, precision="float32", peak_size=64, peak_seconds=0.05)
+    result = bench_train.worker_hf(args)
+    assert result["tokens_per_s"] > 0 and result["cpu_s_per_step"] > 0 and len(result["step_times"]) == 3
+    assert 0 < result["first_loss"] < 10 and 0 < result["last_loss"] < 10  # about ln(64) = 4.2 at the start
+
+
 def test_the_profile_sorts_each_op_of_a_real_hf_step(monkeypatch):
     """HF's side on a real profiled step of a tiny GPTNeo (profile_train.worker_hf): every op lands in a category
     of the breakdown, each part of the model gets its ops, and no matrix product is counted as other or copies."""
