@@ -35,6 +35,7 @@ import tensorflow.compat.v1 as tf
 
 from config.schema import GPTConfig
 from models.flops import training_flops_per_token
+from runtime import runner
 from runtime.devices import Placement
 from train import loop
 
@@ -74,11 +75,8 @@ def learnable_tokens(rows: int, n_ctx: int, n_vocab: int, seed: int = 0) -> np.n
 
 def batches(data: np.ndarray, batch_size: int):
     def from_step(start_step: int) -> tf.data.Dataset:
-        ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
-        # One batch in memory needs no autotuning, whose thread makes closing each session wait up to 0.5 s.
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step).with_options(options)
+        ds = runner.in_memory(tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:])))
+        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
     return from_step
 
 

@@ -13,7 +13,7 @@ from loading.config import config_from_dict, replace
 from config.schema import GPTConfig
 from infer.run import predict
 from models import gpt
-from runtime import checkpoints, meshes
+from runtime import checkpoints, meshes, runner
 from runtime.devices import Placement
 from runtime.mesh_session import MeshSession
 from train import loop, objective
@@ -43,19 +43,11 @@ def placement_for(cfg: GPTConfig) -> Placement:
     return Placement(devices=tuple(devices_for(cfg)))
 
 
-def in_memory(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """`ds` without tf.data's autotuning: arrays already in memory need none, and its thread makes the closing of
-    every session that read the dataset wait for it (0.25-0.5 s a run, measured on tiny training runs)."""
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return ds.with_options(options)
-
-
 def fixed_batches(data: np.ndarray, batch_size: int):
     """(start_step) -> the rows of `data` ([rows, n_ctx + 1]) cycled in order, batch by batch, from that step
     on: every layout and a resumed run see the same batches."""
     def batches(start_step: int) -> tf.data.Dataset:
-        ds = in_memory(tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:])))
+        ds = runner.in_memory(tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:])))
         return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
     return batches
 
@@ -96,7 +88,7 @@ def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) 
     run = TrainingRun()
 
     def dataset(start_step):
-        ds = in_memory(tf.data.Dataset.from_tensor_slices((inputs, labels)))
+        ds = runner.in_memory(tf.data.Dataset.from_tensor_slices((inputs, labels)))
         return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
 
     def record(step, values):
