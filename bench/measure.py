@@ -60,9 +60,9 @@ def versions() -> str:
     return ", ".join(out)
 
 
-def header(cpu: str, loads: list) -> str:
+def header(cpu: str, loads: list, sha: str) -> str:
     return (f"**{datetime.date.today().isoformat()}**, {cpu}, {os.cpu_count()} CPUs, {platform.machine()}; commit "
-            f"{commit()}; {versions()}; load average (1 min) {loads[0]:.2f} at start, {loads[-1]:.2f} at end.")
+            f"{sha}; {versions()}; load average (1 min) {loads[0]:.2f} at start, {loads[-1]:.2f} at end.")
 
 
 def met(value, target) -> str:
@@ -151,7 +151,8 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    loads, cpu, parts = [bench_train.load()[0]], "", []
+    # the commit measured, read before the run: the memory plot it writes into docs/ is not a change to the code
+    loads, cpu, parts, sha = [bench_train.load()[0]], "", [], commit()
     quick_train = ["--warmup", "1", "--steps", "2", "--peak_seconds", "1"] if args.quick else []
     if "train" in args.only:
         summaries = []
@@ -184,8 +185,8 @@ def main(argv=None) -> int:
         parts.append(f"### Decoding, batch 1, greedy, context {dargs.n_ctx} (`bench_decode.py --repeats "
                      f"{dargs.repeats}`: median ms per new token)\n\n" + decode_table(s))
     loads.append(bench_train.load()[0])
-    text = header(cpu, loads) + ("\n\n*--quick: a check of the pipeline, not figures to quote.*" if args.quick else "") \
-        + "\n\n" + "\n".join(parts)
+    quick = "\n\n*--quick: a check of the pipeline, not figures to quote.*" if args.quick else ""
+    text = header(cpu, loads, sha) + quick + "\n\n" + "\n".join(parts)
     print("\n" + text)
     if args.out:
         with open(args.out, "w") as f:

@@ -220,3 +220,19 @@ def test_the_memory_and_decode_tables_compare_with_the_best_peer():
         {"measure": "HF eager float32", "by_prompt": {"16": {"per_token_ms": 10.0}, "256": {"per_token_ms": 9.0}}},
         {"measure": "HF compile bfloat16", "by_prompt": {"16": {"per_token_ms": 8.0}, "256": {"per_token_ms": 12.0}}}])
     assert "| **ours / best peer** | **1.60x** | **1.50x** |" in measure.decode_table(decode)
+
+
+def test_measure_names_the_commit_it_started_on_not_the_one_its_own_plot_dirtied(monkeypatch, tmp_path, capsys):
+    """The bug it guards: measure.py reading the commit after the run, when the memory plot it writes into docs/
+    makes the checkout look changed, so a clean run's tables say "with uncommitted changes"."""
+    import measure
+    states = iter(["abc1234", "abc1234 (with uncommitted changes)"])
+    monkeypatch.setattr(measure, "commit", lambda: next(states))
+    peaks = [{"fp32_matmul_flops": 100e9, "bf16_matmul_flops": 400e9}]
+    s = bench_train.summarize(peaks, {"float32": [_run(60)]}, {"float32": [_run(50)]}, auto="float32")
+    s.update(shape="bench", model=bench_train.SHAPES["bench"], cpu="a CPU")
+    monkeypatch.setattr(measure.bench_train, "measure", lambda args: s)
+    monkeypatch.setattr(measure.bench_train, "print_table", lambda *a: None)
+    out = tmp_path / "measured.md"
+    assert measure.main(["--only", "train", "--shapes", "bench", "--out", str(out)]) == 0
+    assert "commit abc1234;" in out.read_text()
