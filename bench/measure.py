@@ -2,7 +2,7 @@
 HF's peers, memory and speed against the context at 125M, and decoding; printed as the doc's tables (Markdown),
 headed by the date, the CPU kind, the commit and the load.
 
-    .venv/bin/python bench/measure.py                         # everything (about 1.5-2 hours on a 2-core machine)
+    .venv/bin/python bench/measure.py                         # everything (about 65 minutes on a 2-core AMX Xeon)
     .venv/bin/python bench/measure.py --only train --shapes bench neo
     .venv/bin/python bench/measure.py --memory_gib 8          # a shared machine: each memory run stops at 8 GiB
     .venv/bin/python bench/measure.py --quick --out /tmp/measured.md   # a quick check of the whole pipeline
