@@ -56,7 +56,7 @@ def tf_category(op_type: str, name: str) -> str:
     lower = name.lower()
     if "wte_final" in lower and op_type in MATMULS:
         return "matmul: output logits (tied embedding)"
-    if re.match(r"(adam|assign|square|reduce|global_norm|clip|sum_of_squares)", lower) or "optimizer" in lower:
+    if re.match(r"(adam|assign|square|reduce|global_norm|clip|sum_of_squares)", lower):
         return "optimizer (Adam, clipping)"  # sum_of_squares: the clipping's norm, one product per gradient
     if re.search(r"xentropy|cross_entropy|z_loss|logsumexp", lower):
         return "loss"
