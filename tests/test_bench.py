@@ -88,8 +88,9 @@ def test_the_profile_sorts_each_op_of_a_real_training_step_into_its_part_of_the_
     """The categories are read off the lowered graph's scopes, which move when the model's kernels do. On a real
     step's timeline (not names written for the test): bugs caught, each seen in the script, are the clipping's
     sums of squares counted as projections (one matmul per gradient since train/optimizer.py's sum_of_squares),
-    the bias and LayerNorm gradients' products with ones counted as projections, and oneDNN's _MklTranspose
-    counted as other instead of copies."""
+    the bias and LayerNorm gradients' products with ones counted as projections, oneDNN's _MklTranspose
+    counted as other instead of copies, and grappler's .../ArithmeticOptimizer/... rewrites inside the layers
+    counted as the optimizer."""
     import profile_train as p
     ops, cfg, variables = traced_step
     sorted_ops = {}
