@@ -36,6 +36,15 @@ def in_memory(ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds.with_options(options)
 
 
+def fixed_batches(rows, batch_size: int) -> Callable[[int], tf.data.Dataset]:
+    """(start_step) -> `rows` (an array [n, n_ctx + 1] in memory) cycled in order as (inputs, labels) batches,
+    from that step on: every layout and a resumed run see the same batches (the self-check, the tests)."""
+    def from_step(start_step: int) -> tf.data.Dataset:
+        ds = in_memory(tf.data.Dataset.from_tensor_slices((rows[:, :-1], rows[:, 1:])))
+        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
+    return from_step
+
+
 class Batches:
     """Inputs read from the tf.data.Dataset that `make()` builds inside the program's graph (for training and
     evaluation: (inputs, labels) batches), through an iterator that `Program.start` initialises."""

@@ -73,13 +73,6 @@ def learnable_tokens(rows: int, n_ctx: int, n_vocab: int, seed: int = 0) -> np.n
     return ((starts + np.arange(n_ctx + 1)[None, :]) % n_vocab).astype(np.int32)
 
 
-def batches(data: np.ndarray, batch_size: int):
-    def from_step(start_step: int) -> tf.data.Dataset:
-        ds = runner.in_memory(tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:])))
-        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
-    return from_step
-
-
 def _weights(checkpoint: str) -> dict:
     reader = tf.train.load_checkpoint(checkpoint)
     names = [n for n, _ in tf.train.list_variables(checkpoint)
@@ -93,7 +86,7 @@ def train_and_time(cfg: GPTConfig, placement: Placement, data: np.ndarray, list_
     from runtime import checkpoints
     losses, stamps, opened, listed = [], [], [], []
     start = time.monotonic()
-    loop.train(cfg, placement, batches(data, cfg.train_batch_size),
+    loop.train(cfg, placement, runner.fixed_batches(data, cfg.train_batch_size),
                on_open=lambda: opened.append(time.monotonic()),
                on_step=lambda step, values: (losses.append(float(values["loss"])), stamps.append(time.monotonic())),
                on_placement=(lambda report: listed.append(report.ops)) if list_placement else None)

@@ -228,7 +228,7 @@ def test_the_memory_and_decode_tables_compare_with_the_best_peer():
     assert "| **ours / best peer** | **1.60x** | **1.50x** |" in measure.decode_table(decode)
 
 
-def test_measure_names_the_commit_it_started_on_not_the_one_its_own_plot_dirtied(monkeypatch, tmp_path, capsys):
+def test_measure_names_the_commit_it_started_on_not_the_one_its_own_plot_dirtied(monkeypatch, tmp_path):
     """The bug it guards: measure.py reading the commit after the run, when the memory plot it writes into docs/
     makes the checkout look changed, so a clean run's tables say "with uncommitted changes"."""
     import measure

@@ -17,7 +17,7 @@ import tensorflow.compat.v1 as tf
 from plan import model_graph
 from evals import validation
 from infer import run
-from runtime import tpu
+from runtime import runner, tpu
 from train import loop as training_loop
 from runtime.devices import Placement
 from config.schema import ConfigError
@@ -42,12 +42,7 @@ def fake_placement(pod: str) -> Placement:
 
 
 def batches(cfg):
-    data = np.zeros([2 * cfg.train_batch_size, cfg.n_ctx + 1], np.int32)
-
-    def from_step(start_step):
-        ds = tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:]))
-        return ds.repeat().batch(cfg.train_batch_size, drop_remainder=True).skip(start_step)
-    return from_step
+    return runner.fixed_batches(np.zeros([2 * cfg.train_batch_size, cfg.n_ctx + 1], np.int32), cfg.train_batch_size)
 
 
 def _chip(pnum, physical):

@@ -15,6 +15,7 @@ from infer.run import predict
 from models import gpt
 from runtime import checkpoints, meshes, runner
 from runtime.devices import Placement
+from runtime.runner import fixed_batches  # noqa: F401  (the tests' batches: tiny.fixed_batches)
 from runtime.mesh_session import MeshSession
 from train import loop, objective
 from models.optimizers import slot_patterns
@@ -41,15 +42,6 @@ def devices_for(cfg: GPTConfig) -> list[str]:
 
 def placement_for(cfg: GPTConfig) -> Placement:
     return Placement(devices=tuple(devices_for(cfg)))
-
-
-def fixed_batches(data: np.ndarray, batch_size: int):
-    """(start_step) -> the rows of `data` ([rows, n_ctx + 1]) cycled in order, batch by batch, from that step
-    on: every layout and a resumed run see the same batches."""
-    def batches(start_step: int) -> tf.data.Dataset:
-        ds = runner.in_memory(tf.data.Dataset.from_tensor_slices((data[:, :-1], data[:, 1:])))
-        return ds.repeat().batch(batch_size, drop_remainder=True).skip(start_step)
-    return batches
 
 
 def train(cfg: GPTConfig, data: np.ndarray, steps: int | None = None) -> list[float]:
