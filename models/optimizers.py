@@ -41,13 +41,53 @@ def _adam_step_decayed(m, v, g, w, scale, lr, beta_1, beta_2, epsilon, decay):
     return w - lr * (update + decay * w), next_m, next_v
 
 
+class MasterValue(mtf.Operation):
+    """A variable's value as its slices hold it (float32 here: models/gpt.variable_dtype), where `var.value` is
+    the activation-dtype copy the model reads (bf16 or fp16 under those precisions). An update computed from
+    `var.value` and assigned to the variable rounds the fp32 master to the activation grid every step, so any
+    update below half a bf16 ulp of its weight is lost; updates read this instead.
+
+    Its input is the variable's output, so it is lowered after the variable, and it follows mesh-tensorflow's
+    autostack: on a mesh of several devices small variables of one shape are combined into a StackedVariable
+    whose unstack op then produces that output, and the value is then the variable's row of the stacked slices."""
+
+    def __init__(self, var: mtf.Variable):
+        super().__init__([var.outputs[0]], var.mesh, name="master_value")
+        self._outputs = [mtf.Tensor(self, var.shape, var.slice_dtype)]
+
+    def gradient(self, grad_ys):
+        raise ValueError("a variable's master value is for updates, not differentiated")
+
+    def lower(self, lowering):
+        value = self.inputs[0]
+        producer = value.operation
+        if isinstance(producer, mtf.Variable):
+            laid_out = lowering.variables[producer].laid_out_tensor
+        elif (isinstance(producer, mtf.UnstackOperation)
+              and isinstance(producer.inputs[0].operation, mtf.StackedVariable)):
+            row = producer.outputs.index(value)
+            stacked = lowering.variables[producer.inputs[0].operation].laid_out_tensor
+            laid_out = lowering.mesh_impl(self).slicewise(lambda s: s[row], stacked)
+        else:
+            raise ValueError(f"master_value of {value}, which no variable produces")
+        # Read the slices as values: the update's own assignment to the same variables comes after it.
+        lowering.set_tensor_lowering(self.outputs[0],
+                                     lowering.mesh_impl(self).slicewise(tf.identity, laid_out))
+
+
+def master_value(var: mtf.Variable) -> mtf.Tensor:
+    """`var`'s slices' value (fp32), for an optimizer's update: see MasterValue."""
+    return MasterValue(var).outputs[0]
+
+
 class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
     """mesh-tensorflow's Adam with decoupled weight decay (same slots, names and formula: m, v, m / (sqrt(v) +
     eps) + decay * w, times lr; tests/test_optimizer.py compares the two), computed for each variable in one
     XLA-fused pass that reads the gradient, the weight and the slots once and yields the new weight, m and v,
     instead of a dozen element-wise ops over every parameter. It takes the gradient clipping's factor
-    (`gradient_scale`, a scalar set by train/optimizer.py) into the same pass. The weight is updated in float32
-    (and stored in its slice dtype)."""
+    (`gradient_scale`, a scalar set by train/optimizer.py) into the same pass. The weight is read from and
+    written to its float32 slices (master_value): under bf16 or fp16 activations the model reads a rounded copy,
+    but every update, however small against its weight, lands on the fp32 master."""
 
     takes_gradient_scale = True  # train/optimizer.py: the clipping factor goes to `gradient_scale`, not the grads
 
@@ -66,7 +106,8 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
                              trainable=False)
         scale = self.gradient_scale if self.gradient_scale is not None else \
             mtf.ones(var.mesh, mtf.Shape([]), tf.float32)
-        inputs = [m, v, grad, mtf.to_float(var.value), scale, self.learning_rate]
+        # The weight from its fp32 slices, not `var.value` (the activation-dtype copy): see MasterValue.
+        inputs = [m, v, grad, master_value(var), scale, self.learning_rate]
         hyper = [self.beta_1, self.beta_2, self.epsilon]
         if self._do_use_weight_decay(var.name):
             fn = lambda *a: compiled(_adam_step_decayed, *a, *hyper, self.weight_decay_rate)  # noqa: E731

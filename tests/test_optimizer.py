@@ -17,9 +17,18 @@ from train import loop
 from models.optimizers import NO_DECAY, AdamWeightDecay
 
 
-def two_steps(optimizer_class, mesh_shape, layout):
-    """Two Adam steps on a decayed matrix and an undecayed bias; returns their values and slots."""
-    rng = np.random.RandomState(0)
+def initial_values(seed=0) -> dict:
+    """Two decayed matrices of one shape (autostack combines them on a mesh of several devices), an undecayed
+    bias, and their gradients, as float32."""
+    rng = np.random.RandomState(seed)
+    return {"w": rng.randn(8, 6), "w2": rng.randn(8, 6), "o_b": rng.randn(6),
+            "g_w": rng.randn(8, 6), "g_w2": rng.randn(8, 6), "g_o_b": rng.randn(6)}
+
+
+def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, lr=0.01, steps=2):
+    """`steps` Adam steps on the variables of initial_values with fp32 masters and activations (what the model
+    reads) in `activation_dtype`; returns their values and slots, read from the masters after the last step."""
+    start = {k: v.astype(np.float32) for k, v in initial_values().items()}
     graph = tf.Graph()
     with graph.as_default():
         mtf_graph = mtf.Graph()
@@ -28,29 +37,47 @@ def two_steps(optimizer_class, mesh_shape, layout):
         impl = mtf.placement_mesh_impl.PlacementMeshImpl(shape, mtf.convert_to_layout_rules(layout),
                                                          CPU_DEVICES[:shape.size])
         rows, cols = mtf.Dimension("rows", 8), mtf.Dimension("cols", 6)
-        w = mtf.get_variable(mesh, "w", mtf.Shape([rows, cols]), initializer=tf.constant_initializer(rng.randn(8, 6)))
-        b = mtf.get_variable(mesh, "o_b", mtf.Shape([cols]), initializer=tf.constant_initializer(rng.randn(6)))
-        g_w = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(8, 6).astype(np.float32)), w.shape)
-        g_b = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(6).astype(np.float32)), b.shape)
-        lr = mtf.import_fully_replicated(mesh, tf.constant(0.01), mtf.Shape([]))
+        dtype = mtf.VariableDType(tf.float32, tf.float32, activation_dtype)
+        shapes = {"w": mtf.Shape([rows, cols]), "w2": mtf.Shape([rows, cols]), "o_b": mtf.Shape([cols])}
+        variables = [mtf.get_variable(mesh, name, shape, dtype=dtype,
+                                      initializer=tf.constant_initializer(start[name])).operation
+                     for name, shape in shapes.items()]
+        grads = [mtf.import_tf_tensor(mesh, tf.constant(start["g_" + name]), shape) for name, shape in shapes.items()]
+        lr = mtf.import_fully_replicated(mesh, tf.constant(lr), mtf.Shape([]))
         optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=0.1, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
                                     exclude_from_weight_decay=NO_DECAY)
-        updates = optimizer.apply_grads([g_w, g_b], mtf_graph.trainable_variables)
-        lowering = mtf.Lowering(mtf_graph, {mesh: impl})
+        updates = optimizer.apply_grads(grads, variables)
+        lowering = mtf.Lowering(mtf_graph, {mesh: impl})  # autostack on, as training has it
         step = tf.group([lowering.lowered_operation(op) for op in updates])
-        names = ["w", "o_b", "w/adam_m", "w/adam_v", "o_b/adam_m", "o_b/adam_v"]
+        names = [n for name in shapes for n in (name, name + "/adam_m", name + "/adam_v")]
         with tf.Session(config=tf.ConfigProto(device_count={"CPU": 4})) as session:
             session.run(tf.global_variables_initializer())
             session.run(lowering.copy_masters_to_slices())
-            session.run(step)
-            session.run(step)
+            for _ in range(steps):
+                session.run(step)
             session.run(lowering.copy_slices_to_masters())
             masters = {v.name.split(":")[0]: v for v in tf.global_variables()}
             return {n: session.run(masters[n]) for n in names}
 
 
+def adam_oracle(lr, steps, weight_decay=0.1, beta_1=0.9, beta_2=0.95, epsilon=1e-8) -> dict:
+    """The same steps in float64 NumPy from the float32 start: m, v, w -= lr * (m / (sqrt(v) + eps) + decay * w),
+    decay on the matrices only (mesh-tensorflow's AdamWeightDecay, no bias correction)."""
+    start = {k: v.astype(np.float32).astype(np.float64) for k, v in initial_values().items()}
+    out = {}
+    for name in ("w", "w2", "o_b"):
+        w, g = start[name], start["g_" + name]
+        m, v = np.zeros_like(w), np.zeros_like(w)
+        for _ in range(steps):
+            m = beta_1 * m + (1 - beta_1) * g
+            v = beta_2 * v + (1 - beta_2) * g * g
+            w = w - lr * (m / (np.sqrt(v) + epsilon) + (weight_decay * w if name != "o_b" else 0.0))
+        out.update({name: w, name + "/adam_m": m, name + "/adam_v": v})
+    return out
+
+
 @pytest.mark.parametrize("kernel_path", ["xla", "plain"])  # XLA-compiled, or plain ops where XLA:GPU cannot compile
-@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "cols:x")])
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "cols:x"), ("x:4", "")])
 def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
     expected = two_steps(mtf.optimize.AdamWeightDecayOptimizer, "all:1", "")
     with common.kernels(kernel_path):
@@ -58,6 +85,26 @@ def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert np.abs(expected["w/adam_m"]).max() > 0  # the step ran
+
+
+@pytest.mark.parametrize("activation_dtype", [tf.bfloat16, tf.float16, tf.float32])
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "cols:x"), ("x:4", "")])
+def test_adam_updates_the_fp32_master_whatever_the_model_reads(activation_dtype, mesh_shape, layout):
+    """Updates far below half a bf16 (or fp16) ulp of their weights (lr 1e-6 on weights near 1, whose bf16 ulp
+    is 2^-7) land on the fp32 masters: three steps move every weight as float64 NumPy's Adam moves it. Bug
+    caught: the fused pass fed `var.value` (the activation-dtype copy the model reads), so every step rounded
+    the master to that grid and only the last step's update survived (at bf16, none of it); also an update
+    that reads the wrong row of autostack's stacked variables (x:4 stacks w and w2)."""
+    lr, steps = 1e-6, 3
+    oracle = adam_oracle(lr, steps)
+    start = initial_values()
+    got = two_steps(AdamWeightDecay, mesh_shape, layout, activation_dtype, lr=lr, steps=steps)
+    for name in ("w", "w2", "o_b"):
+        moved, expected = got[name] - start[name].astype(np.float32), oracle[name] - start[name]
+        assert np.abs(expected).min() > 5e-7  # every weight moves, by far less than a bf16 ulp
+        # fp32 arithmetic on weights near 1 resolves 6e-8 of the ~3e-6 move: 5% of it, with margin
+        np.testing.assert_allclose(moved, expected, rtol=0.05, atol=2e-7, err_msg=name)
+        np.testing.assert_allclose(got[name + "/adam_v"], oracle[name + "/adam_v"], rtol=1e-5, err_msg=name)
 
 
 @pytest.mark.slow
