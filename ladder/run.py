@@ -32,6 +32,7 @@ from ladder import plan as ladder_plan
 from ladder.plan import Ladder, SizePlan, duration
 from ladder.spec import LadderError
 from ladder.status import results_file, validation_losses
+from runtime.preemption import install
 
 MAIN = os.path.join(REPO_ROOT, "main.py")
 _STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)")
@@ -138,7 +139,7 @@ class _Forward:
 
     def __enter__(self):
         for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
+            self._previous[signum] = install(signum, self._handle)  # not in a fork of the ladder
         return self
 
     def __exit__(self, *exc):

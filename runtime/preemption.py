@@ -7,10 +7,15 @@ train/loop.py). Outside the training loop (start-up, graph building) SIGTERM end
 (`Terminated`, raised by the handler `terminate_with_a_line` installs): nothing since the last checkpoint is
 lost there. A non-chief task of a multi-host run keeps serving on SIGTERM (`DeferredSignal`): the chief saves
 through it, so it leaves only when the chief releases it.
+
+Every handler here is installed by `install`, which makes it act in the process that installed it only: a fork
+(a library's worker pool: lm-eval's bootstrap, multiprocessing's) inherits the handler but not the run it
+serves, and ends quietly on SIGTERM, as its pool asks.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -24,6 +29,30 @@ def name(signum: int) -> str:
 def exit_code(signum: int) -> int:
     """A shell's code for a process ended by `signum` (130 for SIGINT, 143 for SIGTERM)."""
     return 128 + int(signum)
+
+
+def install(signum: int, handler):
+    """signal.signal(signum, handler), with the handler acting only in this process; returns the handler before,
+    which signal.signal puts back. A forked child (lm-eval's bootstrap pool, any library's multiprocessing
+    workers) inherits Python's handlers, and ours belong to the run of the process that installed them: in a
+    worker, Terminated came out as a traceback after a run that had succeeded (pool.terminate() sends SIGTERM),
+    and StopOnSignal noted a stop no loop would read, so the worker never ended and its pool waited for it. There
+    the signal does what it does with no handler (`_default_action`)."""
+    installer = os.getpid()
+
+    def in_the_installing_process(signum, frame):
+        if os.getpid() != installer:
+            _default_action(signum)  # does not return
+        return handler(signum, frame)
+
+    return signal.signal(signum, in_the_installing_process)
+
+
+def _default_action(signum: int) -> None:
+    """The signal's default action, in this process: for SIGINT and SIGTERM, the end of it, without a word."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(exit_code(signum))  # not reached: the default action ends the process before kill returns
 
 
 class Terminated(KeyboardInterrupt):
@@ -57,7 +86,7 @@ def terminate_with_a_line():
         received.append(signum)
         raise Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    previous = install(signal.SIGTERM, raise_terminated)
     try:
         yield
     except Terminated:
@@ -83,7 +112,7 @@ class _SignalHandlers:
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
-                self._previous[signum] = signal.signal(signum, self._handle)
+                self._previous[signum] = install(signum, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -212,3 +212,47 @@ def test_sigterm_to_a_worker_of_two_hosts_makes_the_chief_save_and_both_resume_e
     for name, value in model_weights(model_path).items():
         # equal up to the last bits: the two hosts compute in other processes (thread pools, op order) than one
         np.testing.assert_allclose(value, straight_weights[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+# A process that forks a pool of workers inside one of runtime/preemption.py's handlers (argv[1] names it), as
+# lm-eval's bootstrap does inside main.py's terminate_with_a_line or a training run's evaluation: the workers are
+# busy when the pool is ended, so each of them gets the pool's SIGTERM. preemption.py is read as a file (it
+# imports nothing of the project), so the process starts without TensorFlow.
+FORKED_POOL = r'''
+import importlib.util, multiprocessing, sys, time
+spec = importlib.util.spec_from_file_location("preemption", "runtime/preemption.py")
+preemption = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(preemption)
+handlers = {"terminate_with_a_line": preemption.terminate_with_a_line, "StopOnSignal": preemption.StopOnSignal,
+            "DeferredSignal": lambda: preemption.DeferredSignal("the chief releases this task")}
+context = multiprocessing.get_context("fork")
+started = context.Queue()
+
+def work(index):
+    started.put(index)
+    time.sleep(60)  # longer than the timeout below; not forever, should a worker outlive its parent
+
+with handlers[sys.argv[1]]():
+    pool = context.Pool(2)
+    pool.map_async(work, range(2))
+    for _ in range(2):
+        started.get(timeout=60)
+    pool.terminate()  # SIGTERM to every worker still running, as `with mp.Pool(...)` does at its end
+    pool.join()
+print("pool ended")
+'''
+
+
+@pytest.mark.parametrize("handler", ["terminate_with_a_line", "StopOnSignal", "DeferredSignal"])
+def test_a_forked_worker_ends_quietly_when_its_pool_ends_it(handler):
+    """A handler acts only in the process that installed it: a forked pool worker (lm-eval's bootstrap pool under
+    main.py, any library's) ends quietly on the SIGTERM its pool sends, with no traceback, and the process that
+    forked it goes on.
+    Bug caught: the pid check in preemption.install removed (terminate_with_a_line: each worker printed
+    `Process ForkPoolWorker-N: Traceback ... Terminated: stopped by SIGTERM`; StopOnSignal and DeferredSignal:
+    the workers noted a stop and slept on, and pool.join() waited for them until the timeout)."""
+    from workspace import run_python
+    ended = run_python(FORKED_POOL, handler, timeout=30)
+    assert ended.returncode == 0 and ended.stdout == "pool ended\n", (ended.stdout, ended.stderr)
+    assert ended.stderr == ""
+
