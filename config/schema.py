@@ -169,6 +169,7 @@ class GPTConfig:
     warmup_steps: int = 0
     lr_decay: str = "cosine"
     lr_decay_end: Optional[int] = None   # step at which decay reaches 10% of lr; default train_steps
+    lr_decay_share: float = 0.2          # lr_decay "wsd": the last share of lr_decay_end over which lr decays
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
@@ -525,6 +526,9 @@ def validate(cfg: GPTConfig) -> GPTConfig:
             raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    if not 0 < cfg.lr_decay_share <= 1:
+        raise ConfigError(f"lr_decay_share must be in (0, 1], the share of the run over which \"wsd\" decays (0.2: "
+                          f"the last 20%), got {cfg.lr_decay_share}")
     _check_ranges(cfg)
     _validate_model_options(cfg)
     _validate_sampling(cfg)

@@ -158,10 +158,14 @@ def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
     return OPTIMIZERS[cfg.opt_name].make(cfg, lr)
 
 
-# lr_decay name -> the fraction of lr at progress p (0 at the start, 1 at lr_decay_end): 1 down to 0.1.
+# lr_decay name -> the fraction of lr at progress p (0 at the start, 1 at lr_decay_end) of a config: 1 down to 0.1.
 LR_DECAYS = {
-    "cosine": lambda p: 0.1 + 0.9 * 0.5 * (1.0 + tf.cos(3.141592653589793 * p)),
-    "linear": lambda p: 1.0 - 0.9 * p,
+    "cosine": lambda p, cfg: 0.1 + 0.9 * 0.5 * (1.0 + tf.cos(3.141592653589793 * p)),
+    "linear": lambda p, cfg: 1.0 - 0.9 * p,
+    # Warmup-stable-decay (Hägele et al. 2024): lr until the last lr_decay_share of the run, then linearly to the
+    # same floor. A run cut from it at any step of its stable phase and decayed on its own is a run of that length.
+    "wsd": lambda p, cfg: 1.0 - 0.9 * tf.clip_by_value((p - (1.0 - cfg.lr_decay_share)) / cfg.lr_decay_share,
+                                                       0.0, 1.0),
 }
 
 
@@ -170,7 +174,7 @@ def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
     step = tf.cast(global_step, tf.float32)
     decay_end = float(cfg.lr_decay_end or cfg.train_steps)
     progress = tf.minimum(step / max(decay_end, 1.0), 1.0)
-    decayed = cfg.lr * LR_DECAYS[cfg.lr_decay](progress)
+    decayed = cfg.lr * LR_DECAYS[cfg.lr_decay](progress, cfg)
     if cfg.warmup_steps > 0:
         warmup = cfg.lr * step / float(cfg.warmup_steps)
         return tf.where(step < cfg.warmup_steps, warmup, decayed)

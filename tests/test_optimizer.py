@@ -153,13 +153,16 @@ def rates_at(cfg, steps) -> list:
         return [float(session.run(rate, {step: s})) for s in steps]
 
 
-def scheduled(lr, step, warmup, decay_end, decay) -> float:
+def scheduled(lr, step, warmup, decay_end, decay, share=0.2) -> float:
     """README's schedule: a linear warmup from 0 to lr over warmup_steps (update s, counted from 0, at lr * s /
     warmup_steps), then from lr at step 0 down to 10% of lr at lr_decay_end, cosine or linear in the progress
-    step / lr_decay_end, and 10% of lr after it."""
+    step / lr_decay_end, and 10% of lr after it; "wsd" holds lr until the progress reaches 1 - share, then falls
+    linearly to 10% at lr_decay_end."""
     if step < warmup:
         return lr * step / warmup
     progress = min(step / decay_end, 1.0)
+    if decay == "wsd":
+        return lr * (1 - 0.9 * min(max((progress - (1 - share)) / share, 0.0), 1.0))
     fraction = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)) if decay == "cosine" else 1 - 0.9 * progress
     return lr * fraction
 
@@ -178,4 +181,28 @@ def test_the_learning_rate_schedule_at_its_boundaries(decay, warmup, decay_end):
     if warmup:
         assert rates_at(cfg, [0, warmup])[0] == 0.0  # the first update of a warmup is at lr 0 (GPT-Neo's)
     assert rates_at(cfg, [end, 10 * end]) == pytest.approx([0.1 * cfg.lr] * 2, rel=1e-6)  # 10% of lr, kept
+
+
+@pytest.mark.parametrize("share, warmup, decay_end", [(0.2, 10, None), (0.5, 0, 40), (1.0, 0, None)])
+def test_wsd_holds_lr_until_its_decay_share_then_falls_to_the_floor(share, warmup, decay_end):
+    """lr_decay "wsd" (warmup-stable-decay): lr itself from the warmup's end until the last `lr_decay_share` of
+    lr_decay_end, then linearly down to the floor of the other decays (10% of lr) at lr_decay_end, and 10% after it;
+    share 1 is the linear decay. The steps around each boundary: the warmup's, the last step at lr and the first
+    below it, the middle of the decay, its end and beyond. (Bug it catches: the decay starting at progress `share`
+    instead of 1 - share, `(p - cfg.lr_decay_share) / cfg.lr_decay_share` in LR_DECAYS["wsd"].)"""
+    cfg = tiny_config(lr=2e-3, warmup_steps=warmup, lr_decay="wsd", lr_decay_share=share, lr_decay_end=decay_end,
+                      train_steps=100)
+    end = decay_end or cfg.train_steps
+    stable = round((1 - share) * end)  # the last step at lr (a whole step for these shares)
+    steps = sorted({0, 1, 9, 10, 11, end // 4, max(stable - 1, 0), stable, stable + 1, (stable + end) // 2, end - 1,
+                    end, end + 1, 1000})
+    expected = [scheduled(cfg.lr, s, warmup, end, "wsd", share) for s in steps]
+    np.testing.assert_allclose(rates_at(cfg, steps), expected, rtol=1e-5)
+    held = [s for s in range(warmup, stable + 1)]
+    assert rates_at(cfg, held) == pytest.approx([cfg.lr] * len(held), rel=1e-6)  # the stable phase: lr itself
+    assert rates_at(cfg, [stable + 1])[0] < cfg.lr
+    assert rates_at(cfg, [end, 10 * end]) == pytest.approx([0.1 * cfg.lr] * 2, rel=1e-6)  # the floor, kept
+    if share == 1.0:  # no stable phase: the linear decay's schedule
+        linear = replace(cfg, lr_decay="linear")
+        np.testing.assert_allclose(rates_at(cfg, steps), rates_at(linear, steps), rtol=1e-6)
 
