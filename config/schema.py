@@ -149,6 +149,7 @@ class GPTConfig:
     macaron: bool = option(False)                # a half-weighted feed-forward before attention, and the other halved
     num_mem_kv: int = option(0)                  # learned memory key/values every query of a global layer sees
     moe_layers: tuple = option()                 # layers (from 0) whose feed-forward is a mixture of experts
+    allow_tf32: bool = False             # GPUs: float32 matmuls as TF32 (Ampere and newer); off: float32 is float32
     moe_params: tuple = option()                 # (key, value) pairs overriding models/moe.py's defaults
     moe_activation: Optional[str] = option(None)  # the experts' activation; None: activation_function
     axial_pos_emb: Optional[tuple] = option(None)   # (a, b), a*b >= n_ctx: axial instead of learned positions
@@ -195,6 +196,7 @@ class GPTConfig:
     steps_per_checkpoint: int = 1000
     keep_checkpoint_max: int = 5         # newest checkpoints kept in model_path
     keep_checkpoint_every_n_hours: float = 2.0  # and, of older ones, one per this many hours of training
+    keep_checkpoint_steps: tuple = ()    # steps also saved, and never rotated away (e.g. to branch runs from)
     model_path: str = ""
     datasets: tuple = ()
     input_fn: Optional[str] = None       # GPT-Neo's input function: "sequential_input" or "generic_text" (data/inputs.py)
@@ -529,6 +531,8 @@ def validate(cfg: GPTConfig) -> GPTConfig:
     if not 0 < cfg.lr_decay_share <= 1:
         raise ConfigError(f"lr_decay_share must be in (0, 1], the share of the run over which \"wsd\" decays (0.2: "
                           f"the last 20%), got {cfg.lr_decay_share}")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in cfg.keep_checkpoint_steps):
+        raise ConfigError(f"keep_checkpoint_steps must be a list of steps >= 1, got {list(cfg.keep_checkpoint_steps)}")
     _check_ranges(cfg)
     _validate_model_options(cfg)
     _validate_sampling(cfg)

@@ -179,6 +179,7 @@ def config_from_dict(raw: dict, source: str = "config", dataset_config_dir: str 
     values.update(parse_model_options(values))
     values["eval_tasks"] = _parse_eval_tasks(values.get("eval_tasks") or [])
     values["harness_tasks"] = parse_harness_tasks(values.get("harness_tasks") or [])
+    values["keep_checkpoint_steps"] = _parse_steps(values.get("keep_checkpoint_steps") or [])
     if values["datasets"]:  # special ids come from the (last) dataset's tokenizer, as in GPT-Neo
         last = values["datasets"][-1].dataset
         values.setdefault("eos_id", last.eos_id)
@@ -190,6 +191,12 @@ def _parse_eval_tasks(value: Any) -> tuple:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f'eval_tasks must be a list of task names like ["lambada"], got {value!r}')
     return tuple(value)
+
+
+def _parse_steps(value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ConfigError(f"keep_checkpoint_steps must be a list of steps like [400, 800], got {value!r}")
+    return tuple(sorted(set(value)))
 
 
 def parse_harness_tasks(value: Any) -> tuple:

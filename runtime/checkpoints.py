@@ -10,7 +10,8 @@ first.
 
 Retention is tf.train.Saver's (the Estimator's): the newest `keep` checkpoints stay, and an older one is
 kept only if `keep_every_hours` have passed since the last one kept that way (config keys
-keep_checkpoint_max and keep_checkpoint_every_n_hours).
+keep_checkpoint_max and keep_checkpoint_every_n_hours), or if its step is one of `keep_steps` (config key
+keep_checkpoint_steps: the ladder branches runs from them).
 
 What model_path can do to a run is checked before anything is written (CheckpointError, one line each): the
 newest checkpoint that can be read is the one restored (`restorable`: one cut short or with an unreadable index
@@ -323,9 +324,10 @@ def remove_leftovers(model_path: str) -> list[str]:
 class CheckpointWriter:
     """Saves the variables of `saver` (sharded, relative paths) into model_path, atomically, and rotates."""
 
-    def __init__(self, model_path: str, saver: tf.train.Saver, keep: int = 5, keep_every_hours: float = 2.0):
+    def __init__(self, model_path: str, saver: tf.train.Saver, keep: int = 5, keep_every_hours: float = 2.0,
+                 keep_steps=()):
         self.model_path, self.saver = model_path, saver
-        self.keep, self.keep_every_hours = keep, keep_every_hours
+        self.keep, self.keep_every_hours, self.keep_steps = keep, keep_every_hours, frozenset(keep_steps)
         self.started = time.time()
 
     def save(self, session: tf.Session, step: int) -> str:
@@ -367,8 +369,8 @@ class CheckpointWriter:
     def _rotate(self, new: int) -> None:
         """tf.train.Saver's rotation, over the checkpoints the state file lists (this writer's and earlier
         runs'): the newest `keep` stay listed; one leaving the list is deleted unless keep_every_hours have
-        passed since the last one kept that way. Checkpoints the state file does not list (kept ones, an
-        imported step 0) are never deleted."""
+        passed since the last one kept that way, or its step is one of keep_steps. Checkpoints the state file
+        does not list (kept ones, an imported step 0) are never deleted."""
         state = _read_state(self.model_path)
         listed = [step_of(p) for p in state.all_model_checkpoint_paths] if state else []
         # Listed newer ones cannot be read (training restored an older step): they stay, unlisted, until saved again.
@@ -378,11 +380,35 @@ class CheckpointWriter:
         while len(listed) > self.keep:
             old = listed.pop(0)
             saved = _save_time(prefix_of(self.model_path, old))
+            if old in self.keep_steps:
+                continue  # kept, unlisted, as the hours' ones are
             if saved - last_kept >= self.keep_every_hours * 3600:
                 last_kept = saved
             else:
                 _delete(prefix_of(self.model_path, old))
         _write_state(self.model_path, listed, last_kept)
+
+
+def copy(prefix: str, model_path: str) -> str:
+    """The checkpoint at `prefix` copied into model_path (made if need be) as a checkpoint of the same step, landing
+    as a save does: every file into a staging folder there, then the data shards moved in, then the index, so a
+    copy cut short is no checkpoint (the next start removes what it left). The state file is left to training's
+    start, which lists what it finds. Returns the copy's prefix. (The ladder starts a branch from its trunk's
+    checkpoint so: the branch's own model_path, resumed by training as any other.)"""
+    step = step_of(prefix)
+    folder, base = os.path.split(prefix)
+    tf.io.gfile.makedirs(model_path)
+    staging = os.path.join(model_path, f"{STAGING}{step}")
+    if tf.io.gfile.exists(staging):
+        tf.io.gfile.rmtree(staging)
+    tf.io.gfile.makedirs(staging)
+    names = sorted(n for n in tf.io.gfile.listdir(folder) if n.startswith(base + ".data-") or n == base + ".index")
+    for name in names:
+        tf.io.gfile.copy(os.path.join(folder, name), os.path.join(staging, name), overwrite=True)
+    for name in [n for n in names if ".data-" in n] + [n for n in names if n.endswith(".index")]:
+        tf.io.gfile.rename(os.path.join(staging, name), os.path.join(model_path, name), overwrite=True)
+    tf.io.gfile.rmtree(staging)
+    return prefix_of(model_path, step)
 
 
 def _read_state(model_path: str):

@@ -44,6 +44,7 @@ from typing import Optional
 import tensorflow.compat.v1 as tf
 
 from config.schema import ConfigError
+from runtime import gpus
 from runtime.devices import DeviceError, DeviceRequest, Placement, configure, cpu_devices, normalize
 from runtime.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
@@ -305,8 +306,11 @@ class ClusterPlacement(Placement):
         """The chief also stops when one of its workers got SIGTERM (the stop queue, `ChiefStop`)."""
         return ChiefStop(self)
 
-    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32") -> "Placement":
-        """The kernels' path asked for; the chief probes no GPUs of its workers."""
+    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32",
+                 tf32: bool = False) -> "Placement":
+        """The kernels' path asked for, and this host's float32 matmuls as the config asks (TF32 only with
+        allow_tf32; each worker sets its own: `serve_worker`); the chief probes no GPUs of its workers."""
+        gpus.set_tf32(tf32)
         return dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
 
 
@@ -349,6 +353,7 @@ def serve_worker(request: DeviceRequest, cfg) -> int:
     returns the process's exit code (see `serve`)."""
     local = local_devices(request, cfg)
     configure(local)
+    gpus.set_tf32(bool(cfg.allow_tf32))  # this host's GPUs run the chief's float32 matmuls as the config asks
     return serve(request.cluster, start_server(request.cluster, local), request.worker_timeout)
 
 

@@ -141,17 +141,18 @@ class Placement:
         """One mesh device's peak FLOP/s in `dtype`, for MFU (runtime/peaks.py)."""
         return peaks.device_peak(self, dtype, self.session_config(), seconds=seconds)
 
-    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32") -> "Placement":
+    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32",
+                 tf32: bool = False) -> "Placement":
         """This placement with the fused kernels' path asked for (`plain_kernels`: plain TF ops, not XLA-compiled;
-        `xla`: XLA auto-clustering is on, which needs XLA:GPU on GPUs); on GPUs also the start-up line and the
-        XLA:GPU check, which may choose plain kernels (runtime/gpus.py, in the precision that trains there: "auto"
-        resolved); on CPU devices with TensorFlow's TPU build, which has no XLA:CPU, plain kernels with one line
-        saying why."""
+        `xla`: XLA auto-clustering is on, which needs XLA:GPU on GPUs); on GPUs also float32 matmuls in float32
+        unless `tf32` (the config's allow_tf32) asks for TF32, the start-up line and the XLA:GPU check, which may
+        choose plain kernels (runtime/gpus.py, in the precision that trains there: "auto" resolved); on CPU devices
+        with TensorFlow's TPU build, which has no XLA:CPU, plain kernels with one line saying why."""
         placement = dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
         if placement.device_kind == "GPU":
             trains_in = precisions.for_placement(precision, placement).precision
             placement, _ = gpus.start_up(placement, placement.session_config(), xla_autoclustering=xla,
-                                         precision=trains_in)
+                                         precision=trains_in, tf32=tf32)
         elif placement.kernels == "xla" and tpu_access.tensorflow_distribution()[0] == "tensorflow-tpu":
             problem = xla_cpu_problem()
             if problem:

@@ -5,10 +5,12 @@ how much of their memory, whether XLA:GPU compiles the fused kernels, and where 
   (`gpu_problem`, a pure function of `GpuFacts`: one line saying what is missing and how to install it), makes
   only those GPUs visible to TensorFlow and sets memory growth or a fixed fraction (`--gpu_memory`). Runs before
   TensorFlow starts.
-* `start_up`: one session on the named GPUs runs a tiny XLA-compiled function on each (`probe`), prints the
-  start-up line (`describe`: each GPU's name, compute capability and the memory TensorFlow may use) and picks
-  the fused kernels' path (`kernel_path`): XLA:GPU, or plain TensorFlow ops with one line saying why and how to
-  fix it, returned as the placement's `kernels` (--plain_kernels or GPT_NEO_PLAIN_KERNELS=1 force plain).
+* `start_up`: float32 made float32 (`set_tf32`: TensorFlow's own default runs float32 matmuls as TF32 on Ampere
+  and newer; the config's `allow_tf32` asks for that), then one session on the named GPUs runs a tiny
+  XLA-compiled function on each (`probe`), prints the start-up line (`describe`: each GPU's name, compute
+  capability and the memory TensorFlow may use, and whether float32 matmuls run as TF32) and picks the fused
+  kernels' path (`kernel_path`): XLA:GPU, or plain TensorFlow ops with one line saying why and how to fix it,
+  returned as the placement's `kernels` (--plain_kernels or GPT_NEO_PLAIN_KERNELS=1 force plain).
 * `session_gpu_options`: the sessions (runtime/devices.py's `Placement.session_config`) see only those GPUs, with
   the same memory setting (the placement's GpuSetting); a mesh of CPU devices gets no GPU at all.
 * `run_listing_placement` / `cpu_fallbacks`: soft placement stays on (some ops have no GPU kernel), and the first
@@ -364,9 +366,9 @@ class ProbeResult:
 
 
 def describe(names: list[str], facts: GpuFacts, physical: list[int], probe: ProbeResult, memory: GpuMemory,
-             xla: bool) -> str:
+             xla: bool, tf32: Optional[bool] = None) -> str:
     """The start-up line: each mesh GPU's name, compute capability and the memory TensorFlow may use there,
-    the memory setting and the fused kernels' path."""
+    the memory setting, the fused kernels' path and (`tf32` given) how float32 matmuls run."""
     parts = []
     for name, index in zip(names, physical):
         gpu = facts.gpus[index] if index < len(facts.gpus) else Gpu(index)
@@ -381,7 +383,9 @@ def describe(names: list[str], facts: GpuFacts, physical: list[int], probe: Prob
             detail.append(f"{probe.memory[name] / GIB:.1f} GiB for TensorFlow")
         parts.append(f"{short}{where} = {gpu.name}" + (f" ({', '.join(detail)})" if detail else ""))
     kernels = "XLA:GPU" if xla else "plain TensorFlow ops"
-    return f"GPUs: {'; '.join(parts)}; {memory}; fused kernels: {kernels}"
+    matmuls = "" if tf32 is None else ("; float32 matmuls as TF32 (allow_tf32)" if tf32 else
+                                       "; float32 matmuls in float32 (TF32 off)")
+    return f"GPUs: {'; '.join(parts)}; {memory}; fused kernels: {kernels}{matmuls}"
 
 
 def _probe_function(x, dtype="float32"):
@@ -456,13 +460,28 @@ def first_line(message: str, limit: int = 240) -> str:
     return (lines[0] if lines else message.strip() or "unknown error")[:limit]
 
 
-def start_up(placement, config, xla_autoclustering: bool = False, out=None, precision: str = "float32"):
-    """For a placement on GPUs: refuses a precision the GPUs lack, says when the driver will JIT-compile
+def set_tf32(allowed: bool) -> None:
+    """Whether float32 matmuls (and convolutions) on GPUs run as TF32 on tensor cores (Ampere and newer: float32's
+    range with float16's 10-bit mantissa) or in full float32. TensorFlow's own default is TF32;
+    here float32 means float32 unless the config's `allow_tf32` asks (PyTorch's default too, so that the HF
+    parity and the harness's hf backend compare like with like). Process-wide: the GPU start-up sets it (for a
+    multi-host run each host's process: runtime/cluster.py), and the MFU peak reads it (runtime/peaks.py)."""
+    import tensorflow as tf
+    tf.config.experimental.enable_tensor_float_32_execution(bool(allowed))
+
+
+def start_up(placement, config, xla_autoclustering: bool = False, out=None, precision: str = "float32",
+             tf32: Optional[bool] = None):
+    """For a placement on GPUs: sets whether float32 matmuls run as TF32 (`set_tf32`; None leaves TensorFlow's
+    setting as the caller made it), refuses a precision the GPUs lack, says when the driver will JIT-compile
     TensorFlow's kernels, probes the GPUs (memory, XLA:GPU in `precision`), prints the start-up line and chooses
     the fused kernels' path (XLA:GPU, or plain ops with one warning line; plain where the placement already says
     so). Returns (the placement with that path, the ProbeResult); for CPU devices or a TPU (placement, None)."""
     if not uses_gpus(placement) or not placement.on_this_host:
         return placement, None
+    import tensorflow as tf
+    if tf32 is not None:
+        set_tf32(tf32)
     setting = placement.gpu
     names = list(placement.devices)
     physical = [setting.physical_of(n) if setting else int(n.rsplit(":", 1)[1]) for n in names]
@@ -480,7 +499,8 @@ def start_up(placement, config, xla_autoclustering: bool = False, out=None, prec
         raise DeviceError(f"--xla needs XLA:GPU, which does not work here ({result.xla_error}): leave out --xla, "
                           f"or fix it: {XLA_FIX}")
     memory = setting.memory if setting and setting.memory else GpuMemory()
-    print(describe(names, facts, physical, result, memory, xla), file=out or sys.stdout, flush=True)
+    tf32_on = tf.config.experimental.tensor_float_32_execution_enabled()
+    print(describe(names, facts, physical, result, memory, xla, tf32_on), file=out or sys.stdout, flush=True)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     return dataclasses.replace(placement, kernels="xla" if xla else "plain"), result

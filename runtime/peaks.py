@@ -3,8 +3,9 @@ number of mesh devices and then by this).
 
 * NVIDIA GPUs that TensorFlow names (`tf.config.experimental.get_device_details(gpu)["device_name"]`) and this
   table knows: the dense (no sparsity) tensor-core peak of NVIDIA's datasheet for the training dtype. float32
-  counts as TF32 where TensorFlow runs float32 matmuls in TF32 (its default on Ampere and newer:
-  `tf.config.experimental.enable_tensor_float_32_execution`).
+  counts as TF32 where TensorFlow runs float32 matmuls in TF32
+  (`tf.config.experimental.tensor_float_32_execution_enabled()`): TensorFlow's default on Ampere and newer, which
+  the GPU start-up turns off unless the config's allow_tf32 asks for it (runtime/gpus.py's `set_tf32`).
 * Any other device and dtype: measured. A chain of matmuls in the training dtype, placed on the device itself,
   runs as one graph-session call (the path the model's einsums take) and is reduced to one scalar, so the
   session call returns only when every matmul is done and the copy back is a few bytes; the first call

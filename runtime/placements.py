@@ -19,8 +19,10 @@ KINDS = (TpuPlacement, ClusterPlacement, Placement)
 
 def place(request: DeviceRequest, cfg: Optional[GPTConfig] = None, precision: Optional[str] = None) -> Placement:
     """The placement `request` asks for, for the mesh of `cfg`, started up: the fused kernels' path chosen, and on
-    GPUs the start-up line printed and XLA:GPU checked in the precision that trains (`precision`, default the
-    config's). Without a config (--selfcheck, which sizes its model to the devices): one CPU device by default."""
+    GPUs float32 matmuls in float32 (TF32 only with the config's allow_tf32), the start-up line printed and XLA:GPU
+    checked in the precision that trains (`precision`, default the config's). Without a config (--selfcheck, which
+    sizes its model to the devices): one CPU device by default, TF32 off."""
     kind = next(kind for kind in KINDS if kind.matches(request))
     placement = kind.from_request(request, cfg)
-    return placement.start_up(request.plain_kernels, request.xla, precision or (cfg.precision if cfg else "float32"))
+    return placement.start_up(request.plain_kernels, request.xla, precision or (cfg.precision if cfg else "float32"),
+                              tf32=bool(cfg and cfg.allow_tf32))

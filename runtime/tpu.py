@@ -183,8 +183,9 @@ class TpuPlacement(Placement):
     def peak(self, dtype: str, seconds: float = 1.0) -> peaks.Peak:
         return peaks.Peak(0.0, "unknown for TPUs: pass --peak_tflops (one core's peak) for MFU")
 
-    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32") -> Placement:
-        return dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
+    def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32",
+                 tf32: bool = False) -> Placement:
+        return dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")  # TPUs have no TF32
 
     def device_facts(self) -> dict:
         facts = dict(super().device_facts(), tpu=self.tpu)

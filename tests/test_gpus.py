@@ -351,9 +351,41 @@ def test_gpu_tests_skip_with_the_driver_and_tensorflows_cuda():
 def test_gpu_start_up_checks_and_probes_the_precision_training_resolves(monkeypatch):
     """precision "auto" (the config default) trains in float32 on GPUs: the start-up checks and probes that."""
     asked = []
-    monkeypatch.setattr(gpus, "start_up", lambda placement, config, xla_autoclustering=False, precision="float32":
-                        asked.append(precision) or (placement, None))
+    monkeypatch.setattr(gpus, "start_up", lambda placement, config, xla_autoclustering=False, precision="float32",
+                        tf32=None: asked.append(precision) or (placement, None))
     on_gpu = Placement(devices=("/device:GPU:0",))
     for wanted in ("auto", "bfloat16", "float16", "float32"):
         on_gpu.start_up(precision=wanted)
     assert asked == ["float32", "bfloat16", "float16", "float32"]
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_float32_is_float32_on_gpus_unless_the_config_allows_tf32_and_the_peak_follows(monkeypatch, capsys,
+                                                                                       allow_tf32):
+    """A placement on GPUs, started up by runtime/placements.place from a config: TensorFlow's TF32 (its default
+    on Ampere and newer) is off unless `allow_tf32`, the start-up line says which, and the MFU peak of float32 is
+    the datasheet's fp32 or TF32 figure accordingly. No GPU here: the placement is faked (an A100's facts), the
+    probe answers without a session, and TensorFlow's process-wide flag is what is checked.
+    Bugs caught: gpus.start_up not calling set_tf32 (TensorFlow's TF32 default left on), place not passing the
+    config's allow_tf32, a peak that counts TF32 while matmuls run in float32."""
+    from runtime import peaks, placements
+    from runtime.devices import DeviceRequest
+    a100 = "NVIDIA A100-SXM4-80GB"
+    names = ("/device:GPU:0",)
+    machine = facts(gpus=(gpus.Gpu(0, a100, (8, 0)),), driver_gpus=1)
+    faked = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.GpuMemory(), machine))
+    monkeypatch.setattr(Placement, "from_request", classmethod(lambda cls, request, cfg=None: faked))
+    monkeypatch.setattr(gpus, "probe", lambda names, config, xla=True, dtype="float32": gpus.ProbeResult({}, None))
+    monkeypatch.setattr(peaks, "gpu_name", lambda index: a100)
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(not allow_tf32)  # the other way round beforehand
+    try:
+        placement = placements.place(DeviceRequest(), tiny_config(precision="float32", allow_tf32=allow_tf32))
+        assert tf.config.experimental.tensor_float_32_execution_enabled() is allow_tf32
+        peak = placement.peak("float32").flops
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(previous)
+    line = capsys.readouterr().out
+    assert ("float32 matmuls as TF32 (allow_tf32)" if allow_tf32 else "float32 matmuls in float32 (TF32 off)") in line
+    assert peak == peaks.known_gpu_peak(a100, "float32", tf32=allow_tf32)
+    assert peaks.known_gpu_peak(a100, "float32", tf32=True) > 4 * peaks.known_gpu_peak(a100, "float32", tf32=False)

@@ -130,6 +130,33 @@ def test_plan_agrees_with_dry_run_on_each_sizes_config(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------------------------
+# A trunk's branch points: kept, and copied
+
+
+def test_a_trunks_branch_points_survive_rotation_and_copy_whole(tmp_path):
+    """A CheckpointWriter keeping one checkpoint (keep_checkpoint_max 1) with step 2 among its keep_checkpoint_steps:
+    after saves at steps 1 to 4, steps 2 and 4 are left (2 unlisted in the state file, as an hours-kept one is), and
+    runtime/checkpoints.copy puts step 2 into another model_path as a checkpoint that holds the same values and is
+    restorable there. (Bug: _rotate deleting a keep step, `if old in self.keep_steps` dropped.)"""
+    import tensorflow.compat.v1 as tf
+    from runtime import checkpoints
+    trunk, branch = str(tmp_path / "trunk"), str(tmp_path / "branch")
+    with tf.Graph().as_default(), tf.Session() as session:
+        weight = tf.get_variable("w", initializer=tf.zeros([3]))
+        session.run(tf.global_variables_initializer())
+        writer = checkpoints.CheckpointWriter(trunk, tf.train.Saver(sharded=True), keep=1, keep_steps=(2,))
+        for step in range(1, 5):
+            session.run(weight.assign(tf.fill([3], float(step))))
+            writer.save(session, step)
+    assert checkpoints.steps(trunk) == [2, 4]
+    assert [checkpoints.step_of(p) for p in tf.train.get_checkpoint_state(trunk).all_model_checkpoint_paths] == [4]
+    copied = checkpoints.copy(checkpoints.prefix_of(trunk, 2), branch)
+    assert copied == checkpoints.prefix_of(branch, 2) and checkpoints.restorable(branch) == copied
+    assert tf.train.load_variable(copied, "w").tolist() == [2.0, 2.0, 2.0]
+    assert sorted(os.listdir(branch)) == sorted(n for n in os.listdir(trunk) if n.startswith("model.ckpt-2."))
+
+
+# ----------------------------------------------------------------------------------------------------
 # A real ladder: cut off, resumed, evaluated
 
 

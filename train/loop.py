@@ -3,8 +3,9 @@
 It builds the training step (train/step.py) on the mesh, opens a session that restores model_path's latest
 checkpoint (or initialises the variables from their seeds; runtime/mesh_session.py) and runs steps from the
 input pipeline, positioned at the restored step so that a resumed run sees exactly the batches an
-uninterrupted one would. It saves a checkpoint every `steps_per_checkpoint` steps and at the end
-(runtime/checkpoints.py: atomic, rotated), prints progress and writes TensorBoard scalars (train/progress.py).
+uninterrupted one would. It saves a checkpoint every `steps_per_checkpoint` steps, at each of
+`keep_checkpoint_steps` (never rotated away) and at the end (runtime/checkpoints.py: atomic, rotated), prints
+progress and writes TensorBoard scalars (train/progress.py).
 After each of those saves (not the ones `checkpoint_minutes` adds, nor one made to stop) the callbacks given run
 with the checkpoint just written (`Callback.on_checkpoint`: train/job.py's evaluations), while the training
 session stays open: one program and one session train the whole run.
@@ -62,8 +63,9 @@ class Callback(Protocol):
 
     def on_checkpoint(self, step: int, prefix: str) -> None:
         """Runs after the checkpoint of `step` was saved as `prefix` (model_path/model.ckpt-STEP), at every
-        steps_per_checkpoint boundary and at the last step, unless a stop was asked for; training goes on after
-        it in the same session. Its time is left out of the progress line's throughput."""
+        steps_per_checkpoint boundary, at each keep_checkpoint_steps step and at the last step, unless a stop was
+        asked for; training goes on after it in the same session. Its time is left out of the progress line's
+        throughput."""
 
 
 # The clock of `checkpoint_minutes` (tests replace it).
@@ -128,7 +130,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
         if log and step == 0:  # once per model_path: the graph for TensorBoard's graph view
             log.graph(program.graph)
         writer = checkpoints.CheckpointWriter(cfg.model_path, session.saver, cfg.keep_checkpoint_max,
-                                              cfg.keep_checkpoint_every_n_hours)
+                                              cfg.keep_checkpoint_every_n_hours, cfg.keep_checkpoint_steps)
         program.start(session)
         saved, saved_at = step, clock()
 
@@ -140,7 +142,8 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
 
         try:
             while step < until and not stop.requested:
-                boundary = min(until, (step // cfg.steps_per_checkpoint + 1) * cfg.steps_per_checkpoint)
+                boundary = min([until, (step // cfg.steps_per_checkpoint + 1) * cfg.steps_per_checkpoint]
+                               + [s for s in cfg.keep_checkpoint_steps if s > step])
                 for values in program.run(session, min(program.steps_per_call, boundary - step)):
                     step += 1
                     if log:
