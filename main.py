@@ -138,7 +138,7 @@ def run(args) -> int:
     if args.new:
         train_flags.delete_model_path(cfg.model_path)
     if args.export:
-        return run_export(cfg, predict_flags.export_options(args))
+        return run_export(cfg, placement, predict_flags.export_options(args))
     if args.predict:
         return run_prediction(cfg, placement, predict_flags.predict_options(args))
     if args.eval:

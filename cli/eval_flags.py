@@ -1,6 +1,6 @@
 """main.py's flags for lm-evaluation-harness tasks (--harness_tasks, --harness_include_path, --num_fewshot,
---limit, --harness_batch_size, --harness_output, --log_samples): config overrides, and evals/harness.py's
-HarnessOptions of this run."""
+--limit, --harness_batch_size, --harness_output, --log_samples) and the precision of evaluation
+(--eval_precision): config overrides, and evals/harness.py's HarnessOptions of this run."""
 from __future__ import annotations
 
 from console import whole_number
@@ -20,12 +20,17 @@ def add_arguments(p) -> None:
     p.add_argument("--harness_output", help="the harness's results JSON (default: model_path/harness/results_STEP.json)")
     p.add_argument("--log_samples", action="store_true", help="also write each harness request's inputs and outputs "
                    "(beside the results JSON, as _samples.json)")
+    p.add_argument("--eval_precision", choices=("auto", "float32"), default=None,
+                   help="the precision --eval, the evaluations during training, the harness, --predict and --export "
+                        "run the model in: auto (training's on these devices) or float32 (overrides the config's "
+                        "eval_precision)")
 
 
 def config_overrides(args) -> dict:
     """The config keys the flags override (None: the config's own)."""
     return {"harness_tasks": args.harness_tasks, "harness_include_path": args.harness_include_path,
-            "harness_num_fewshot": args.num_fewshot, "harness_limit": args.limit}
+            "harness_num_fewshot": args.num_fewshot, "harness_limit": args.limit,
+            "eval_precision": args.eval_precision}
 
 
 def options(args, cfg):

@@ -136,6 +136,7 @@ class GPTConfig:
     attn_dropout: float = 0.0
     res_dropout: float = 0.0
     precision: str = "auto"              # runtime/precision.py: bfloat16 on CPUs with bf16 matrix units, else float32
+    allow_tf32: bool = False             # GPUs: float32 matmuls as TF32 (Ampere and newer); off: float32 is float32
     recompute_grad: bool = False
     z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
     model: str = "GPT"
@@ -149,7 +150,6 @@ class GPTConfig:
     macaron: bool = option(False)                # a half-weighted feed-forward before attention, and the other halved
     num_mem_kv: int = option(0)                  # learned memory key/values every query of a global layer sees
     moe_layers: tuple = option()                 # layers (from 0) whose feed-forward is a mixture of experts
-    allow_tf32: bool = False             # GPUs: float32 matmuls as TF32 (Ampere and newer); off: float32 is float32
     moe_params: tuple = option()                 # (key, value) pairs overriding models/moe.py's defaults
     moe_activation: Optional[str] = option(None)  # the experts' activation; None: activation_function
     axial_pos_emb: Optional[tuple] = option(None)   # (a, b), a*b >= n_ctx: axial instead of learned positions
@@ -222,6 +222,9 @@ class GPTConfig:
     eval_tasks: tuple = ()               # e.g. ["lambada"]
     lambada_path: Optional[str] = None   # local LAMBADA jsonl, one {"text": ...} per line
     eval_results_path: Optional[str] = None  # jsonl that results are appended to; default model_path/eval_results.jsonl
+    # The precision evaluation, the harness, --predict and --export run the model in: "auto" is training's (the
+    # `precision` resolved on this device), "float32" scores in float32 whatever trained (runtime/precision.py).
+    eval_precision: str = "auto"
     # lm-evaluation-harness tasks (evals/harness.py; --harness_tasks and its flags override these for a run).
     harness_tasks: tuple = ()            # e.g. ["lambada_openai", "tiny_choice"]; task names of lm-eval
     harness_include_path: Optional[str] = None  # folder of the tasks' own YAML files (local data)
@@ -516,6 +519,9 @@ def validate(cfg: GPTConfig) -> GPTConfig:
         raise ConfigError(f"model {cfg.model!r} is not known: only 'GPT' is built")
     if cfg.precision not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"precision must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.precision!r}")
+    if cfg.eval_precision not in ("auto", "float32"):
+        raise ConfigError(f"eval_precision must be 'auto' (training's precision on this device) or 'float32', got "
+                          f"{cfg.eval_precision!r}")
     if cfg.harness_num_fewshot is not None and cfg.harness_num_fewshot < 0:
         raise ConfigError(f"harness_num_fewshot must be 0 or more, got {cfg.harness_num_fewshot}")
     if cfg.harness_limit is not None and cfg.harness_limit <= 0:

@@ -2,6 +2,10 @@
 (evals/tasks.py) and lm-evaluation-harness tasks (evals/harness.py). A training run gives them to its loop as one
 callback (train/loop.py's Callback), run after each steps_per_checkpoint save; `main.py --eval` runs them once.
 
+They all run the model in one precision, resolved here where the placement is known (runtime/precision.py's
+`for_inference`): training's (the config training hands them is resolved already, and `--eval` resolves `auto`
+the same way on the same device), or float32 with `eval_precision: "float32"`; every result records it.
+
 Each builds its programs at the first checkpoint and keeps them with their sessions open, restored from each
 next checkpoint: a run evaluating at every checkpoint builds them once. The weights come from the checkpoint just
 written, not from the training session: the same bytes as evaluating it later, restored where each placement keeps
@@ -15,6 +19,7 @@ from typing import Optional
 from config.schema import GPTConfig
 from data.tokenizer import load_for_config
 from evals import harness, tasks, validation
+from runtime import precision
 from runtime.devices import Placement
 
 
@@ -25,6 +30,7 @@ class Evaluations:
     def __init__(self, cfg: GPTConfig, placement: Placement, validate: bool,
                  harness_options: Optional[harness.HarnessOptions] = None,
                  prepared: Optional[harness.Prepared] = None):
+        cfg = precision.for_inference(cfg, placement)
         self.each = []
         if validate:
             self.each.append(validation.Validation(cfg, placement))

@@ -9,7 +9,9 @@ relative data file is read from beside its YAML. evals/harness_tasks/ holds tiny
 
 Each run writes the harness's results JSON (model_path/harness/results_STEP.json, or --harness_output; with
 --log_samples each request's samples too), appends one line per task to the eval results file (the task as
-"harness/NAME") and writes the metrics as TensorBoard scalars under model_path/eval.
+"harness/NAME") and writes the metrics as TensorBoard scalars under model_path/eval. The model runs in the
+precision of the evaluations (runtime/precision.py's `for_inference`), which the lines, the rows and the
+results JSON's "gpt_neo" entry name.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from data.errors import DataError
 from data.tokenizer import load_for_config
 from evals.tasks import append_result
 from infer import run
-from runtime import checkpoints
+from runtime import checkpoints, precision
 from runtime.summaries import summary_writer, write_scalars
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1",
@@ -176,6 +178,7 @@ class Harness:
 
     def __init__(self, cfg: GPTConfig, placement, options: HarnessOptions, prepared: Optional[Prepared] = None):
         self.prepared = prepared or prepare(options)
+        cfg = precision.for_inference(cfg, placement)  # resolved already when evals/at_checkpoints.py made this
         self.cfg, self.placement, self.options = cfg, placement, options
         self.tokenizer = load_for_config(cfg)
         self.predictor = run.Predictor(cfg, placement)
@@ -202,7 +205,8 @@ class Harness:
             raise DataError(f"a harness task's data could not be read offline ({str(e).splitlines()[0]}): give the "
                             f"task local data files (docs/evaluation.md)") from None
         samples = results.pop("samples", None)
-        results["gpt_neo"] = {"step": step, "checkpoint": lm.checkpoint, "config": cfg.model_path}
+        results["gpt_neo"] = {"step": step, "checkpoint": lm.checkpoint, "config": cfg.model_path,
+                              "precision": precision.running(lm.cfg)}
         write_json(output, results)
         if samples is not None:
             write_json(output[:-len(".json")] + "_samples.json" if output.endswith(".json") else output + ".samples",
@@ -210,10 +214,10 @@ class Harness:
         table = task_metrics(results)
         writer = summary_writer(os.path.join(cfg.model_path, "eval"))
         for task, metrics in table.items():
-            append_result(cfg, {"step": step, "task": f"harness/{task}", **metrics})
+            append_result(lm.cfg, {"step": step, "task": f"harness/{task}", **metrics})
             write_scalars(writer, step, {f"harness/{task}/{name}": value for name, value in metrics.items()})
             shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-            print(f"harness {task} at step {step}: {shown}", flush=True)
+            print(f"harness {task} at step {step}: {shown} ({precision.running(lm.cfg)})", flush=True)
         writer.close()
         print(f"harness results in {output}", flush=True)
         return table

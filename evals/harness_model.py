@@ -21,6 +21,9 @@ an incremental path) are scored at n_ctx. A progress bar counts the requests.
 From Python, the harness's own way to name a model works once this module is imported (it registers the name):
 `lm_eval.simple_evaluate(model="gpt-neo-mtf", model_args="model=NAME,step=1000,batch_size=8", tasks=[...])`, with
 NAME a config as main.py's --model takes it (see `create_from_arg_string`).
+
+The model runs in the precision of the evaluations (runtime/precision.py's `for_inference`: training's on this
+device, or float32 with `eval_precision`), resolved where the model is made, whichever way it is made.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from tqdm import tqdm
 from data.errors import DataError
 from infer import run
 from models.sampling import SamplingOptions, incremental_unsupported
+from runtime import precision
 
 MODEL_NAME = "gpt-neo-mtf"
 SHORTEST_ROW = 16  # the shortest row length scored: below it a graph costs more to build than it saves
@@ -87,6 +91,7 @@ class CheckpointLM(TemplateLM):
         if cfg.mlm_training:
             raise DataError("a masked language model (mlm_training) does not score text left to right: evaluate a "
                             "causal model with the harness")
+        cfg = precision.for_inference(cfg, placement)  # a config already resolved (evals/harness.py's) stays
         self.cfg, self.placement, self.checkpoint, self.tokenizer_ = cfg, placement, checkpoint, tokenizer
         self.predictor = predictor
         self.batch_size = batch_size or cfg.eval_batch_size
@@ -102,7 +107,8 @@ class CheckpointLM(TemplateLM):
     def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "CheckpointLM":
         """The model `simple_evaluate(model="gpt-neo-mtf", model_args=...)` names: `model=NAME` (a config name in
         configs/ or a path to one, as main.py's --model), optionally `step=N` (a checkpoint of model_path; default
-        the newest) and `batch_size=B` (default: simple_evaluate's batch_size if a number, else eval_batch_size).
+        the newest), `batch_size=B` (default: simple_evaluate's batch_size if a number, else eval_batch_size) and
+        `eval_precision=float32` (the config key: float32 scoring instead of training's precision).
         The config is read and checked as main.py reads it; the mesh runs on this host's CPU devices or GPUs as
         main.py places it without device flags."""
         from data.tokenizer import load_for_config
@@ -111,15 +117,16 @@ class CheckpointLM(TemplateLM):
         from runtime.devices import DeviceRequest
 
         args = harness_utils.simple_parse_args_string(arg_string or "")
-        unknown = sorted(set(args) - {"model", "step", "batch_size"})
+        unknown = sorted(set(args) - {"model", "step", "batch_size", "eval_precision"})
         if unknown or "model" not in args:
-            raise DataError(f"model_args {arg_string!r}: give model=NAME (a config), optionally step=N and "
-                            f"batch_size=B" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+            raise DataError(f"model_args {arg_string!r}: give model=NAME (a config), optionally step=N, batch_size=B "
+                            f"and eval_precision=float32" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
         for key in ("step", "batch_size"):
             if key in args and (type(args[key]) is not int or args[key] < (0 if key == "step" else 1)):
                 raise DataError(f"model_args {key}={args[key]!r}: give a whole number"
                                 + (" (a checkpoint's step)" if key == "step" else " of rows, at least 1"))
-        cfg = load_config(str(args["model"]))
+        overrides = {"eval_precision": str(args["eval_precision"])} if "eval_precision" in args else None
+        cfg = load_config(str(args["model"]), overrides)
         if "step" in args:
             step = args["step"]
             if step not in checkpoints.steps(cfg.model_path):

@@ -1,6 +1,7 @@
 """Evaluation tasks (config key `eval_tasks`, data/eval_tasks.py's registry), run on a checkpoint by `main.py
 --eval` and after each checkpoint's eval. Every result, and the validation loss, is appended as one JSON line
-with the checkpoint's step to `eval_results_path` (default: model_path/eval_results.jsonl).
+with the checkpoint's step and the precision the model ran in to `eval_results_path` (default:
+model_path/eval_results.jsonl).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from data.eval_tasks import TASKS
 from infer import run
-from runtime import checkpoints
+from runtime import checkpoints, precision
 
 
 def scorer(cfg, predictor: run.Predictor):
@@ -31,11 +32,12 @@ def results_path(cfg) -> str:
 
 
 def append_result(cfg, record: dict) -> str:
-    """Appends one JSON line (with a timestamp) to the results file; returns its path."""
+    """Appends one JSON line (with the precision the model of `cfg` ran in and a timestamp) to the results file;
+    returns its path."""
     path = results_path(cfg)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(dict(record, time=round(time.time(), 3))) + "\n")
+        f.write(json.dumps(dict(record, precision=precision.running(cfg), time=round(time.time(), 3))) + "\n")
     return path
 
 
@@ -56,7 +58,8 @@ class EvalTasks:
             record = {"step": step, "task": task, **metrics}
             path = append_result(self.cfg, record)
             shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-            print(f"eval task {task} at step {step}: {shown} (appended to {path})", flush=True)
+            print(f"eval task {task} at step {step}: {shown} ({precision.running(self.cfg)}; appended to {path})",
+                  flush=True)
             records.append(record)
         return records
 

@@ -17,7 +17,7 @@ from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals.tasks import append_result
 from models import gpt
-from runtime import checkpoints, meshes, runner
+from runtime import checkpoints, meshes, precision, runner
 from runtime.devices import Placement
 from runtime.summaries import summary_writer, write_scalars
 from models.optimizers import slot_patterns
@@ -115,7 +115,8 @@ class Validation:
                 scores["bits_per_byte"] = bits_per_byte(loss, steps * cfg.eval_batch_size * cfg.n_ctx, self._bytes)
                 shown += f" | bits per byte {scores['bits_per_byte']:.4f}"
         print(f"eval at step {step}: loss {loss:.4f}{shown} "
-              f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens", flush=True)
+              f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens in {precision.running(cfg)}",
+              flush=True)
         writer = summary_writer(os.path.join(cfg.model_path, "eval"))
         write_scalars(writer, step, scores)
         writer.close()

@@ -13,8 +13,8 @@ Signatures (load with `tf.saved_model.load(path).signatures[name]`):
   outputs as `--predict` for the same rows and seeds (its .jsonl records each row's seed).
 * `logits`: tokens int32 [batch, n_ctx] -> logits float32 [batch, n_ctx, n_vocab].
 
-Beside the model, `assets.extra/` holds `gpt_config.json` (the config used) and the tokenizer file if the
-config names a local one.
+Beside the model, `assets.extra/` holds `gpt_config.json` (the config used; its `precision` is the one the
+graph computes in, never "auto") and the tokenizer file if the config names a local one.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from runtime import checkpoints, meshes, runner
+from runtime import checkpoints, meshes, precision, runner
 from infer import outputs as inference
 from runtime.devices import Placement
 from loading.config import replace
@@ -102,8 +102,8 @@ def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_s
             extra = os.path.join(export_dir, "assets.extra")
             os.makedirs(extra, exist_ok=True)
             with open(os.path.join(extra, "gpt_config.json"), "w") as f:
-                json.dump(dict(_config_json(cfg), export_batch_size=batch, checkpoint=os.path.basename(checkpoint)), f,
-                          indent=1, default=str)
+                json.dump(dict(_config_json(cfg), precision=precision.running(cfg), export_batch_size=batch,
+                               checkpoint=os.path.basename(checkpoint)), f, indent=1, default=str)
             dataset = cfg.tokenizer_dataset
             if (dataset and dataset.tokenizer_path and not dataset.tokenizer_is_pretrained
                     and os.path.isfile(dataset.tokenizer_path)):

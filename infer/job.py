@@ -1,5 +1,7 @@
 """`main.py --predict` and `main.py --export`: sampling from, and exporting, model_path's newest checkpoint
-that can be read (infer/predict.py, infer/export.py)."""
+that can be read (infer/predict.py, infer/export.py), in the precision of the evaluations (runtime/precision.py's
+`for_inference`: training's on the placement's devices, or float32 with `eval_precision`), which the samples'
+records and the export's gpt_config.json name."""
 from __future__ import annotations
 
 import os
@@ -10,7 +12,7 @@ from config.schema import GPTConfig
 from data.tokenizer import load_for_config
 from infer.export import export_saved_model
 from infer.predict import PredictOptions, predict, read_prompts
-from runtime import checkpoints
+from runtime import checkpoints, precision
 from runtime.devices import Placement
 
 
@@ -23,14 +25,16 @@ def run_prediction(cfg: GPTConfig, placement: Placement, options: PredictOptions
     """Samples every prompt; a bad prompt file is reported before the checkpoint is looked for."""
     read_prompts(options.prompt_files, options.prompt_per_line)
     step = checkpoints.step_of(checkpoints.require_checkpoint(cfg.model_path))
-    return predict(cfg, placement, options, step, load_for_config(cfg))
+    return predict(precision.for_inference(cfg, placement), placement, options, step, load_for_config(cfg))
 
 
-def run_export(cfg: GPTConfig, options: ExportOptions) -> int:
-    """Writes the SavedModel (signatures generate and logits) of the newest checkpoint."""
+def run_export(cfg: GPTConfig, placement: Placement, options: ExportOptions) -> int:
+    """Writes the SavedModel (signatures generate and logits) of the newest checkpoint, in the precision the
+    placement's devices run the model in (the SavedModel itself runs on one device wherever it is loaded)."""
     checkpoint = checkpoints.require_checkpoint(cfg.model_path)
     step = checkpoints.step_of(checkpoint)
+    cfg = precision.for_inference(cfg, placement)
     path = export_saved_model(cfg, checkpoint, options.export_dir or os.path.join(cfg.model_path, "export", str(step)))
     print(f"exported step {step} to {path} (signatures: serving_default/generate, logits; "
-          f"batch {cfg.predict_batch_size}, n_ctx {cfg.n_ctx})")
+          f"batch {cfg.predict_batch_size}, n_ctx {cfg.n_ctx}, {precision.running(cfg)})")
     return 0

@@ -9,7 +9,8 @@ stop_token, max_new_tokens, remove_partial_sequences, kv_cache) that the flags o
 (cli/predict_flags.py).
 
 Writes `<model_path>/predictions_<step>.txt` (the samples, as before) and `.jsonl` (one object per sample:
-prompt, completion, token ids, whether it stopped at the stop token, its seed and the step), or to
+prompt, completion, token ids, whether it stopped at the stop token, its seed, the step and the precision the
+model ran in), or to
 `--predict_output PREFIX.txt/.jsonl`. A later run at the same step writes `predictions_<step>_2.*`, `_3`, ...:
 every run's samples are kept.
 """
@@ -27,7 +28,7 @@ import numpy as np
 from data.errors import DataError
 from infer import run
 from models.sampling import SamplingOptions, incremental_unsupported
-from runtime import checkpoints
+from runtime import checkpoints, precision
 
 @dataclass(frozen=True)
 class PredictOptions:
@@ -176,6 +177,7 @@ def predict(cfg, placement, options: PredictOptions, step: int, tokenizer) -> in
                                "make it writable, or pass --predict_output PREFIX to write the samples elsewhere")
     outputs = run_rows(cfg, placement, rows, checkpoints.prefix_of(cfg.model_path, step))
 
+    ran_in = precision.running(cfg)
     records = []
     for i in range(len(rows.tokens)):
         p = rows.prompt_index[i]
@@ -184,12 +186,12 @@ def predict(cfg, placement, options: PredictOptions, step: int, tokenizer) -> in
         records.append({
             "index": i, "prompt_index": p, "prompt": prompts[p], "prompt_ids": rows.prompt_ids[i],
             "completion": text, "tokens": new, "stopped": stopped, "seed": int(rows.seed[i]), "step": step,
-            "text": text if cfg.remove_partial_sequences else prompts[p] + text})
+            "precision": ran_in, "text": text if cfg.remove_partial_sequences else prompts[p] + text})
     for r in records:
-        print(f"======== sample {r['index']} (step {step}) ========\n{r['text']}")
+        print(f"======== sample {r['index']} (step {step}) in {ran_in} ========\n{r['text']}")
     write_samples(prefix, records, step)
     why = incremental_unsupported(cfg)
     mode = "kv cache" if cfg.kv_cache and why is None else f"full recompute ({why or 'kv_cache is false'})"
-    print(f"wrote {len(records)} samples ({len(prompts)} prompts x {num_samples}, seed {seed}, {mode}) to "
+    print(f"wrote {len(records)} samples ({len(prompts)} prompts x {num_samples}, seed {seed}, {mode}, {ran_in}) to "
           f"{prefix}.txt and {prefix}.jsonl")
     return 0

@@ -13,10 +13,20 @@ faster. So:
 
 `choose` is a pure function of the asked precision, the device kind and the CPU's flags (tests feed it flag
 sets); `for_placement` reads the flags of this host's CPU (/proc/cpuinfo; none elsewhere, e.g. macOS).
+
+Every job that runs a model takes its precision from here, once, where its placement is known: training
+(`for_training`), and the jobs that run the trained model without training it (`for_inference`: `--eval` and
+the evaluations after each checkpoint, the harness from either, `--predict`, `--export`). Those run in training's
+precision on the same device (`eval_precision: "auto"`, the default), so `--eval` gives the numbers the
+evaluation during training gave for the same checkpoint, or in float32 (`eval_precision: "float32"`). Each
+result records the precision it ran in (`running`).
 """
 from __future__ import annotations
 
+import sys
 from typing import Iterable, NamedTuple
+
+from config.schema import GPTConfig
 
 # /proc/cpuinfo flags of bf16 matrix units: x86's AVX512-BF16 dot products and AMX-BF16 tiles, and the BF16
 # extension of Armv8.6 (BFMMLA; "bf16" in an aarch64 kernel's Features line: Graviton3, Neoverse V1/V2).
@@ -95,3 +105,47 @@ def for_placement(asked: str, placement, cpuinfo: str = "/proc/cpuinfo") -> Choi
     """`choose` for this host's CPU flags and the placement's device kind (a multi-host cluster: the chief's CPU
     stands for all hosts, which run one machine kind)."""
     return choose(asked, placement.device_kind, cpu_info(cpuinfo)[1])
+
+
+class Resolved(NamedTuple):
+    cfg: GPTConfig   # the job's config, `precision` the one it runs in (never "auto")
+    note: str        # one line on why ("" where there is nothing to say)
+
+
+def for_training(cfg: GPTConfig, placement, cpuinfo: str = "/proc/cpuinfo") -> Resolved:
+    """The config training runs: `precision` as `choose` resolves it for the placement."""
+    from loading.config import replace  # here: the benches' drivers read the CPU's flags without TensorFlow
+    chosen = for_placement(cfg.precision, placement, cpuinfo)
+    return Resolved(replace(cfg, precision=chosen.precision), chosen.note)
+
+
+def resolve_for_inference(cfg: GPTConfig, placement, cpuinfo: str = "/proc/cpuinfo") -> Resolved:
+    """The config a job that runs the trained model (evaluation, the harness, sampling, export) runs: training's
+    precision on this placement (`for_training`'s), or float32 where `eval_precision` asks for it. A config already
+    resolved (the one training hands its evaluations) keeps its precision: resolving twice changes nothing."""
+    from loading.config import replace
+    trained = for_placement(cfg.precision, placement, cpuinfo).precision
+    runs_in = "float32" if cfg.eval_precision == "float32" else trained
+    note = ""  # said where a precision other than float32 was resolved, or float32 asked over it
+    if runs_in != cfg.precision and trained != "float32":
+        note = (f"eval_precision float32: the model runs in float32 (training's precision here: {trained})"
+                if runs_in == "float32" else
+                f"precision auto: the model runs in {runs_in}, as training does on this {placement.device_kind}; "
+                f"\"eval_precision\": \"float32\" (or --eval_precision float32) runs it in float32")
+    return Resolved(replace(cfg, precision=runs_in), note)
+
+
+def for_inference(cfg: GPTConfig, placement, out=None) -> GPTConfig:
+    """`resolve_for_inference`'s config, its note printed: what every job running the trained model calls at its
+    entry (evals/at_checkpoints.py, evals/harness.py, evals/harness_model.py, infer/job.py)."""
+    resolved = resolve_for_inference(cfg, placement)
+    if resolved.note:
+        print(resolved.note, file=out or sys.stdout, flush=True)
+    return resolved.cfg
+
+
+def running(cfg: GPTConfig) -> str:
+    """The precision a model of `cfg` is built in (models/gpt.py's activation dtype; an unresolved "auto" builds
+    in float32): what every result records beside its numbers."""
+    from models.gpt import variable_dtype
+    return variable_dtype(cfg).activation_dtype.name

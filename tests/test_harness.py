@@ -249,3 +249,19 @@ def test_the_harness_names_our_model_by_its_config(checkpoint_run):
                 os.remove(os.path.join(cfg.model_path, name))
         with open(state, "w") as f:
             f.write(kept_state)
+
+
+
+def test_the_harness_model_runs_in_trainings_precision_or_float32_from_its_model_args(checkpoint_run, monkeypatch):
+    """`model_args="model=CONFIG"` runs the model as --eval does: in training's precision for the device (here a
+    CPU with bf16 units, faked), resolved where the model is made; `eval_precision=float32` asks for float32.
+    Bugs caught: CheckpointLM keeping the config's "auto" (models/gpt.py builds it in float32), model_args'
+    eval_precision not reaching the config."""
+    from evals.harness_model import CheckpointLM
+    from runtime import precision
+    root, _ = checkpoint_run
+    monkeypatch.setattr(precision, "cpu_info", lambda path="/proc/cpuinfo": ("test CPU", frozenset({"avx512_bf16"})))
+    config = str(root / "configs" / "tiny.json")
+    assert precision.running(CheckpointLM.create_from_arg_string(f"model={config}").cfg) == "bfloat16"
+    assert precision.running(CheckpointLM.create_from_arg_string(f"model={config},eval_precision=float32").cfg) \
+        == "float32"

@@ -11,7 +11,6 @@ from data.inputs import DatasetSource, check_train_sources, train_dataset
 from data.mlm import mask_dataset
 from evals import harness
 from evals.at_checkpoints import Evaluations
-from loading.config import replace
 from models import gpt
 from runtime import checkpoints
 from runtime.devices import Placement
@@ -91,9 +90,9 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
         print(f"{cfg.model_path} is already at step {start} of train_steps {cfg.train_steps}; nothing to train "
               f"(raise train_steps or pass --new)")
         return start
-    # "auto" becomes this device's precision (bfloat16 only on CPUs with bf16 matrix units); an explicit one stays
-    chosen = precision.for_placement(cfg.precision, placement)
-    cfg = replace(cfg, precision=chosen.precision)
+    # "auto" becomes this device's precision (bfloat16 only on CPUs with bf16 matrix units); an explicit one stays.
+    # The evaluations after each checkpoint are handed this config (their precision: runtime/precision.py).
+    cfg, note = precision.for_training(cfg, placement)
     sources = dataset_sources(cfg)
     # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices
     peak = (Peak(options.peak_tflops * 1e12, "--peak_tflops") if options.peak_tflops else
@@ -102,8 +101,8 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
           f"({placement.describe()}) in {cfg.precision}, steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
-    if chosen.note:
-        print(chosen.note, flush=True)
+    if note:
+        print(note, flush=True)
     if peak.flops:
         print(f"MFU against {peak.flops / 1e12:.3g} TFLOP/s per device ({peak.source})", flush=True)
     else:
