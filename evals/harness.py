@@ -164,12 +164,49 @@ class Prepared:
     tasks: list
 
 
-def prepare(options: HarnessOptions) -> Prepared:
-    """lm-eval imported offline, every task name known and its local data files there: checked before a
-    checkpoint is loaded or a step trained, so that a typo is one error line at once."""
+# The requests a model trained on entmax_loss cannot answer: they need the softmax's log-likelihoods.
+LOGLIKELIHOOD_TYPES = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
+
+
+def output_type(manager, task) -> Optional[str]:
+    """The kind of request a task makes (its YAML's output_type, includes followed; a config given as a dict
+    says it itself); None where only building it would tell (a group, a task defined in Python)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+    if isinstance(task, dict):
+        return task.get("output_type")
+    entry = manager.task_index.get(task)
+    if entry is None or entry.yaml_path is None or entry.kind.name != "TASK":
+        return None
+    try:
+        return load_yaml(entry.yaml_path, resolve_func=False).get("output_type")
+    except (OSError, ValueError):
+        return None
+
+
+def check_fits_model(cfg: GPTConfig, prepared: Prepared) -> None:
+    """A model trained on entmax_loss has no softmax log-likelihoods: its tasks that ask for them are one error
+    before anything runs (evals/harness_model.py refuses each such request too, for the tasks only their
+    building tells)."""
+    if not cfg.entmax_loss:
+        return
+    asking = [task if isinstance(task, str) else task.get("task", "?") for task in prepared.tasks
+              if output_type(prepared.manager, task) in LOGLIKELIHOOD_TYPES]
+    if asking:
+        raise DataError(f"harness task {', '.join(asking)} scores log-likelihoods, which a model trained with "
+                        f"entmax_loss does not have: run generation tasks only with this model, or evaluate one "
+                        f"trained on cross-entropy")
+
+
+def prepare(options: HarnessOptions, cfg: Optional[GPTConfig] = None) -> Prepared:
+    """lm-eval imported offline, every task name known and its local data files there, and (given the model's
+    config) every task one the model can answer: checked before a checkpoint is loaded or a step trained, so
+    that a typo is one error line at once."""
     import_harness()
     manager = task_manager(options.include_path, options.tasks)
-    return Prepared(manager, [local_task(manager, name) for name in options.tasks])
+    prepared = Prepared(manager, [local_task(manager, name) for name in options.tasks])
+    if cfg is not None:
+        check_fits_model(cfg, prepared)
+    return prepared
 
 
 class Harness:
@@ -178,6 +215,7 @@ class Harness:
 
     def __init__(self, cfg: GPTConfig, placement, options: HarnessOptions, prepared: Optional[Prepared] = None):
         self.prepared = prepared or prepare(options)
+        check_fits_model(cfg, self.prepared)
         cfg = precision.for_inference(cfg, placement)  # resolved already when evals/at_checkpoints.py made this
         self.cfg, self.placement, self.options = cfg, placement, options
         self.tokenizer = load_for_config(cfg)

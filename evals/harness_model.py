@@ -2,15 +2,21 @@
 of our checkpoints: a thin client of infer/run.py's PREDICT graph, as the eval tasks and --predict are.
 
 * `loglikelihood`: the harness's TemplateLM encodes each (context, continuation) as its HF backend does (the
-  whole text encoded, the context's tokens split off; an empty context becomes the eos token); each request
-  is one row of (context + continuation)[-(n_ctx + 1):] scored in one forward pass (infer/outputs.py's
-  token_loss and token_correct): the continuation's summed log-probability, and whether every one of its
-  tokens is the argmax.
+  whole text encoded, the context's tokens split off; an empty context becomes the eos token, and so does a
+  context of only whitespace, which the harness moves into the continuation); each request is one row of
+  (context + continuation)[-(n_ctx + 1):] scored in one forward pass (infer/outputs.py's token_loss and
+  token_correct): the continuation's summed log-probability, and whether every one of its tokens is the argmax.
+  A model trained on `entmax_loss` has no such log-likelihoods: its log-likelihood requests are refused.
 * `loglikelihood_rolling`: the harness's own rolling windows of n_ctx tokens (lm_eval.utils), each scored as
   a loglikelihood request, summed per text.
 * `generate_until`: models/sampling.py's sampler (kv cache where the model has it), greedy unless the request
   asks for a temperature, stopping at the eos token, at a token whose text holds a stop sequence, or after
-  max_gen_toks; the text is cut at the first stop sequence. Prompts are cut from the left to n_ctx - max_gen_toks tokens, as the HF backend cuts them.
+  max_gen_toks; the text is cut at the first stop sequence. Prompts are cut from the left to n_ctx - max_gen_toks
+  tokens, as the HF backend cuts them. Of the request's generation settings, until, max_gen_toks, do_sample,
+  temperature, top_k and top_p are followed; any other is named in one warning and ignored. A sampled request's
+  seed is a hash of its prompt, its settings, the config's sampling_seed (else seed) and how many identical
+  requests came before it, and it runs in a row of its own (the sampler's noise also depends on the row): its
+  sample does not depend on which other requests run (`--limit`) or in which order.
 
 Requests are sorted by length, longest first (as the HF backend sorts them), and scored in rows of a few
 lengths (powers of two up to n_ctx; a length with less than a batch of rows joins the next): one PREDICT graph
@@ -27,6 +33,8 @@ device, or float32 with `eval_precision`), resolved where the model is made, whi
 """
 from __future__ import annotations
 
+import hashlib
+import sys
 from typing import Optional
 
 import numpy as np
@@ -43,6 +51,8 @@ from runtime import precision
 
 MODEL_NAME = "gpt-neo-mtf"
 SHORTEST_ROW = 16  # the shortest row length scored: below it a graph costs more to build than it saves
+# The generation settings the sampler follows (normalize_gen_kwargs gives every request do_sample and temperature).
+GENERATION_SETTINGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
 
 
 def row_length(tokens: int, n_ctx: int, by_length: bool) -> int:
@@ -69,6 +79,13 @@ def length_groups(lengths: list[int], members: list[int], n_ctx: int, by_length:
         if len(carried) >= batch_size or length == max(groups):
             merged[length], carried = carried, []
     return dict(sorted(merged.items(), reverse=True))
+
+
+def request_seed(base: int, context: str, settings: dict, occurrence: int) -> int:
+    """A sampled request's seed in [0, 2**31): a hash of the run's seed, its prompt, its generation settings and
+    how many identical requests came before it (a task's `repeats` ask for several samples of one request)."""
+    text = repr((int(base), context, sorted((str(k), repr(v)) for k, v in settings.items()), int(occurrence)))
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "little") % (2 ** 31)
 
 
 def rows_by_length_safe(cfg) -> bool:
@@ -102,6 +119,7 @@ class CheckpointLM(TemplateLM):
                             "stop): set eos_id in the dataset config")
         self._eot = int(eos)
         self.padding = cfg.padding_id if cfg.padding_id is not None else 0
+        self._ignored_settings: set = set()  # generation settings already named in a warning
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "CheckpointLM":
@@ -171,9 +189,18 @@ class CheckpointLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """(log P(continuation | context), whether greedy decoding gives the continuation) per request of
         (strings, context ids, continuation ids)."""
+        if self.cfg.entmax_loss:  # before anything is scored: no request of such a task gets a number
+            raise DataError("a model trained with entmax_loss has no softmax log-likelihoods to score "
+                            "loglikelihood requests with (multiple choice, perplexity): run generation tasks only "
+                            "with this model, or evaluate one trained on cross-entropy")
         n_ctx = self.cfg.n_ctx
         rows = []
         for _, context, continuation in requests:
+            if not context:  # a context of only whitespace, which lm-eval moved into the continuation: as an
+                # empty one, it becomes the eos token (lm-eval's TemplateLM.loglikelihood's rule for "")
+                context, continuation = (([self.prefix_token_id], continuation)
+                                         if continuation[:1] != [self.prefix_token_id] else
+                                         (continuation[:1], continuation[1:]))
             if not continuation:
                 raise DataError("a loglikelihood request has an empty continuation: its task gives an empty target")
             if len(continuation) > n_ctx:
@@ -231,11 +258,18 @@ class CheckpointLM(TemplateLM):
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(repr(sorted(request.args[1].items())), []).append(i)
+        seeds, seen = [], {}  # each request's seed, from the request itself (`request_seed`)
+        base = self.cfg.sampling_seed if self.cfg.sampling_seed is not None else self.cfg.seed
+        for request in requests:
+            key = (request.args[0], repr(sorted(request.args[1].items())))
+            seen[key] = seen.get(key, -1) + 1
+            seeds.append(request_seed(base, request.args[0], request.args[1], seen[key]))
         results: list = [None] * len(requests)
         with tqdm(total=len(requests), desc="generate_until requests", unit="request", dynamic_ncols=True,
                   disable=disable_tqdm) as bar:
             for members in groups.values():
                 settings = normalize_gen_kwargs(dict(requests[members[0]].args[1]), self.max_gen_toks)
+                self._warn_ignored(settings)
                 until = handle_stop_sequences(settings.pop("until", None), eos=eos_text)
                 options = self._sampling_options(settings, self._stop_ids(until))
                 keep = self.cfg.n_ctx - options.max_new_tokens
@@ -248,14 +282,26 @@ class CheckpointLM(TemplateLM):
                 for row, i in enumerate(members):
                     tokens[row, :len(prompts[i])] = prompts[i]
                 features = {"tokens": tokens, "prompt_length": np.array([len(prompts[i]) for i in members], np.int32),
-                            "seed": np.arange(len(members), dtype=np.int32) + (self.cfg.sampling_seed or self.cfg.seed)}
-                out = self._predict(features, min(self.batch_size, len(members)), options, on_batch=bar.update)
+                            "seed": np.array([seeds[i] for i in members], np.int32)}
+                # Sampled rows one at a time: the sampler's noise depends on the row within the batch too
+                rows = 1 if options.temperature > 0 else min(self.batch_size, len(members))
+                out = self._predict(features, rows, options, on_batch=bar.update)
                 for row, i in enumerate(members):
                     new = out["tokens"][row, len(prompts[i]):out["lengths"][row]]
                     text = postprocess_generated_text(self.tok_decode(new), until, None)
                     results[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return results
+
+    def _warn_ignored(self, settings: dict) -> None:
+        """One warning line naming the request's generation settings the sampler does not follow (num_beams,
+        repetition_penalty, ...), each named once: its generations are greedy or sampled as if they were absent."""
+        ignored = sorted(set(settings) - set(GENERATION_SETTINGS) - self._ignored_settings)
+        if ignored:
+            self._ignored_settings.update(ignored)
+            tqdm.write(f"warning: {MODEL_NAME} ignores the generation settings {', '.join(ignored)} that a task asks "
+                       f"for (it follows {', '.join(GENERATION_SETTINGS)}): its generations may differ from the hf "
+                       f"backend's", file=sys.stderr)  # above the requests' progress bar, not inside it
 
     def _predict(self, rows: dict, batch_size: int, options=None, on_batch=None) -> dict:
         if self.predictor is not None:

@@ -25,7 +25,7 @@ def run_evaluation(cfg: GPTConfig, placement: Placement, harness_options: Option
         raise ConfigError("nothing to evaluate: set eval_path in the dataset config, eval_tasks or harness_tasks in "
                           "the model config, or pass --harness_tasks")
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
-    prepared = harness.prepare(harness_options) if cfg.harness_tasks else None
+    prepared = harness.prepare(harness_options, cfg) if cfg.harness_tasks else None
     with Evaluations(cfg, placement, has_eval_path, harness_options, prepared) as evaluations:
         evaluations.on_checkpoint(step, checkpoint)
     return 0

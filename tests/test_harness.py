@@ -4,6 +4,7 @@ position, span or truncation moves a log-likelihood by far more than float32 rou
 
 The shipped tiny tasks (evals/harness_tasks/) run through the harness's own evaluator with each backend; every
 request's answer and every metric must agree."""
+import contextlib
 import json
 import math
 import os
@@ -250,6 +251,110 @@ def test_the_harness_names_our_model_by_its_config(checkpoint_run):
         with open(state, "w") as f:
             f.write(kept_state)
 
+
+@contextlib.contextmanager
+def checkpoint_lm(cfg, **changes):
+    """Our harness model of the module's checkpoint (weights of order one), its config changed by `changes`, its
+    programs kept from call to call (as evals/harness.py keeps them)."""
+    from data.tokenizer import load_for_config
+    from evals.harness_model import CheckpointLM
+    from infer import run
+    from loading.config import replace
+    from runtime import precision
+    cfg = replace(cfg, **changes) if changes else cfg
+    placement, checkpoint = placement_for(cfg), os.path.join(cfg.model_path, "model.ckpt-1")
+    with run.Predictor(precision.for_inference(cfg, placement), placement, checkpoint) as predictor:
+        yield CheckpointLM(cfg, placement, checkpoint, load_for_config(cfg), batch_size=4, predictor=predictor)
+
+
+def instances(kind, arguments):
+    from lm_eval.api.instance import Instance
+    return [Instance(kind, {}, args, i) for i, args in enumerate(arguments)]
+
+
+def test_a_context_of_only_whitespace_is_scored_as_an_empty_one(checkpoint_run):
+    """lm-eval moves a context's trailing whitespace into the continuation, so a context of only whitespace
+    encodes to no tokens: it is scored after the end-of-text token, as the harness scores an empty context with
+    the whitespace in the continuation (and as the `hf` backend scores an empty context), never as a free answer.
+    Bug caught: the context's tokens taken as they come (`if not context:` branch gone), which scores such a
+    request (0.0, greedy): certain, and the winner of any multiple-choice question."""
+    _, cfg = checkpoint_run
+    with checkpoint_lm(cfg) as lm:
+        blank, empty, worded = lm.loglikelihood(instances("loglikelihood", [
+            ("  ", " import os"), ("", "   import os"), ("Question: which module?", " import os")]))
+    assert blank == pytest.approx(empty, rel=1e-6)
+    assert blank[0] < -1 and worded[0] < -1  # weights of order one: far from a certain 0.0
+
+
+@pytest.mark.slow
+def test_an_entmax_model_is_refused_log_likelihood_requests_with_one_line(checkpoint_run, capsys):
+    """A model trained with entmax_loss has no softmax log-likelihoods: `--eval` with a task that asks for them is
+    one `error:` line before anything runs or is written; the model itself refuses such requests (multiple
+    choice, loglikelihood, rolling) from Python too; generation tasks still run.
+    Bugs caught: the early check gone (`check_fits_model` returning at once: --eval runs the validation loss and
+    writes its row before the harness fails), the model's own refusal gone (entmax models scored with softmax
+    log-likelihoods)."""
+    import main
+    from data.errors import DataError
+    root, cfg = checkpoint_run
+    entmax = json.loads((root / "configs" / "tiny.json").read_text())
+    entmax.update(entmax_loss=True, eval_results_path=str(root / "entmax_results.jsonl"))
+    (root / "configs" / "entmax.json").write_text(json.dumps(entmax))
+    assert main.main(["--model", str(root / "configs" / "entmax.json"), "--eval", "--harness_tasks",
+                      "tiny_generate,tiny_choice", "--harness_include_path", TASKS]) == 1
+    errors = error_lines(capsys)
+    assert len(errors) == 1 and "harness task tiny_choice scores log-likelihoods" in errors[0], errors
+    assert "entmax_loss" in errors[0] and not os.path.exists(root / "entmax_results.jsonl")
+
+    with checkpoint_lm(cfg, entmax_loss=True) as lm:
+        for kind, arguments in (("loglikelihood", [("def f(", "x)")]), ("loglikelihood_rolling", [("import os\n",)])):
+            with pytest.raises(DataError, match="entmax_loss has no softmax log-likelihoods"):
+                getattr(lm, kind)(instances(kind, arguments))
+        generated = lm.generate_until(instances("generate_until", [("def f(", {"until": [")"], "max_gen_toks": 3})]))
+    assert isinstance(generated[0], str)
+
+
+@pytest.mark.slow
+def test_generation_settings_the_sampler_does_not_follow_are_named_once(checkpoint_run, capsys):
+    """A task's generation_kwargs beyond until, max_gen_toks, do_sample, temperature, top_k and top_p (HF's
+    num_beams, repetition_penalty, ...) are named in one `warning:` line, once per model, not dropped silently;
+    the ones it follows say nothing.
+    Bug caught: `_warn_ignored` not called (the settings dropped without a word)."""
+    _, cfg = checkpoint_run
+    asking = {"until": ["\n"], "max_gen_toks": 2, "num_beams": 4, "repetition_penalty": 1.2}
+    with checkpoint_lm(cfg) as lm:
+        lm.generate_until(instances("generate_until", [("def f(", dict(asking)), ("class A", dict(asking))]))
+        lm.generate_until(instances("generate_until", [("def g(", dict(asking))]))
+        warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and "num_beams, repetition_penalty" in warnings[0], warnings
+        lm.generate_until(instances("generate_until", [("def h(", {"until": ["\n"], "max_gen_toks": 2,
+                                                                  "do_sample": False, "temperature": 0.0})]))
+        assert "warning:" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_sampled_request_draws_the_same_sample_whichever_requests_run_beside_it(checkpoint_run):
+    """A sampled generation (do_sample, temperature 1) is a function of the request and the config's seed alone:
+    the same whether its neighbours run too (as --limit changes them) or in another order; identical requests
+    (a task's `repeats`) draw different samples; another sampling_seed draws others.
+    Bugs caught: the seed taken from the request's place in its sorted group (np.arange, as before), sampled rows
+    batched (the sampler's noise depends on the row too), every repeat of a request given one seed."""
+    from evals.harness_model import CheckpointLM
+    from loading.config import replace
+    _, cfg = checkpoint_run
+    settings = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
+    prompts = ["import os\nimport sys\n", "def read_header(self, name):", "class Parser(object):", "x = ["]
+    with checkpoint_lm(cfg, sampling_seed=11) as lm:
+        all_four = lm.generate_until(instances("generate_until", [(p, dict(settings)) for p in prompts]))
+        assert len(set(all_four)) == 4 and all(all_four)
+        some = lm.generate_until(instances("generate_until", [(p, dict(settings)) for p in prompts[:0:-1]]))
+        assert some == all_four[:0:-1]
+        repeated = lm.generate_until(instances("generate_until", [(prompts[1], dict(settings))] * 3))
+        assert repeated[0] == all_four[1] and len(set(repeated)) == 3
+        reseeded = CheckpointLM(replace(cfg, sampling_seed=12), lm.placement, lm.checkpoint, lm.tokenizer_,
+                                batch_size=4, predictor=lm.predictor)  # the seeds are the programs' inputs
+        other_seed = reseeded.generate_until(instances("generate_until", [(prompts[1], dict(settings))]))
+    assert other_seed != [all_four[1]]
 
 
 def test_the_harness_model_runs_in_trainings_precision_or_float32_from_its_model_args(checkpoint_run, monkeypatch):

@@ -56,7 +56,7 @@ def check_training(cfg: GPTConfig, harness_options: Optional[harness.HarnessOpti
     check_train_sources(dataset_sources(cfg), cfg.n_ctx, cfg.train_batch_size, cfg.seed, n_vocab=cfg.n_vocab)
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
     if harness_options.tasks:
-        harness.prepare(harness_options)
+        harness.prepare(harness_options, cfg)
 
 
 def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
@@ -73,7 +73,7 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
     _check_datasets_and_writable(cfg)
     # The harness's tasks are checked before the first step, not found wrong after the first checkpoint.
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
-    prepared = harness.prepare(harness_options) if cfg.harness_tasks else None
+    prepared = harness.prepare(harness_options, cfg) if cfg.harness_tasks else None
     with TrainerLock(cfg.model_path):  # one trainer per model_path (runtime/lock.py)
         return _train_locked(cfg, placement, options, on_start, harness_options, prepared)
 
