@@ -127,6 +127,19 @@ def _at_initial_weights(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, 
         return session.run(fetches)
 
 
+def initial_weights(cfg: GPTConfig) -> dict:
+    """Variable name -> the model's initial value (float32, from its initializers under cfg.seed), on one device:
+    a start to write as a step-0 checkpoint (tools/hf.write_checkpoint) that other runs and other frameworks
+    read. Not necessarily the values training draws without a checkpoint (its graph holds other ops first)."""
+    cfg = replace(cfg, precision="float32", mesh_shape="all:1", layout="")  # the variables' values, not bf16 copies
+
+    def build(x, y, dims):
+        gpt.forward(x, cfg, dims, train=False)
+        return {v.name: v.outputs[0] for v in x.graph.trainable_variables}
+    zeros = np.zeros([1, cfg.n_ctx], np.int32)
+    return _at_initial_weights(cfg, zeros, zeros, devices_for(cfg), build)
+
+
 def compute_losses(cfg: GPTConfig, inputs: np.ndarray, labels: np.ndarray, devices: list[str],
                    train: bool = True) -> dict[str, float]:
     """The losses of one batch at the seeded initial weights, without a backward pass: "loss" (cross-entropy),
