@@ -46,8 +46,9 @@ class Dims:
 
 def variable_dtype(cfg: GPTConfig) -> mtf.VariableDType:
     """fp32 master weights; bf16 or fp16 activations when precision is bfloat16 or float16 (float16 trains with
-    dynamic loss scaling: train/loss_scale.py). "auto" is resolved for training per device (train/job.py,
-    runtime/precision.py); where it reaches a model unresolved (inference, export, planning) it is float32."""
+    dynamic loss scaling: train/loss_scale.py). "auto" is resolved per device by every job that runs a model
+    (runtime/precision.py: training's for_training, the evaluations', sampling's and export's for_inference); where
+    it reaches a model unresolved (planning, hand-built graphs) it builds in float32."""
     activation = {"bfloat16": tf.bfloat16, "float16": tf.float16}.get(cfg.precision, tf.float32)
     return mtf.VariableDType(master_dtype=tf.float32, slice_dtype=tf.float32, activation_dtype=activation)
 
