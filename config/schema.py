@@ -52,7 +52,7 @@ class TokenizerId:
     def encode_hint(self) -> str:
         """How to encode text with this tokenizer, for messages (" (python ...)"), or "" when it is not known where
         it was read: a tokenizer json is create_tfrecords' --encoder_path, a model folder its --tokenizer_from."""
-        if not self.source:
+        if not self.source or self.source.endswith(".manifest.json"):  # a manifest says which, not where it is
             return ""
         flag = "--encoder_path" if self.source.endswith(".json") else "--tokenizer_from"
         return f" (python data/create_tfrecords.py {flag} {self.source} ...)"
@@ -87,6 +87,16 @@ def parse_tokenizer_id(value: Any, where: str) -> Optional[TokenizerId]:
 
 
 @dataclass(frozen=True)
+class TokenizerRecord:
+    """One place that says which tokenizer encoded a dataset: its config's `tokenizer_id` key ("key"), a
+    create_tfrecords manifest beside its files ("manifest"), or the tokenizer its `tokenizer_path` holds, read
+    ("tokenizer_path"); `where` is the manifest's or tokenizer's path (the key's: the dataset config's)."""
+    kind: str
+    where: str
+    tokenizer: TokenizerId
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     """One registered dataset: `configs/dataset_configs/<id>.json`."""
     id: str
@@ -97,7 +107,10 @@ class DatasetConfig:
     tokenizer_is_pretrained: bool = False
     eos_id: Optional[int] = None
     padding_id: Optional[int] = None
-    tokenizer_id: Optional[TokenizerId] = None  # what encoded it; None in dataset configs written before the record
+    # What encoded it, as its records agree (the key's, else its tokenizer_path's, else its manifests'); None when
+    # nothing records it. loading/config.py reads the records; check_tokenizer_ids refuses records that disagree.
+    tokenizer_id: Optional[TokenizerId] = None
+    tokenizer_records: tuple = ()  # TokenizerRecord, in that order
 
 
 @dataclass(frozen=True)
@@ -570,7 +583,10 @@ def check_tokenizer_ids(cfg: GPTConfig, source: str = "the config") -> GPTConfig
     """Every dataset that records the tokenizer that encoded it (tokenizer_id) was encoded with the model's
     (reference_tokenizer): a model reads one tokenizer's ids, and another's would train it on garbage without a
     sign. And the end-of-text ids agree: a dataset's eos_id with its tokenizer's, the config's with the model's
-    tokenizer's (samples stop at it, and the data's documents end with it). A ConfigError naming both."""
+    tokenizer's (samples stop at it, and the data's documents end with it). And first, each dataset's records of
+    its tokenizer (check_tokenizer_records) agree. A ConfigError naming both."""
+    for use in cfg.datasets:
+        check_tokenizer_records(use.dataset)
     for use in cfg.datasets:
         dataset, recorded = use.dataset, use.dataset.tokenizer_id
         if recorded is not None and None not in (recorded.eos_id, dataset.eos_id) and recorded.eos_id != dataset.eos_id:
@@ -591,25 +607,61 @@ def check_tokenizer_ids(cfg: GPTConfig, source: str = "the config") -> GPTConfig
     return cfg
 
 
+def check_tokenizer_records(dataset: DatasetConfig) -> None:
+    """A ConfigError naming both when two of a dataset's records of the tokenizer that encoded it disagree: its
+    config's tokenizer_id key, the manifests create_tfrecords wrote beside its files, the tokenizer its
+    tokenizer_path holds (DatasetConfig.tokenizer_records). Whichever is wrong, its tokens are not the ones the
+    others describe, so nothing can be checked until they agree."""
+    records = dataset.tokenizer_records
+    for index, first in enumerate(records):
+        for second in records[index + 1:]:
+            if not first.tokenizer.matches(second.tokenizer):
+                raise ConfigError(_disagreement(dataset, first, second))
+
+
+def _disagreement(dataset: DatasetConfig, first: TokenizerRecord, second: TokenizerRecord) -> str:
+    """The line for two records that disagree, `first` the earlier of key, manifest, tokenizer_path."""
+    if second.kind == "tokenizer_path":
+        said = ("its config records" if first.kind == "key" else
+                f"the create_tfrecords manifest beside its files records")
+        return (f"{dataset.id}'s tokenizer_path {second.where} is tokenizer {second.tokenizer}, but {said} that "
+                f"{first.tokenizer} encoded it: point tokenizer_path at the tokenizer that encoded it, or encode the "
+                f"text again")
+    if first.kind == "key":
+        return (f"dataset {dataset.id!r}'s config records that tokenizer {first.tokenizer} encoded it, but the "
+                f"create_tfrecords manifest beside its files records {second.tokenizer}: correct or delete its "
+                f"tokenizer_id key in {first.where}, or encode the text again with the key's tokenizer")
+    return (f"dataset {dataset.id!r} holds files of two tokenizers: {first.tokenizer} and {second.tokenizer}, as "
+            f"their create_tfrecords manifests record: encode all of its text with one tokenizer, or point path and "
+            f"eval_path at the files of one")
+
+
 _WARNED_UNRECORDED: set = set()
 
 
-def warn_unrecorded_tokenizers(cfg: GPTConfig) -> None:
-    """A `warning:` line, once per dataset per process, for each dataset that does not record what encoded it (a
-    dataset config written before the record) in a config whose model's tokenizer is known
-    (reference_tokenizer): its tokens cannot be checked against the model's."""
+def warn_unrecorded_tokenizers(cfg: GPTConfig, against: Optional[str] = None) -> None:
+    """A `warning:` line, once per dataset per process, for each dataset that records no tokenizer at all (no
+    tokenizer_id key, no create_tfrecords manifest beside its files, no tokenizer_path that could be read): its
+    tokens are checked against nothing, neither the model's tokenizer nor a model_path's record. `against` names
+    what it would be checked against when the config does not (runtime/tokenizer_record.py: model_path's). A
+    tokenizer_path that names a tokenizer not read here (a hub name such as GPT-Neo's configs' "gpt2") is warned
+    about only when there is something to check it against."""
     reference, named = reference_tokenizer(cfg)
-    if reference is None:
-        return
+    against = named or against
     for use in cfg.datasets:
         dataset = use.dataset
-        if dataset.tokenizer_id is not None or dataset.id in _WARNED_UNRECORDED:
+        if dataset.tokenizer_id is not None or (dataset.id, dataset.path) in _WARNED_UNRECORDED:
             continue
-        _WARNED_UNRECORDED.add(dataset.id)
-        print(f"warning: dataset {dataset.id!r} does not record the tokenizer that encoded it (its config predates "
-              f"the record), so it is not checked against the model's ({named}): encode it again with "
-              f"data/create_tfrecords.py --write_dataset_config {dataset.id}, which records it",
-              file=sys.stderr, flush=True)
+        if dataset.tokenizer_path and not against:
+            continue
+        _WARNED_UNRECORDED.add((dataset.id, dataset.path))
+        unread = (f"and its tokenizer_path {dataset.tokenizer_path} is no tokenizer file or folder here to read"
+                  if dataset.tokenizer_path else "no tokenizer_path")
+        checked = f"the model's ({against})" if against else "the model's tokenizer"
+        print(f"warning: dataset {dataset.id!r} records no tokenizer (no tokenizer_id key, no create_tfrecords "
+              f"manifest beside its files, {unread}), so its tokens are not checked against {checked}: encode the "
+              f"text with data/create_tfrecords.py, whose manifest records the tokenizer, or set tokenizer_path in "
+              f"its dataset config to the tokenizer that encoded it", file=sys.stderr, flush=True)
 
 
 def _validate_sampling(cfg: GPTConfig) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import glob as globlib
 import hashlib
 import json
 import multiprocessing
@@ -37,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Iterator, Optional, Sequence
 
 if __package__ in (None, ""):  # allow `python data/create_tfrecords.py` as well as `-m`
@@ -212,6 +213,9 @@ def _check_separator(separator: Optional[Sequence[int]], tokenizer: LoadedTokeni
 
 # ----------------------------------------------------------------------------- output files
 
+OUTPUT_FILE = re.compile(r"^(.+)_\d+_\d+\.tfrecords$")  # output_file_name's: group 1 is the name
+
+
 def output_file_name(name: str, index: int, examples: int) -> str:
     """``{name}_{index}_{examples}.tfrecords``: the count lets readers skip files without opening them."""
     return f"{name}_{index}_{examples}.tfrecords"
@@ -343,6 +347,33 @@ def read_manifest_tokenizer(output_dir: str, tokenizer: LoadedTokenizer):
         if recorded is None and manifest["tokenizer_sha256"] != hashlib.sha256(tokenizer.backend.to_str().encode("utf-8")).hexdigest():
             return f"of JSON sha256 {manifest['tokenizer_sha256'][:12]} (per {entry})"
     return True
+
+
+def manifest_tokenizers(files_glob: str) -> list:
+    """[(manifest path, TokenizerId)]: the tokenizer each manifest of the files a glob matches records as having
+    encoded them (`{name}_{i}_{N}.tfrecords` is described by `{name}.manifest.json` beside it), so a dataset
+    config written by hand still says which tokenizer its data is. Local files only (a bucket's are not listed
+    when a config is read); a manifest that is damaged, or written before the record, records nothing here."""
+    from config.schema import ConfigError, parse_tokenizer_id
+    if not files_glob or "://" in files_glob:
+        return []
+    manifests = set()
+    for path in globlib.glob(files_glob):
+        match = OUTPUT_FILE.match(os.path.basename(path))
+        if match:
+            manifests.add(_manifest_path(os.path.dirname(path), match.group(1)))
+    found = []
+    for path in sorted(manifests):
+        if not os.path.isfile(path):
+            continue
+        try:
+            manifest, problem = _read_manifest(path)
+            recorded = None if problem else parse_tokenizer_id(manifest.get("tokenizer_id"), path)
+        except (ConfigError, DataError):
+            continue
+        if recorded is not None:
+            found.append((path, replace(recorded, source=path)))
+    return found
 
 
 def _read_manifest(path: str) -> tuple:
@@ -675,8 +706,6 @@ def _resolve(path: str, base: str) -> str:
 
 def _check_splits_do_not_overlap(config: dict, base: str, config_path: str) -> None:
     """Train and eval globs must not share files (e.g. ``x_*`` also matches ``x_eval_*`` in one folder)."""
-    import glob as globlib
-
     train = set(globlib.glob(_resolve(config["path"], base)))
     shared = sorted(train.intersection(globlib.glob(_resolve(config["eval_path"], base))))
     if shared:

@@ -174,6 +174,35 @@ def _first_line(exc: BaseException | None) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+# A folder's tokenizer is read from these (load_tokenizer_folder, GPT2TokenizerFast).
+_FOLDER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "added_tokens.json", "special_tokens_map.json",
+                 "tokenizer_config.json")
+_IDS_READ: dict = {}
+
+
+def tokenizer_id_at(path: Optional[str], pretrained: bool = False) -> Optional[TokenizerId]:
+    """The TokenizerId of the tokenizer at a dataset config's tokenizer_path (a tokenizer json, or with
+    `pretrained` a model folder), or None when there is none here to read (nothing at the path, a hub name such as
+    "gpt2", a bucket): what loading/config.py compares with the data's other records of its tokenizer. Each
+    version of a file (its path, size and modification time) is read once a process: loading and hashing GPT-2's
+    takes a tenth of a second, and every config read asks. A DataError when it is there but cannot be read."""
+    if not path:
+        return None
+    if pretrained and os.path.isdir(path):
+        files = [os.path.join(path, name) for name in _FOLDER_FILES if os.path.isfile(os.path.join(path, name))]
+    elif not pretrained and os.path.isfile(path):
+        files = [path]
+    else:
+        return None
+    if not files:  # a folder without a tokenizer's files
+        return None
+    version = (os.path.abspath(path), pretrained,
+               tuple((name, os.stat(name).st_size, os.stat(name).st_mtime_ns) for name in files))
+    if version not in _IDS_READ:
+        _IDS_READ[version] = load_tokenizer(path, pretrained).tokenizer_id
+    return _IDS_READ[version]
+
+
 def load_for_dataset(dataset) -> LoadedTokenizer:
     """The tokenizer a registered dataset (config/schema.py's DatasetConfig) was encoded with."""
     return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)

@@ -2,9 +2,11 @@
 the one check of a config, which reading it and every change to it (`replace`) run.
 
 `load_config("name")` finds `configs/name.json` (or takes a path), checks every key, fills the reference
-defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json` and returns a frozen
-`GPTConfig` that passed `check`: config/schema.py's checks between fields (its datasets' tokenizers against
-the model's among them), then the names the config uses against the registries that define them (attention
+defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json` (each with the records of
+the tokenizer that encoded it: its tokenizer_id key, the create_tfrecords manifests beside its files, the
+tokenizer its tokenizer_path holds, read) and returns a frozen `GPTConfig` that passed `check`:
+config/schema.py's checks between fields (its datasets' tokenizer records against each other and the model's
+among them), then the names the config uses against the registries that define them (attention
 types, activations, mesh-tensorflow's MoE hyperparameters, optimizers and learning-rate decays, input
 functions, eval tasks), each used entry's own checks, and the layout against the model's tensor dimensions
 (models/layout.py). `replace(cfg, ...)` is a changed copy that passed the same check. Every problem is a
@@ -23,11 +25,14 @@ import os
 from typing import Any, Optional
 
 from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES,
-                           ConfigError, DatasetConfig, DatasetUse, GPTConfig, check_counts, check_type, closest,
-                           check_tokenizer_ids, expand_attention_types, parse_model_options, parse_tokenizer_id,
-                           validate)
+                           ConfigError, DatasetConfig, DatasetUse, GPTConfig, TokenizerId, TokenizerRecord,
+                           check_counts, check_type, closest, check_tokenizer_ids, expand_attention_types,
+                           parse_model_options, parse_tokenizer_id, validate)
+from data.create_tfrecords import manifest_tokenizers
+from data.errors import DataError
 from data.eval_tasks import TASKS
 from data.inputs import INPUT_FNS, SAMPLING_MODES, check_input_fn
+from data.tokenizer import tokenizer_id_at
 from models.activations import ACTIVATIONS
 from models.attention import check_attention_types
 from models.layout import check_layout
@@ -87,11 +92,45 @@ def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -
     # A pretrained tokenizer is a folder (relative like the other paths when it is one) or a hub name ("gpt2").
     if tokenizer_path and (not tokenizer_is_pretrained or os.path.isdir(local(tokenizer_path))):
         tokenizer_path = local(tokenizer_path)
+    data_paths = (local(raw["path"]), local(raw.get("eval_path") or None))
+    records = tokenizer_records(path, parse_tokenizer_id(raw.get("tokenizer_id"), path), data_paths, tokenizer_path,
+                                tokenizer_is_pretrained)
     return DatasetConfig(
-        id=dataset_id, n_vocab=check_type("n_vocab", raw["n_vocab"], int), path=local(raw["path"]),
-        eval_path=local(raw.get("eval_path") or None), tokenizer_path=tokenizer_path,
-        tokenizer_is_pretrained=tokenizer_is_pretrained, eos_id=raw.get("eos_id"),
-        padding_id=raw.get("padding_id"), tokenizer_id=parse_tokenizer_id(raw.get("tokenizer_id"), path))
+        id=dataset_id, n_vocab=check_type("n_vocab", raw["n_vocab"], int), path=data_paths[0],
+        eval_path=data_paths[1], tokenizer_path=tokenizer_path, tokenizer_is_pretrained=tokenizer_is_pretrained,
+        eos_id=raw.get("eos_id"), padding_id=raw.get("padding_id"), tokenizer_id=agreed_tokenizer(records),
+        tokenizer_records=records)
+
+
+def tokenizer_records(config_path: str, key: Optional[TokenizerId], data_paths: tuple, tokenizer_path: Optional[str],
+                      pretrained: bool) -> tuple:
+    """Every record of the tokenizer that encoded a dataset (config/schema.py's TokenizerRecord), in the order
+    key, manifests, tokenizer_path: its config's tokenizer_id key; the manifests create_tfrecords wrote beside the
+    files its path and eval_path globs match, which say what encoded them whoever wrote the dataset config; the
+    tokenizer its tokenizer_path holds, read. `check` refuses records that disagree."""
+    records = [TokenizerRecord("key", config_path, key)] if key is not None else []
+    for glob in data_paths:
+        records += [TokenizerRecord("manifest", manifest, recorded) for manifest, recorded in manifest_tokenizers(glob)
+                    if manifest not in [record.where for record in records]]
+    try:
+        read = tokenizer_id_at(tokenizer_path, pretrained)
+    except DataError as e:
+        raise ConfigError(f"dataset config {config_path}: {e}: point tokenizer_path at the tokenizer that encoded "
+                          f"the data, or delete the key") from None
+    if read is not None:
+        records.append(TokenizerRecord("tokenizer_path", tokenizer_path, read))
+    return tuple(records)
+
+
+def agreed_tokenizer(records: tuple) -> Optional[TokenizerId]:
+    """The tokenizer a dataset's records name (the key's, else its tokenizer_path's, else a manifest's, which
+    records no end-of-text id: another record's, when one has it); None when nothing records it."""
+    if not records:
+        return None
+    ranked = sorted(records, key=lambda record: ("key", "tokenizer_path", "manifest").index(record.kind))
+    agreed = ranked[0].tokenizer
+    eos_ids = [record.tokenizer.eos_id for record in ranked if record.tokenizer.eos_id is not None]
+    return agreed if agreed.eos_id is not None or not eos_ids else dataclasses.replace(agreed, eos_id=eos_ids[0])
 
 
 def _parse_datasets(value: Any, config_dir: str, input_fn: Optional[str] = None) -> tuple:

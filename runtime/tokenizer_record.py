@@ -1,9 +1,10 @@
 """Which tokenizer encoded the data a model_path's checkpoints were trained on: `model_path/tokenizer_id.json`.
 
 A config names its tokenizer (config/schema.py's reference_tokenizer: the model's tokenizer_id, else its
-datasets'), and a config whose data disagrees with it is refused when it is read. But a model trained from scratch
-has no tokenizer of its own in its config, so pointing the config at data encoded by another tokenizer and
-resuming (or --eval, --predict with that tokenizer) would pass every check. So training's start records the
+datasets', each as its config's key, the create_tfrecords manifests beside its files and its tokenizer_path say:
+loading/config.py), and a config whose data disagrees with it is refused when it is read. But a model trained
+from scratch has no tokenizer of its own in its config, so pointing the config at data encoded by another
+tokenizer and resuming (or --eval, --predict with that tokenizer) would pass every check. So training's start records the
 data's tokenizer with the checkpoints (`record`: once, atomically, never over a record that disagrees), and
 every job that gives the model tokens (training, --eval, --predict, --check_dataset) compares the config's
 with it first (`check`). The record is a config's tokenizer_id (its vocabulary hash, size and end-of-text id);
@@ -19,7 +20,8 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
-from config.schema import ConfigError, GPTConfig, TokenizerId, parse_tokenizer_id, reference_tokenizer
+from config.schema import (ConfigError, GPTConfig, TokenizerId, parse_tokenizer_id, reference_tokenizer,
+                           warn_unrecorded_tokenizers)
 from runtime import checkpoints
 
 RECORD = "tokenizer_id.json"
@@ -58,7 +60,8 @@ def _mismatch(model_path: str, recorded: TokenizerId, current: TokenizerId) -> C
 
 def check(cfg: GPTConfig) -> None:
     """A ConfigError when model_path records another tokenizer than the config's; a warning when one side records
-    none, so nothing can be compared (an old model_path's ends when training records it)."""
+    none, so nothing can be compared (an old model_path's ends when training records it; data that records no
+    tokenizer gets config/schema.py's warning, naming model_path's)."""
     recorded, current = read(cfg.model_path), data_tokenizer(cfg)
     if recorded is not None and current is not None and not recorded.matches(current):
         raise _mismatch(cfg.model_path, recorded, current)
@@ -66,10 +69,8 @@ def check(cfg: GPTConfig) -> None:
         _warn(f"{cfg.model_path} has checkpoints but no {RECORD} saying which tokenizer's data trained them (made "
               f"before the record), so the config's tokenizer {current} is not checked against them; training "
               f"records it")
-    elif recorded is not None and current is None:
-        _warn(f"the config's datasets do not record the tokenizer that encoded them, so they are not checked against "
-              f"{cfg.model_path}'s tokenizer {recorded}: encode them again with data/create_tfrecords.py, which "
-              f"records it")
+    elif recorded is not None and current is None:  # one line a dataset, main.py's own call adds none
+        warn_unrecorded_tokenizers(cfg, against=f"{cfg.model_path} was trained on data encoded with {recorded}")
 
 
 def record(cfg: GPTConfig) -> Optional[str]:

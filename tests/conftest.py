@@ -53,10 +53,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def trained_workspace(tmp_path_factory):
     """A workspace (workspace.make_workspace's tiny model: 2 layers, global and local attention) trained on
-    random tokens to step 2 with a checkpoint at each step (model.ckpt-1, model.ckpt-2). Shared by the whole
-    session: copy it (workspace.copy_workspace) before running anything that writes."""
+    random tokens to step 2 with a checkpoint at each step (model.ckpt-1, model.ckpt-2), and the record of its
+    data's tokenizer that main.py's training writes (model_path/tokenizer_id.json). Shared by the whole session:
+    copy it (workspace.copy_workspace) before running anything that writes."""
     from loading.config import load_config
-    from runtime import checkpoints
+    from runtime import checkpoints, tokenizer_record
     from tiny import random_tokens, train
     from workspace import make_workspace
 
@@ -64,4 +65,5 @@ def trained_workspace(tmp_path_factory):
     cfg = load_config(make_workspace(root, train_steps=2, steps_per_checkpoint=1, keep_checkpoint_max=5))
     train(cfg, random_tokens([8, cfg.n_ctx + 1], vocab=cfg.n_vocab, seed=4))
     assert checkpoints.steps(cfg.model_path) == [1, 2]
+    tokenizer_record.record(cfg)  # as training by main.py does: its jobs warn about a model_path without one
     return root

@@ -170,24 +170,26 @@ def test_a_dataset_of_another_tokenizer_is_refused_by_every_job(released, tmp_pa
         assert f"neo.json's model uses tokenizer {neo_id}" in err, job
 
 
-def test_an_old_dataset_config_without_the_record_warns_once(tmp_path, capsys):
-    """A dataset config written before the record cannot be checked: one warning per dataset and process, when
-    the model's tokenizer is known; none when nothing records a tokenizer.
+def test_a_dataset_config_that_records_no_tokenizer_warns_once(tmp_path, capsys):
+    """A dataset config with nothing that records its tokenizer (no tokenizer_id key, no tokenizer_path, no
+    create_tfrecords manifest beside its files) cannot be checked: one warning per dataset and process, naming
+    the model's tokenizer when it is known; none for a dataset whose tokenizer_path says it.
     Bug caught: the warning on every config read (three lines here)."""
     from config.schema import warn_unrecorded_tokenizers
     registry = tmp_path / "configs" / "dataset_configs"
     registry.mkdir(parents=True)
-    (registry / "old.json").write_text(json.dumps({"n_vocab": 4096, "path": "x_*.tfrecords", "tokenizer_path": TOKENIZER}))
-    model = dict(n_layer=1, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, datasets=[["old"]], model_path=str(tmp_path))
-    (tmp_path / "configs" / "plain.json").write_text(json.dumps(model))
-    warn_unrecorded_tokenizers(load_config(str(tmp_path / "configs" / "plain.json")))
-    assert capsys.readouterr().err == ""
-    recorded = load_tokenizer(TOKENIZER).tokenizer_id.to_json()
-    (tmp_path / "configs" / "model.json").write_text(json.dumps({**model, "tokenizer_id": recorded}))
+    (registry / "old.json").write_text(json.dumps({"n_vocab": 4096, "path": str(tmp_path / "x_*.tfrecords")}))
+    (registry / "read.json").write_text(json.dumps({"n_vocab": 4096, "path": str(tmp_path / "y_*.tfrecords"),
+                                                    "tokenizer_path": TOKENIZER}))
+    model = dict(n_layer=1, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, datasets=[["read"], ["old"]],
+                 model_path=str(tmp_path), tokenizer_id=load_tokenizer(TOKENIZER).tokenizer_id.to_json())
+    (tmp_path / "configs" / "model.json").write_text(json.dumps(model))
     for _ in range(3):
         warn_unrecorded_tokenizers(load_config(str(tmp_path / "configs" / "model.json")))
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("warning: dataset 'old' does not record the tokenizer")
+    assert err.count("\n") == 1 and err.startswith("warning: dataset 'old' records no tokenizer (no tokenizer_id key, "
+                                                   "no create_tfrecords manifest beside its files, no tokenizer_path)")
+    assert "not checked against the model's (the config's model uses tokenizer 250c64ee799c" in err
 
 
 def test_check_dataset_fails_when_the_tokenizer_file_is_not_the_one_that_encoded_the_data(released, tmp_path, capsys):
