@@ -13,7 +13,7 @@ import argparse
 import sys
 import warnings
 
-from console import ArgumentParser
+from console.arguments import ArgumentParser
 
 warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
 
@@ -46,19 +46,19 @@ def main(argv=None) -> int:
     import models  # noqa: F401  (installs the mesh-tensorflow compatibility alias)
     import tensorflow.compat.v1 as tf
     if args.xla:
-        from runtime.xla import enable_xla_fusion
+        from execution.xla import enable_xla_fusion
         enable_xla_fusion()
     from data.errors import DataError
-    from runtime.devices import DeviceError
+    from devices.placement import DeviceError
     from train.loop import Interrupted
-    from config.schema import ConfigError
-    from runtime.preemption import Terminated, terminate_with_a_line
+    from schema import ConfigError
+    from execution.preemption import Terminated, terminate_with_a_line
 
     tf.get_logger().setLevel("ERROR")
     try:
         with terminate_with_a_line():  # SIGTERM (a scheduler's): one line, not a silent death
             return run(args)
-    except (ConfigError, DeviceError, DataError) as e:  # runtime/checkpoints.py's CheckpointError among them
+    except (ConfigError, DeviceError, DataError) as e:  # modelpath/checkpoints.py's CheckpointError among them
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a write the jobs do not check themselves (run_info.json, event files, eval results)
@@ -90,14 +90,14 @@ def main(argv=None) -> int:
 def run(args) -> int:
     """The switchboard: the config read once, then the one job the flags ask for, each given its typed options."""
     from cli import device_flags, eval_flags, plan_flags, predict_flags, train_flags
-    from config.schema import warn_unrecorded_tokenizers
-    from loading.config import load_config
+    from schema import warn_unrecorded_tokenizers
+    from config import load_config
     from data import check as data_check
     from evals.job import run_evaluation
     from infer.job import run_export, run_prediction
-    from runtime import checkpoints, tokenizer_record
-    from tools.runs import write_run_info
-    from train.job import check_training, run_training
+    from modelpath import checkpoints, tokenizer_record
+    from modelpath import run_info
+    from train.job import check_training, run_description, run_training
 
     if args.selfcheck:  # the device check (selfcheck/job.py): no config or model_path of the user's is used
         return device_flags.selfcheck(args)
@@ -147,7 +147,7 @@ def run(args) -> int:
     def started(step, trained):
         tokenizer_record.record(trained)  # the data's tokenizer, which later jobs on model_path are checked against
         # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
-        write_run_info(trained, step, args.sacred_id)
+        run_info.write(trained.model_path, run_description(trained), step, args.sacred_id)
 
     run_training(cfg, placement, train_options, on_start=started,
                  harness_options=eval_flags.options(args, cfg))
@@ -155,7 +155,7 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()  # before TensorFlow is imported: its C++ start-up chatter stays off the console
     code = main()
     from cli.device_flags import leave

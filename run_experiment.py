@@ -24,7 +24,6 @@ many seconds, as the reference did for preempted TPUs.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -39,8 +38,10 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 MAIN = os.path.join(REPO, "main.py")
 sys.path.insert(0, REPO)
 
-from console import ArgumentParser, number_above, whole_number  # noqa: E402
-from tools.runs import read_scalars  # noqa: E402  (no TensorFlow in this process)
+from console.arguments import ArgumentParser, number_above, whole_number  # noqa: E402
+from modelpath import checkpoints  # noqa: E402  (no TensorFlow in this process)
+from modelpath.events import read_scalars  # noqa: E402
+from schema import ConfigError, read_json, resolve_config_path  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -75,31 +76,12 @@ def parse_args(argv=None):
 # The model config, read without importing TensorFlow (models/ does).
 
 
-def config_path(name_or_path: str) -> str:
-    if name_or_path.endswith(".json") or os.sep in name_or_path:
-        return name_or_path
-    return os.path.join(REPO, "configs", name_or_path + ".json")
-
-
 def read_config(main_args) -> tuple[str, dict]:
-    path = config_path(main_args.model)
     try:
-        with open(path) as f:
-            return path, json.load(f)
-    except (OSError, ValueError):
-        return path, {}  # main.py reports a missing or broken config itself, as one error line
-
-
-def checkpoint_step(model_path: str) -> int:
-    """The step of model_path's latest checkpoint (0 without one), from TF's `checkpoint` index file."""
-    try:
-        with open(os.path.join(model_path, "checkpoint")) as f:
-            for line in f:
-                if line.startswith("model_checkpoint_path:"):
-                    return int(line.split(":", 1)[1].strip().strip('"').rsplit("-", 1)[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        path = resolve_config_path(main_args.model)
+        return path, read_json(path, "model config")
+    except (ConfigError, OSError):
+        return main_args.model, {}  # main.py reports a missing or broken config itself, as one error line
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -280,7 +262,7 @@ def main(argv=None) -> int:
 
     @ex.main
     def run_experiment(_run):
-        start = 0 if main_args.new else checkpoint_step(model_path or "")
+        start = 0 if main_args.new else checkpoints.latest_step(model_path or "")
         _run.info.update({"model_path": model_path, "start_step": start, "command": [MAIN] + rest})
         print(f"Sacred run {_run._id} of experiment {name!r}; model_path {model_path}, from step {start}", flush=True)
         tensorboard = None

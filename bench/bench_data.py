@@ -34,14 +34,14 @@ import warnings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 warnings.filterwarnings("ignore")  # mesh-tensorflow's deprecation notices
 
 import models  # noqa: E402,F401  (the mesh-tensorflow import alias)
-from runtime import devices  # noqa: E402
+from devices.placement import configure  # noqa: E402
 
-DEVICES = devices.configure(["device:CPU:0"])  # before TensorFlow starts: training runs on one CPU device
+DEVICES = configure(["device:CPU:0"])  # before TensorFlow starts: training runs on one CPU device
 
 import tensorflow.compat.v1 as tf  # noqa: E402
 
@@ -50,7 +50,7 @@ tf.get_logger().setLevel("ERROR")
 from data.create_tfrecords import create_tfrecords  # noqa: E402
 from data.documents import list_input_files  # noqa: E402
 from data.inputs import DatasetSource, eval_dataset, train_dataset  # noqa: E402
-from loading.config import load_config, replace  # noqa: E402
+from config import load_config, replace  # noqa: E402
 
 TOKENIZER = os.path.join(ROOT, "data", "tokenizers", "stdlib-bpe-4096.json")
 TARGET_RATIO = 10.0
@@ -92,7 +92,7 @@ def training_sequences_per_second(cfg, path: str, model_path: str, steps: int, w
     """Train ``cfg`` for ``steps`` steps with the project's runner and input pipeline; time the steps after
     ``warmup``."""
     from train import loop
-    from runtime.devices import Placement
+    from devices.placement import Placement
 
     use = cfg.datasets[0]
     cfg = replace(cfg, model_path=model_path, train_steps=steps, steps_per_checkpoint=steps)

@@ -42,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import bench_train  # noqa: E402  (peer_name; nothing heavy at module level)
@@ -62,13 +62,13 @@ def worker_ours(args, names: list | None = None) -> dict:
     import numpy as np
     import models  # noqa: F401
     import tensorflow.compat.v1 as tf
-    from runtime import devices
+    from devices.placement import Placement, configure
     from infer import run
     from models import sampling
-    from loading.config import config_from_dict
+    from config import config_from_dict
 
     tf.get_logger().setLevel("ERROR")
-    names = names or devices.configure(["device:CPU:0"])
+    names = names or configure(["device:CPU:0"])
     cfg = config_from_dict(dict(precision=getattr(args, "precision", "float32"),
         n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_ctx=args.n_ctx, n_vocab=args.n_vocab,
         attention_types=attention_types(args.n_layer), local_attention_radius=args.window, temperature=0.0,
@@ -79,7 +79,7 @@ def worker_ours(args, names: list | None = None) -> dict:
         options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0)
         path = "kv cache" if sampling.uses_cache(cfg, options) else "full recompute"
         # --predict's program, the prompt length fed: one graph for every prompt
-        placement = devices.Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
+        placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
         rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}
         program = run.prediction_program(cfg, placement, rows, 1, options)
         session = program.open(None, inference=True)
@@ -274,7 +274,7 @@ def measure(args) -> dict:
         raise SystemExit("error: --peer_python and --peer_repo go together")
     if args.repeats < 1:
         raise SystemExit(f"error: --repeats must be at least 1 (got {args.repeats})")
-    from runtime import precision
+    from devices import precision
     cpu_name, flags = precision.cpu_info()
     if args.peers is None:
         args.peers = [p for p in PEERS if precision.units(flags) or not p.startswith("bfloat16")]

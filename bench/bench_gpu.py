@@ -10,7 +10,7 @@ global/local attention alternating with a 256-token window, Adam, gradient clipp
 then --steps timed ones, in this project (train/loop.py on a one-GPU mesh, device:GPU:0, through
 bench_train.py's worker) and in HF's GPTNeo with torch.optim.AdamW on cuda (bench_train.py's worker, autocast
 for bf16). Reports tokens/s, model FLOP/s per GPU (models/flops.py), MFU against the GPU's peak in that dtype
-(runtime/peaks.py: NVIDIA's datasheet for the GPUs it knows, else a measured matmul peak) and ours / HF.
+(devices/peaks.py: NVIDIA's datasheet for the GPUs it knows, else a measured matmul peak) and ours / HF.
 float32 matmuls run as TF32 on both sides by default (TensorFlow's default on Ampere and newer; PyTorch's is off,
 so this bench turns it on there): --tf32 off runs both in full fp32.
 
@@ -38,7 +38,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import bench_decode  # noqa: E402  (their workers, with a device; nothing heavy is imported at module level)
@@ -57,11 +57,12 @@ def _tensorflow_on_gpu(spec) -> tuple[list, str, str]:
     import io
     import models  # noqa: F401
     import tensorflow as tf
-    from runtime import devices, gpus
+    from devices import gpus
+    from devices.placement import local_placement
 
     tf.get_logger().setLevel("ERROR")
     tf.config.experimental.enable_tensor_float_32_execution(spec.tf32 == "on")
-    placement = devices.local_placement(["device:GPU:0"], "growth")
+    placement = local_placement(["device:GPU:0"], "growth")
     line = io.StringIO()
     placement, _ = gpus.start_up(placement, placement.session_config(), out=line)
     return list(placement.devices), line.getvalue().strip(), placement.kernels
@@ -80,9 +81,9 @@ def _torch_on_gpu(spec):
 
 
 def worker_peak(spec) -> dict:
-    from runtime import devices
+    from devices.placement import Placement
     names, line, _ = _tensorflow_on_gpu(spec)
-    placement = devices.Placement(tuple(names))
+    placement = Placement(tuple(names))
     result = {"start_up": line}
     for precision in spec.precisions:
         peak = placement.peak(precision)
@@ -133,8 +134,8 @@ WORKERS = {"peak": worker_peak, "ours_train": worker_ours_train, "hf_train": wor
 
 
 def no_gpu_reason():
-    """None where TensorFlow sees a GPU, else runtime/gpus.py's line on what is missing."""
-    from runtime import gpus
+    """None where TensorFlow sees a GPU, else devices/gpus.py's line on what is missing."""
+    from devices import gpus
     return gpus.no_gpu_reason(gpus.gather_facts())
 
 
@@ -151,7 +152,7 @@ def run_worker(kind: str, args, precision: str = "float32") -> dict:
                          f"{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
     if isinstance(values.get("skipped"), dict):  # PyTorch without a usable GPU: its CUDA build and the driver
-        from runtime.gpus import driver_version, torch_cuda_problem
+        from devices.gpus import driver_version, torch_cuda_problem
         values["skipped"] = torch_cuda_problem(values["skipped"]["torch"], values["skipped"]["cuda"], driver_version())
     values.update(measure=kind, precision=precision, wall_s=round(time.time() - started, 1))
     print(json.dumps(values), flush=True)

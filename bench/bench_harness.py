@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 if __name__ == "__main__":
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 MARK = "BENCH_RESULT "
@@ -69,7 +69,7 @@ def prepare(args, folder: str) -> None:
     """The model config, a checkpoint of random weights, its HF folder, and the tasks, under `folder`."""
     import numpy as np
     import models  # noqa: F401
-    from loading.config import load_config
+    from config import load_config
     from models import gpt
     from tools import hf
 
@@ -100,12 +100,12 @@ def worker(side: str, folder: str, batch_size: int) -> dict:
     from evals import harness
     prepared = harness.prepare(harness.HarnessOptions(tasks=TASKS, include_path=os.path.join(folder, "tasks")))
     if side == "ours":
-        from loading.config import load_config
+        from config import load_config
         from data.tokenizer import load_for_config
         from evals.harness_model import CheckpointLM
-        from runtime import devices
+        from devices.placement import cpu_devices, local_placement
         cfg = load_config(os.path.join(folder, "configs", "bench.json"))
-        placement = devices.local_placement(devices.cpu_devices(1), None)
+        placement = local_placement(cpu_devices(1), None)
         lm = CheckpointLM(cfg, placement, os.path.join(cfg.model_path, "model.ckpt-0"), load_for_config(cfg),
                           batch_size)
     else:

@@ -33,7 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 if __name__ == "__main__":
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import bench_train  # noqa: E402
@@ -120,7 +120,7 @@ def worker_command(side: str, variant: str, n_ctx: int, args) -> list:
 
 
 def measure(args) -> dict:
-    from runtime import precision
+    from devices import precision
     cpu_name, flags = precision.cpu_info()
     auto = precision.choose("auto", "CPU", flags).precision
     peers = args.peers or [auto, auto + "+compile"]

@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import models  # noqa: E402,F401
@@ -25,16 +25,16 @@ import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from infer import outputs  # noqa: E402
-from runtime import meshes  # noqa: E402
-from runtime.devices import Placement  # noqa: E402
-from runtime.mesh_session import MeshSession  # noqa: E402
+from execution import meshes  # noqa: E402
+from devices.placement import Placement  # noqa: E402
+from execution.mesh_session import MeshSession  # noqa: E402
 from models import sampling  # noqa: E402
-from loading.config import config_from_dict  # noqa: E402
+from config import config_from_dict  # noqa: E402
 
 
 def build(cfg, options, batch):
     """The PREDICT graph for `batch` rows with the prompt and its length fed, at the seeded initial weights, in
-    a session (runtime/meshes.py, infer/outputs.py and runtime/mesh_session.py)."""
+    a session (execution/meshes.py, infer/outputs.py and execution/mesh_session.py)."""
     graph = tf.Graph()
     with graph.as_default():
         tokens = tf.placeholder(tf.int32, [batch, cfg.n_ctx])

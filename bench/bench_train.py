@@ -45,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":  # the benchmark and its worker processes: TF's C++ chatter off the console
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import worker  # noqa: E402
@@ -68,7 +68,7 @@ def model_args(args) -> dict:
 
 
 def bench_config(m: dict, precision: str = "float32", model_path: str | None = None, train_steps: int = 10):
-    from loading.config import config_from_dict
+    from config import config_from_dict
     return config_from_dict(dict(
         n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], n_ctx=m["n_ctx"], n_vocab=m["n_vocab"],
         attention_types=[[["global", "local"], m["n_layer"] // 2]] if m["n_layer"] % 2 == 0 else
@@ -154,16 +154,16 @@ def worker_ours(args, names: list | None = None) -> dict:
     import numpy as np
     import models  # noqa: F401
     if args.xla:
-        from runtime.xla import enable_xla_fusion
+        from execution.xla import enable_xla_fusion
         enable_xla_fusion()
     import tensorflow.compat.v1 as tf
-    from runtime import devices
+    from devices.placement import Placement, configure
     from train import loop
     from models.flops import training_flops_per_token
 
     tf.get_logger().setLevel("ERROR")
     m = model_args(args)
-    names = names or devices.configure(["device:CPU:0"])
+    names = names or configure(["device:CPU:0"])
     rss_framework = current_rss()
     total = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as folder:
@@ -181,7 +181,7 @@ def worker_ours(args, names: list | None = None) -> dict:
             cpu_times.append(time.process_time())
             losses.append(float(values["loss"]))
 
-        loop.train(cfg, devices.Placement(tuple(names), kernels=getattr(args, "kernels", "xla")), batches, on_step=clock)
+        loop.train(cfg, Placement(tuple(names), kernels=getattr(args, "kernels", "xla")), batches, on_step=clock)
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * cfg.train_batch_size * cfg.n_ctx
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,
@@ -325,7 +325,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="measure each N times, interleaved; keep the best")
     p.add_argument("--variants", nargs="+", choices=VARIANTS,
                    help="this project's set-ups to measure: precision, +xla for XLA element-wise fusion "
-                        "(runtime/xla.py, main.py --xla) (default: float32, and bfloat16 where the CPU has bf16 "
+                        "(execution/xla.py, main.py --xla) (default: float32, and bfloat16 where the CPU has bf16 "
                         "matrix units)")
     p.add_argument("--peers", nargs="+", choices=PEERS,
                    help="HF's set-ups to measure: precision (bfloat16 as autocast), +compile for torch.compile "
@@ -363,7 +363,7 @@ def measure(args) -> dict:
     if args.warmup < 1 or args.steps < 1:
         raise SystemExit(f"error: --warmup and --steps must be at least 1 (got {args.warmup} and {args.steps}): the "
                          f"clock starts at the end of the last warm-up step")
-    from runtime import precision  # the driver only: the HF worker's process stays free of TensorFlow
+    from devices import precision  # the driver only: the HF worker's process stays free of TensorFlow
     cpu_name, flags = precision.cpu_info()
     bf16_units = bool(precision.units(flags))
     auto = precision.choose("auto", "CPU", flags).precision

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 if __name__ == "__main__":
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import bench_decode  # noqa: E402

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import bench_train  # noqa: E402
@@ -128,13 +128,14 @@ def worker_ours(args) -> dict:
     import numpy as np
     import models  # noqa: F401
     import tensorflow.compat.v1 as tf
-    from runtime import devices, meshes
-    from runtime.mesh_session import MeshSession
+    from devices.placement import Placement, configure
+    from execution import meshes
+    from execution.mesh_session import MeshSession
     from train.step import training_step
 
     tf.get_logger().setLevel("ERROR")
-    names = devices.configure(["device:CPU:0"])
-    placement = devices.Placement(tuple(names))
+    names = configure(["device:CPU:0"])
+    placement = Placement(tuple(names))
     with tempfile.TemporaryDirectory() as folder:
         cfg = bench_train.bench_config(bench_train.model_args(args), args.precision, os.path.join(folder, "run"))
         data = np.random.RandomState(0).randint(0, cfg.n_vocab, size=[cfg.train_batch_size, cfg.n_ctx + 1])

@@ -1,4 +1,4 @@
 """The command line's own pieces: main.py's flag groups, each declared and handled in one module (training,
 --predict/--export, --eval's harness, planning and multi-host, GPUs), which turn flags into the jobs' typed
 options. main.py imports these; nothing below it does. (Reading configs and their checks are
-loading/config.py's, below the jobs.)"""
+config.py's, below the jobs.)"""

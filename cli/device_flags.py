@@ -1,7 +1,7 @@
 """main.py's device flags and the one device request made of them: which devices (--gpu_ids, --tpu, a multi-host
 run's --cluster/--workers/--task_index or the launcher's environment), how (--gpu_memory, --plain_kernels, --xla,
 --tpu_timeout, --cluster_port, --worker_timeout), and --selfcheck, which checks them. `request` reads them once into
-runtime/devices.py's DeviceRequest; runtime/placements.py's `place` turns it and the config into the placement."""
+devices/placement.py's DeviceRequest; devices/kinds.py's `place` turns it and the config into the placement."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +9,9 @@ import os
 import sys
 import tempfile
 
-from console import number_above, restore, whole_number
-from runtime.tpu_access import DEFAULT_TIMEOUT as DEFAULT_TPU_TIMEOUT
+from console.arguments import number_above, whole_number
+from console.stderr_filter import restore
+from devices.tpu_access import DEFAULT_TIMEOUT as DEFAULT_TPU_TIMEOUT
 
 PLAIN_KERNELS_ENV = "GPT_NEO_PLAIN_KERNELS"  # the environment's way to say --plain_kernels (read here only)
 
@@ -23,7 +24,7 @@ def add_arguments(p) -> None:
                    help="devices of the mesh, e.g. device:GPU:0 device:GPU:1; device:CPU:i names split the CPU "
                         "(default: as many CPU devices as the mesh has)")
     p.add_argument("--xla", action="store_true", help="fuse element-wise ops with XLA (matmuls stay TF's); faster "
-                   "training steps after a one-off compile (runtime/xla.py)")
+                   "training steps after a one-off compile (execution/xla.py)")
     p.add_argument("--gpu_memory", default="growth", metavar="growth|FRACTION", type=gpu_memory,
                    help="GPU memory for TensorFlow on the --gpu_ids GPUs: 'growth' allocates as needed (default), a "
                         "fraction such as 0.9 reserves that share of each GPU's memory up front")
@@ -50,10 +51,10 @@ def add_arguments(p) -> None:
 
 
 def gpu_memory(text: str) -> str:
-    """--gpu_memory's argparse type: 'growth' or a fraction in (0, 1] (runtime/gpus.py reads it), checked when the
+    """--gpu_memory's argparse type: 'growth' or a fraction in (0, 1] (devices/gpus.py reads it), checked when the
     command line is read, also on a machine without GPUs, where it would otherwise never be looked at."""
-    from runtime.errors import DeviceError
-    from runtime.gpus import parse_gpu_memory
+    from devices.errors import DeviceError
+    from devices.gpus import parse_gpu_memory
     try:
         parse_gpu_memory(text)
     except DeviceError as e:
@@ -68,12 +69,12 @@ def plain_kernels(args, environ=os.environ) -> bool:
 
 
 def request(args, environ=os.environ):
-    """runtime/devices.py's DeviceRequest of these flags, made once. The cluster is read here (the flags, else the
+    """devices/placement.py's DeviceRequest of these flags, made once. The cluster is read here (the flags, else the
     launcher's environment: TF_CONFIG, SLURM's srun), not for --selfcheck, which checks this host's devices or a
     TPU."""
-    from config.schema import ConfigError
-    from runtime import cluster
-    from runtime.devices import DeviceRequest
+    from schema import ConfigError
+    from devices import cluster
+    from devices.placement import DeviceRequest
     if args.tpu and (args.cluster or args.workers or args.task_index is not None):
         raise ConfigError("--tpu runs on the TPU's own hosts: leave out --cluster/--workers/--task_index")
     found = None if args.selfcheck else cluster.find(args.cluster, args.workers, args.task_index, args.cluster_port,
@@ -84,22 +85,22 @@ def request(args, environ=os.environ):
 
 
 def placement(request, cfg):
-    """The job's placement (runtime/placements.py). On a multi-host run first the line saying where the cluster
+    """The job's placement (devices/kinds.py). On a multi-host run first the line saying where the cluster
     came from and which task this is; a worker (not the chief) serves its devices here until the chief releases
     it, and exits."""
-    from runtime import cluster, placements
+    from devices import cluster, kinds
     if request.cluster is not None:
         print(cluster.describe(request.cluster), flush=True)
         if not request.cluster.is_chief:
             exit_process(cluster.serve_worker(request, cfg))
-    return placements.place(request, cfg)
+    return kinds.place(request, cfg)
 
 
 def leave(code: int) -> None:
     """Ends main.py with `code`. A multi-host chief first releases its workers, then leaves by `exit_process`: the
     process holds a TF gRPC server, and a chief that could not release a worker (gone, or unreachable) was seen
     blocked in interpreter shutdown instead of exiting."""
-    cluster = sys.modules.get("runtime.cluster")  # imported only by multi-host runs
+    cluster = sys.modules.get("devices.cluster")  # imported only by multi-host runs
     if cluster is not None and cluster.release_held_workers():
         exit_process(code)
     sys.exit(code)
@@ -117,11 +118,11 @@ def exit_process(code: int) -> None:
 def selfcheck(args) -> int:
     """--selfcheck: the placement the device flags ask for (one CPU device by default), then the check
     (selfcheck/job.py) in a temporary folder, against the CPU with the same kernels' path."""
-    from loading.config import config_from_dict
-    from runtime import placements
+    from config import config_from_dict
+    from devices import kinds
     from selfcheck import job
     asked = request(args)
-    placement = placements.place(asked, precision=args.selfcheck)
+    placement = kinds.place(asked, precision=args.selfcheck)
     reference = job.REFERENCE.start_up(asked.plain_kernels, asked.xla)
     with tempfile.TemporaryDirectory(prefix="gpt-neo-selfcheck-") as root:
         on_devices, on_cpu = job.model_settings(placement.n_devices, args.selfcheck, root)

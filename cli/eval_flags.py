@@ -3,7 +3,7 @@
 (--eval_precision): config overrides, and evals/harness.py's HarnessOptions of this run."""
 from __future__ import annotations
 
-from console import whole_number
+from console.arguments import whole_number
 
 
 def add_arguments(p) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from console import whole_number
+from console.arguments import whole_number
 
 
 def add_arguments(p) -> None:
@@ -37,13 +37,13 @@ def config_overrides(args) -> dict:
 
 
 def _config_path(args) -> str:
-    from loading.config import resolve_config_path
+    from schema import resolve_config_path
     return resolve_config_path(args.model)
 
 
 def dispatch(args, cfg) -> Optional[int]:
     """Runs the planning commands; returns their exit code, or None to go on."""
-    from config.schema import ConfigError
+    from schema import ConfigError
     chosen = [flag for flag in ("dry_run", "auto_layout", "auto_layout_and_mesh_shape") if getattr(args, flag)]
     if len(chosen) > 1:
         raise ConfigError(f"pass one of --dry_run, --auto_layout, --auto_layout_and_mesh_shape, not "

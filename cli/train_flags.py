@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 
-from console import number_above, whole_number
+from console.arguments import number_above, whole_number
 
 
 def add_arguments(p) -> None:
@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
     p.add_argument("--log_every", type=whole_number(1), default=None, help="print training progress every N steps")
     p.add_argument("--peak_tflops", type=number_above(0), default=None,
                    help="one device's peak TFLOP/s for MFU (one GPU or TPU core; default: the datasheet peak of a known "
-                   "GPU, else measured on the first mesh device in the training dtype; runtime/peaks.py)")
+                   "GPU, else measured on the first mesh device in the training dtype; devices/peaks.py)")
     p.add_argument("--checkpoint_minutes", type=float, default=None, metavar="N",
                    help="also save a checkpoint whenever N minutes have passed since the last save (for long steps; "
                    "with steps_per_checkpoint, whichever comes first)")
@@ -43,7 +43,7 @@ def options(args):
     """train/job.py's TrainOptions of this run, checked (main.py makes them before anything runs). (The job is
     imported here, not at the top: main.py's parser reads this module, and `--help` or a mistyped flag should not
     wait for TensorFlow to load.)"""
-    from config.schema import ConfigError
+    from schema import ConfigError
     from train.job import TrainOptions
     minutes = args.checkpoint_minutes
     if minutes is not None and not 0 < minutes < math.inf:  # NaN fails both
@@ -53,11 +53,11 @@ def options(args):
 
 def confirm_new(model_path: str, yes: bool) -> bool:
     """--new's question, before the job's checks: whether model_path may be deleted (asked on a terminal, --yes
-    without one); False when the user keeps it. A trainer running on it is refused here (runtime/lock.py).
+    without one); False when the user keeps it. A trainer running on it is refused here (modelpath/lock.py).
     Nothing is deleted yet: main.py calls delete_model_path once every check has passed."""
     if not os.path.exists(model_path):
         return True
-    from runtime.lock import check_free  # here: the parser reads this module before TensorFlow loads
+    from modelpath.lock import check_free  # here: the parser reads this module before TensorFlow loads
     check_free(model_path)
     if not yes:
         if not sys.stdin.isatty():
@@ -75,7 +75,7 @@ def delete_model_path(model_path: str) -> None:
     started since the question is refused in one error line naming it)."""
     if not os.path.exists(model_path):
         return
-    from runtime.lock import TrainerLock
+    from modelpath.lock import TrainerLock
     with TrainerLock(model_path):
         shutil.rmtree(model_path)
     print(f"deleted {model_path}")

@@ -3,10 +3,10 @@ range and document lengths), its ids checked against the model's and the dataset
 checked against the tokenizer its config records as having encoded it, and the start of its first document
 decoded with its tokenizer. Reads with data/inputs.py's CRC-checking reader, so a corrupt or foreign file is
 named. (A dataset encoded with another tokenizer than the model's never gets here: the config is refused when
-it is read, config/schema.py's check_tokenizer_ids.)"""
+it is read, schema.py's check_tokenizer_ids.)"""
 from __future__ import annotations
 
-from config.schema import GPTConfig, warn_unrecorded_tokenizers
+from schema import GPTConfig, warn_unrecorded_tokenizers
 from data.errors import DataError
 from data.inputs import first_document_tokens, token_stats
 from data.tokenizer import load_for_dataset, not_the_encoder

@@ -46,8 +46,8 @@ if __package__ in (None, ""):  # allow `python data/create_tfrecords.py` as well
 
 from tqdm import tqdm
 
-from console import ArgumentParser
-from config.schema import DATASET_CONFIG_DIR as DEFAULT_DATASET_CONFIG_DIR, REPO_ROOT
+from console.arguments import ArgumentParser
+from schema import DATASET_CONFIG_DIR as DEFAULT_DATASET_CONFIG_DIR, REPO_ROOT
 from data.documents import Document, iter_documents, list_input_files
 from data.errors import DataError
 from data.tokenizer import LoadedTokenizer, load_tokenizer
@@ -330,7 +330,7 @@ def read_manifest_tokenizer(output_dir: str, tokenizer: LoadedTokenizer):
     """Whether the files of output_dir's manifests were encoded with `tokenizer`: True, or the TokenizerId (or a
     description) of the tokenizer one of them records instead; None when the folder has no manifest to tell. A
     manifest written before the tokenizer_id record is compared by its hash of the tokenizer's JSON."""
-    from config.schema import ConfigError, parse_tokenizer_id
+    from schema import ConfigError, parse_tokenizer_id
     manifests = sorted(entry for entry in os.listdir(output_dir) if entry.endswith(".manifest.json"))
     if not manifests:
         return None
@@ -354,7 +354,7 @@ def manifest_tokenizers(files_glob: str) -> list:
     encoded them (`{name}_{i}_{N}.tfrecords` is described by `{name}.manifest.json` beside it), so a dataset
     config written by hand still says which tokenizer its data is. Local files only (a bucket's are not listed
     when a config is read); a manifest that is damaged, or written before the record, records nothing here."""
-    from config.schema import ConfigError, parse_tokenizer_id
+    from schema import ConfigError, parse_tokenizer_id
     if not files_glob or "://" in files_glob:
         return []
     manifests = set()
@@ -626,7 +626,7 @@ def write_dataset_config(
     data (``eval_path``). Only that key is set; the other keeps its previous value, or is
     ``null`` until its split is written (a null ``eval_path`` means: no evaluation data; a
     null ``path``: nothing to train on yet). The file holds only the keys that
-    ``loading.config.load_dataset_config`` accepts. Relative paths are written relative to the
+    ``config.load_dataset_config`` accepts. Relative paths are written relative to the
     folder that holds ``configs/``, which is what the loader resolves them against. Refuses
     to mix splits encoded with different tokenizers, and train and eval globs that match the
     same files. Returns the config's path.
@@ -826,6 +826,6 @@ def _finished_count(output_dir: str, name: str) -> int:
 
 
 if __name__ == "__main__":
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()  # TF's C++ start-up chatter would bury the progress bar; errors still show
     sys.exit(main())

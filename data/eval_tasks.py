@@ -12,7 +12,7 @@ The reference downloaded the data; here `lambada_path` names a local jsonl file 
 line (e.g. OpenAI's lambada_test.jsonl).
 
 A new task is one entry of TASKS: how it runs given a scorer and the tokenizer, and what it checks in a config.
-The registry sits here, below the jobs, because the config check (loading/config.py) reads it: an unknown task
+The registry sits here, below the jobs, because the config check (config.py) reads it: an unknown task
 or a task's missing setting is refused when the config is read, before anything runs.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from config.schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig
 from data.errors import DataError
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-from config.schema import ConfigError, GPTConfig, closest
+from schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
 
 SHUFFLE_BLOCK_DOCUMENTS = 256  # documents shuffled together; also the most a resume reads and discards
@@ -54,7 +54,7 @@ class DatasetSource:
 @dataclass(frozen=True)
 class SamplingMode:
     """How a dataset's records become n_ctx+1 windows. A new mode is one entry of SAMPLING_MODES: the config
-    accepts every name there (loading/config.py), the pipeline reads by these facts."""
+    accepts every name there (config.py), the pipeline reads by these facts."""
     prechunked: bool             # one window per record (create_tfrecords --mode chunks), each file front to back;
                                  # else whole documents, `stitch` of them joined, windows cut from the join
     random_offset: bool = False  # documents: the window starts at a seeded random offset (else at the start)
@@ -76,7 +76,7 @@ INPUT_FNS = {"sequential_input": ("sequential",), "generic_text": ("documents_ra
 
 def check_input_fn(cfg: GPTConfig) -> None:
     """input_fn names one of INPUT_FNS, and reads the sampling mode of every dataset (the config check,
-    loading/config.py, runs this)."""
+    config.py, runs this)."""
     if cfg.input_fn is None:
         return
     if cfg.input_fn not in INPUT_FNS:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 
 # Independent streams of randomness for the three draws.
 _CHOOSE, _REPLACE_KIND, _RANDOM_TOKEN = 1, 2, 3

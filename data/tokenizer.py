@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 
 from tokenizers import Tokenizer
 
-from config.schema import TokenizerId
+from schema import TokenizerId
 from data.errors import DataError
 
 EOS_TOKEN = "<|endoftext|>"
@@ -183,7 +183,7 @@ _IDS_READ: dict = {}
 def tokenizer_id_at(path: Optional[str], pretrained: bool = False) -> Optional[TokenizerId]:
     """The TokenizerId of the tokenizer at a dataset config's tokenizer_path (a tokenizer json, or with
     `pretrained` a model folder), or None when there is none here to read (nothing at the path, a hub name such as
-    "gpt2", a bucket): what loading/config.py compares with the data's other records of its tokenizer. Each
+    "gpt2", a bucket): what config.py compares with the data's other records of its tokenizer. Each
     version of a file (its path, size and modification time) is read once a process: loading and hashing GPT-2's
     takes a tenth of a second, and every config read asks. A DataError when it is there but cannot be read."""
     if not path:
@@ -204,7 +204,7 @@ def tokenizer_id_at(path: Optional[str], pretrained: bool = False) -> Optional[T
 
 
 def load_for_dataset(dataset) -> LoadedTokenizer:
-    """The tokenizer a registered dataset (config/schema.py's DatasetConfig) was encoded with."""
+    """The tokenizer a registered dataset (schema.py's DatasetConfig) was encoded with."""
     return load_tokenizer(dataset.tokenizer_path, pretrained=dataset.tokenizer_is_pretrained)
 
 

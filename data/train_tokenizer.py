@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # allow `python data/train_tokenizer.py` as well 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from console import ArgumentParser
+from console.arguments import ArgumentParser
 from data.documents import iter_documents, list_input_files
 from data.errors import DataError
 

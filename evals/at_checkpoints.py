@@ -2,7 +2,7 @@
 (evals/tasks.py) and lm-evaluation-harness tasks (evals/harness.py). A training run gives them to its loop as one
 callback (train/loop.py's Callback), run after each steps_per_checkpoint save; `main.py --eval` runs them once.
 
-They all run the model in one precision, resolved here where the placement is known (runtime/precision.py's
+They all run the model in one precision, resolved here where the placement is known (devices/precision.py's
 `for_inference`): training's (the config training hands them is resolved already, and `--eval` resolves `auto`
 the same way on the same device), or float32 with `eval_precision: "float32"`; every result records it.
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from data.tokenizer import load_for_config
 from evals import harness, tasks, validation
-from runtime import precision
-from runtime.devices import Placement
+from devices import precision
+from devices.placement import Placement
 
 
 class Evaluations:

@@ -10,7 +10,7 @@ relative data file is read from beside its YAML. evals/harness_tasks/ holds tiny
 Each run writes the harness's results JSON (model_path/harness/results_STEP.json, or --harness_output; with
 --log_samples each request's samples too), appends one line per task to the eval results file (the task as
 "harness/NAME") and writes the metrics as TensorBoard scalars under model_path/eval. The model runs in the
-precision of the evaluations (runtime/precision.py's `for_inference`), which the lines, the rows and the
+precision of the evaluations (devices/precision.py's `for_inference`), which the lines, the rows and the
 results JSON's "gpt_neo" entry name.
 """
 from __future__ import annotations
@@ -22,13 +22,15 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from config.schema import ConfigError, GPTConfig, closest
+from schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
 from data.tokenizer import load_for_config
 from evals.tasks import append_result
 from infer import run
-from runtime import checkpoints, precision
-from runtime.summaries import summary_writer, write_scalars
+from modelpath import checkpoints
+from devices import precision
+from modelpath import events
+from modelpath.events import summary_writer, write_scalars
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
@@ -250,7 +252,7 @@ class Harness:
             write_json(output[:-len(".json")] + "_samples.json" if output.endswith(".json") else output + ".samples",
                        samples)
         table = task_metrics(results)
-        writer = summary_writer(os.path.join(cfg.model_path, "eval"))
+        writer = summary_writer(events.folder(cfg.model_path, evaluation=True))
         for task, metrics in table.items():
             append_result(lm.cfg, {"step": step, "task": f"harness/{task}", **metrics})
             write_scalars(writer, step, {f"harness/{task}/{name}": value for name, value in metrics.items()})

@@ -28,7 +28,7 @@ From Python, the harness's own way to name a model works once this module is imp
 `lm_eval.simple_evaluate(model="gpt-neo-mtf", model_args="model=NAME,step=1000,batch_size=8", tasks=[...])`, with
 NAME a config as main.py's --model takes it (see `create_from_arg_string`).
 
-The model runs in the precision of the evaluations (runtime/precision.py's `for_inference`: training's on this
+The model runs in the precision of the evaluations (devices/precision.py's `for_inference`: training's on this
 device, or float32 with `eval_precision`), resolved where the model is made, whichever way it is made.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ from tqdm import tqdm
 from data.errors import DataError
 from infer import run
 from models.sampling import SamplingOptions, incremental_unsupported
-from runtime import precision
+from devices import precision
 
 MODEL_NAME = "gpt-neo-mtf"
 SHORTEST_ROW = 16  # the shortest row length scored: below it a graph costs more to build than it saves
@@ -130,9 +130,10 @@ class CheckpointLM(TemplateLM):
         The config is read and checked as main.py reads it; the mesh runs on this host's CPU devices or GPUs as
         main.py places it without device flags."""
         from data.tokenizer import load_for_config
-        from loading.config import load_config
-        from runtime import checkpoints, placements
-        from runtime.devices import DeviceRequest
+        from config import load_config
+        from modelpath import checkpoints
+        from devices import kinds
+        from devices.placement import DeviceRequest
 
         args = harness_utils.simple_parse_args_string(arg_string or "")
         unknown = sorted(set(args) - {"model", "step", "batch_size", "eval_precision"})
@@ -158,7 +159,7 @@ class CheckpointLM(TemplateLM):
                                 f"whose model_path holds one")
         given = (additional_config or {}).get("batch_size")
         batch_size = args.get("batch_size", given if isinstance(given, int) else None)
-        return cls(cfg, placements.place(DeviceRequest(), cfg), checkpoint, load_for_config(cfg), batch_size)
+        return cls(cfg, kinds.place(DeviceRequest(), cfg), checkpoint, load_for_config(cfg), batch_size)
 
     # ---- what TemplateLM asks of a model -------------------------------------------------------------
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from config.schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig
 from evals import harness
 from evals.at_checkpoints import Evaluations
-from runtime import checkpoints
-from runtime.devices import Placement
+from modelpath import checkpoints
+from devices.placement import Placement
 
 
 def run_evaluation(cfg: GPTConfig, placement: Placement, harness_options: Optional[harness.HarnessOptions] = None) -> int:

@@ -5,15 +5,12 @@ model_path/eval_results.jsonl).
 """
 from __future__ import annotations
 
-import json
-import os
-import time
-
 import numpy as np
 
 from data.eval_tasks import TASKS
 from infer import run
-from runtime import checkpoints, precision
+from modelpath import checkpoints, eval_results
+from devices import precision
 
 
 def scorer(cfg, predictor: run.Predictor):
@@ -27,18 +24,11 @@ def scorer(cfg, predictor: run.Predictor):
     return score
 
 
-def results_path(cfg) -> str:
-    return cfg.eval_results_path or os.path.join(cfg.model_path, "eval_results.jsonl")
-
-
 def append_result(cfg, record: dict) -> str:
-    """Appends one JSON line (with the precision the model of `cfg` ran in and a timestamp) to the results file;
-    returns its path."""
-    path = results_path(cfg)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(dict(record, precision=precision.running(cfg), time=round(time.time(), 3))) + "\n")
-    return path
+    """Appends `record` to the config's results file (modelpath/eval_results.py), with the precision the model of
+    `cfg` ran in; returns the file's path."""
+    where = eval_results.path(cfg.model_path, cfg.eval_results_path)
+    return eval_results.append(where, dict(record, precision=precision.running(cfg)))
 
 
 class EvalTasks:

@@ -4,22 +4,24 @@ eval_steps > 0."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, Optional
 
 import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from config.schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig
 from data.inputs import eval_batches, eval_dataset
 from data.mlm import mask_dataset
 from data.tokenizer import load_for_config
 from evals.tasks import append_result
 from models import gpt
-from runtime import checkpoints, meshes, precision, runner
-from runtime.devices import Placement
-from runtime.summaries import summary_writer, write_scalars
+from modelpath import checkpoints
+from execution import meshes, runner
+from devices import precision
+from devices.placement import Placement
+from modelpath import events
+from modelpath.events import summary_writer, write_scalars
 from models.optimizers import slot_patterns
 
 
@@ -117,7 +119,7 @@ class Validation:
         print(f"eval at step {step}: loss {loss:.4f}{shown} "
               f"over {steps} batches of {cfg.eval_batch_size} x {cfg.n_ctx} tokens in {precision.running(cfg)}",
               flush=True)
-        writer = summary_writer(os.path.join(cfg.model_path, "eval"))
+        writer = summary_writer(events.folder(cfg.model_path, evaluation=True))
         write_scalars(writer, step, scores)
         writer.close()
         record = {"step": step, "task": "validation", **scores, "batches": steps}

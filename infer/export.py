@@ -27,12 +27,14 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from runtime import checkpoints, meshes, precision, runner
+from modelpath import checkpoints
+from execution import meshes, runner
+from devices import precision
 from infer import outputs as inference
-from runtime.devices import Placement
-from loading.config import replace
+from devices.placement import Placement
+from config import replace
 from models import gpt
-from config.schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig
 from models.optimizers import slot_patterns
 
 

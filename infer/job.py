@@ -1,5 +1,5 @@
 """`main.py --predict` and `main.py --export`: sampling from, and exporting, model_path's newest checkpoint
-that can be read (infer/predict.py, infer/export.py), in the precision of the evaluations (runtime/precision.py's
+that can be read (infer/predict.py, infer/export.py), in the precision of the evaluations (devices/precision.py's
 `for_inference`: training's on the placement's devices, or float32 with `eval_precision`), which the samples'
 records and the export's gpt_config.json name."""
 from __future__ import annotations
@@ -8,12 +8,13 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from data.tokenizer import load_for_config
 from infer.export import export_saved_model
 from infer.predict import PredictOptions, predict, read_prompts
-from runtime import checkpoints, precision
-from runtime.devices import Placement
+from modelpath import checkpoints
+from devices import precision
+from devices.placement import Placement
 
 
 @dataclass(frozen=True)

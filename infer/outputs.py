@@ -22,8 +22,8 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import gpt, sampling
-from runtime import meshes
-from config.schema import GPTConfig
+from execution import meshes
+from schema import GPTConfig
 
 
 def default_seed(cfg: GPTConfig) -> int:

@@ -28,7 +28,8 @@ import numpy as np
 from data.errors import DataError
 from infer import run
 from models.sampling import SamplingOptions, incremental_unsupported
-from runtime import checkpoints, precision
+from modelpath import checkpoints
+from devices import precision
 
 @dataclass(frozen=True)
 class PredictOptions:

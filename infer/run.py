@@ -8,11 +8,12 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 from tqdm import tqdm
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from infer import outputs
-from runtime import checkpoints, runner
-from runtime.devices import Placement
-from runtime.mesh_session import padded_batch
+from modelpath import checkpoints
+from execution import runner
+from devices.placement import Placement
+from execution.mesh_session import padded_batch
 from models.optimizers import slot_patterns
 
 

@@ -4,6 +4,6 @@ import sys
 from ladder.cli import main
 
 if __name__ == "__main__":
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()  # before TensorFlow is imported: its C++ start-up chatter stays off the console
     sys.exit(main())

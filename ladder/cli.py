@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 
-from console import ArgumentParser
+from console.arguments import ArgumentParser
 
 warnings.filterwarnings("ignore")  # mesh-tensorflow's own deprecation warnings say nothing to users
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import models  # noqa: F401  (installs the mesh-tensorflow compatibility alias)
     import tensorflow.compat.v1 as tf
-    from config.schema import ConfigError
+    from schema import ConfigError
     tf.get_logger().setLevel("ERROR")
     try:
         return _run(args)

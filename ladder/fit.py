@@ -54,7 +54,7 @@ class FlopsPerToken:
     """FLOPs per training token of the shape the ladder's rule gives N (interpolated in log-log between shapes)."""
 
     def __init__(self, spec: LadderSpec):
-        from loading.config import replace
+        from config import replace
         from models import flops
         _, base = load_base(spec)
         loose = spec.rules.__class__(**{**spec.rules.__dict__, "size_tolerance": 0.5})
@@ -96,7 +96,7 @@ def frontier(theta, budgets: np.ndarray, fpt: FlopsPerToken) -> np.ndarray:
 
 def named_config(name: str) -> dict:
     """N (on the training graph) and D of a model config at its train_steps."""
-    from loading.config import load_config
+    from config import load_config
     from models import flops
     from plan import model_graph
     cfg = load_config(name)

@@ -19,8 +19,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from config.schema import GPTConfig, batch_split, num_microbatches
-from loading.config import config_from_dict, dataset_registry_for, replace, resolve_config_path
+from schema import GPTConfig, batch_split, num_microbatches
+from config import config_from_dict, dataset_registry_for, replace
+from schema import resolve_config_path
 from plan import dry_run
 from plan.memory_check import available_host_bytes
 
@@ -240,7 +241,7 @@ def read_plan(spec) -> Optional[dict]:
 def measured_rate(model_path: str) -> Optional[float]:
     """A size's achieved model FLOP/s (the whole mesh's) from its TensorBoard scalars: the median of its logged
     throughput; None when it has not run."""
-    from tools.runs import read_scalars
+    from modelpath.events import read_scalars
     if not os.path.isdir(model_path):
         return None
     values = [v for _, v in read_scalars(model_path).get("model_flops_per_sec", [])]

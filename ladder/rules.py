@@ -8,8 +8,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from config.schema import GPTConfig
-from loading.config import read_json, resolve_config_path
+from schema import GPTConfig
+from schema import read_json, resolve_config_path
 
 from ladder import shapes
 from ladder.spec import LadderSpec, short_count

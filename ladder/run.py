@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from config.schema import REPO_ROOT
+from schema import REPO_ROOT
 
 from ladder import plan as ladder_plan
 from ladder.plan import Ladder, SizePlan, duration
 from ladder.spec import LadderError
 from ladder.status import results_file, validation_losses
-from runtime.preemption import install
+from execution.preemption import install
 
 MAIN = os.path.join(REPO_ROOT, "main.py")
 _STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)")
@@ -44,7 +44,7 @@ _STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)")
 
 def checkpoint_steps(model_path: str) -> list[int]:
     """The steps of the complete checkpoints in model_path, ascending."""
-    from runtime.checkpoints import steps
+    from modelpath.checkpoints import steps
     return steps(model_path)
 
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models import flops
 
 from ladder.spec import LadderError, Rules, short_count

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from config.schema import REPO_ROOT, ConfigError, closest
+from schema import REPO_ROOT, ConfigError, closest
 
 
 class LadderError(ConfigError):

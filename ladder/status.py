@@ -47,10 +47,11 @@ def size_records(spec: LadderSpec) -> list[dict]:
 
 def overview(record: dict) -> dict:
     """One size's row: what its model_path says."""
-    from runtime.checkpoints import steps as checkpoint_steps
-    from tools.runs import read_run_info, read_scalars
+    from modelpath.checkpoints import steps as checkpoint_steps
+    from modelpath import run_info
+    from modelpath.events import read_scalars
     path = record["model_path"]
-    info = read_run_info(path) if os.path.isdir(path) else None
+    info = run_info.read(path) if os.path.isdir(path) else None
     tokens_per_step = float((info or {}).get("tokens_per_step") or record["batch_tokens"])
     flops_per_token = float((info or {}).get("flops_per_token") or record["flops_per_token"])
     steps = int((info or {}).get("train_steps") or record["train_steps"])

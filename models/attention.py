@@ -22,7 +22,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import kv_cache
-from config.schema import ConfigError, GPTConfig, closest, dimension_is_split
+from schema import ConfigError, GPTConfig, closest, dimension_is_split
 from models.embeddings import rotary
 from models.kernels import attention as attention_kernels
 from models.kernels.attention import local_attention_blocks

@@ -11,7 +11,7 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models.layers import variable
 
 

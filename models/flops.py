@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models.attention import ATTENTION
 
 

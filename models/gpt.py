@@ -18,7 +18,7 @@ import tensorflow.compat.v1 as tf
 from models import embeddings
 from models.attention import ATTENTION, self_attention
 from models.entmax import entmax_loss
-from config.schema import GPTConfig, dimension_is_split
+from schema import GPTConfig, dimension_is_split
 from models.kernels.lookups import gather
 from models.kernels.loss import cross_entropy_and_log_z
 from models.kernels.matmul import matmul
@@ -47,7 +47,7 @@ class Dims:
 def variable_dtype(cfg: GPTConfig) -> mtf.VariableDType:
     """fp32 master weights; bf16 or fp16 activations when precision is bfloat16 or float16 (float16 trains with
     dynamic loss scaling: train/loss_scale.py). "auto" is resolved per device by every job that runs a model
-    (runtime/precision.py: training's for_training, the evaluations', sampling's and export's for_inference); where
+    (devices/precision.py: training's for_training, the evaluations', sampling's and export's for_inference); where
     it reaches a model unresolved (planning, hand-built graphs) it builds in float32."""
     activation = {"bfloat16": tf.bfloat16, "float16": tf.float16}.get(cfg.precision, tf.float32)
     return mtf.VariableDType(master_dtype=tf.float32, slice_dtype=tf.float32, activation_dtype=activation)

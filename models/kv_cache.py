@@ -29,13 +29,13 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models.kernels import decode
-from config.schema import GPTConfig, dimension_is_split
+from schema import GPTConfig, dimension_is_split
 
 PREFILL, STEP = "prefill", "step"
 
 # Options that change only per-position computation (norms, feed-forward, output projection, the position
 # table's contents), so one token's step is the same computation as its position in a full pass.
-# Any other model option (config/schema.py's option() fields) is decoded by full recompute: rotary positions
+# Any other model option (schema.py's option() fields) is decoded by full recompute: rotary positions
 # and memory key/values change attention, and mesh-tensorflow's MoE routes groups of a whole sequence (the
 # reference recomputed for MoE too). Attention types say for themselves (models/attention.py, decode_window).
 INCREMENTAL_SAFE_OPTIONS = {"mlp_glu", "scalenorm", "rezero", "macaron", "share_parameters", "no_weight_tie",

@@ -15,7 +15,7 @@ import tensorflow.compat.v1 as tf
 from models.kernels import elementwise
 from models.kernels.matmul import bias_add, matmul
 from models.activations import activation_for
-from config.schema import GPTConfig
+from schema import GPTConfig
 
 
 def seeded_normal(stddev: float, name: str, seed: int) -> tf.keras.initializers.Initializer:

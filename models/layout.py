@@ -1,17 +1,17 @@
 """The model's tensor dimensions that a layout may split, and the checks a mesh_shape and layout must pass
 against them: each named dimension exists, its mesh dimension divides it evenly, and no two dimensions of one
 tensor share a mesh dimension. (That the rules name mesh_shape's dimensions, each tensor dimension once, is
-config/schema.py's check.)
+schema.py's check.)
 
 Each part of the model declares its own dimensions: the trunk (embeddings, feed-forward, output) here,
 self-attention and every attention type in models/attention.py's registry (a type's entry also carries its
 own checks of a layout, such as local attention's blocks), mixture-of-experts layers in models/moe.py.
-loading/config.py's check runs `check_layout` on every config it reads and every copy `replace` makes, a
+config.py's check runs `check_layout` on every config it reads and every copy `replace` makes, a
 config moved to another mesh or layout in code (--auto_layout, --dry_run's candidates, tests) among them.
 """
 from __future__ import annotations
 
-from config.schema import ConfigError, GPTConfig, closest
+from schema import ConfigError, GPTConfig, closest
 from models.attention import ATTENTION, SELF_ATTENTION_CO_OCCURRING_DIMS, self_attention_dims
 from models.moe import MOE_CO_OCCURRING_DIMS, moe_layout_dims
 

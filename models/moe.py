@@ -14,7 +14,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow.transformer import moe as mtf_moe
 
 from models.activations import activation_for
-from config.schema import ConfigError, GPTConfig, closest
+from schema import ConfigError, GPTConfig, closest
 
 # mesh-tensorflow MoE1D's default expert count (tests/test_config.py checks it against mesh-tensorflow).
 MOE_DEFAULT_EXPERTS = 16

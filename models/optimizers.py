@@ -2,10 +2,10 @@
 learning-rate schedule.
 
 The config's `opt_name` names an entry of OPTIMIZERS and its `lr_decay` one of LR_DECAYS: a new optimizer or
-decay is one entry there, and the config accepts every registered name (loading/config.py checks them). An
+decay is one entry there, and the config accepts every registered name (config.py checks them). An
 optimizer's entry also says how its slot variables are named (`slot_patterns()`): every job that opens a
-checkpoint (training, evaluation, prediction, export) passes those patterns to runtime/checkpoints.check_fits.
-Both registries sit here, below the jobs, because the config check does (loading/config.py, which every job
+checkpoint (training, evaluation, prediction, export) passes those patterns to modelpath/checkpoints.check_fits.
+Both registries sit here, below the jobs, because the config check does (config.py, which every job
 may use); train/optimizer.py applies them in the update (clipping, the gated assignments)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models.kernels.common import compiled
 
 # Norm gains/biases and other biases are not decayed (GPT-2/GPT-Neo practice).
@@ -149,7 +149,7 @@ OPTIMIZERS = {
 
 def slot_patterns() -> dict[str, str]:
     """opt_name -> its slot names' pattern, for every registered optimizer with slots: what a job opening a
-    checkpoint passes to runtime/checkpoints.check_fits, which tells any optimizer's state in a checkpoint apart
+    checkpoint passes to modelpath/checkpoints.check_fits, which tells any optimizer's state in a checkpoint apart
     from the model's variables, and a checkpoint of one optimizer opened for training with another."""
     return {name: entry.slot_pattern for name, entry in OPTIMIZERS.items() if entry.slot_pattern}
 

@@ -29,7 +29,7 @@ import tensorflow.compat.v1 as tf
 from models import gpt, kv_cache
 from models.entmax import entmax_tf
 from models.attention import ATTENTION, FULL_RECOMPUTE
-from config.schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig
 
 NEG_INF = -1e10
 

@@ -35,8 +35,8 @@ from mesh_tensorflow.auto_mtf import graph_interface as graph_interface_lib
 from ortools.sat.python import cp_model
 
 from plan import model_graph
-from config.schema import ConfigError, GPTConfig, parse_mesh_shape
-from loading.config import replace
+from schema import ConfigError, GPTConfig, parse_mesh_shape
+from config import replace
 from models.layout import tensor_dim_sizes
 
 MESH_DIM_NAMES = ("x", "y", "z", "w")

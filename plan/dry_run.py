@@ -17,7 +17,7 @@ without devices):
 
 "Per device" is the same on every device: mesh-tensorflow splits tensors evenly. It is device memory: on GPUs
 each GPU holds its slices (weights, optimizer state, gradients, activations), while the master copies of all
-variables, optimizer state included, live in host RAM (runtime/meshes.py places them on the host's CPU, or
+variables, optimizer state included, live in host RAM (execution/meshes.py places them on the host's CPU, or
 spreads them over the hosts of a cluster or a TPU); on CPU devices the host's RAM holds both. The smallest
 mesh search tries, for 1, 2, 4, ... devices, every one- and two-dimensional mesh with data-parallel,
 Megatron-style (heads, mlp, vocab) and GPT-Neo-style (embd, memory_length) layouts, and reports the first
@@ -32,11 +32,11 @@ from typing import Optional
 
 import mesh_tensorflow as mtf
 
-from loading.config import replace
+from config import replace
 from models import flops
 from models.sampling import incremental_unsupported
 from plan import model_graph
-from config.schema import ConfigError, GPTConfig, batch_split, num_microbatches
+from schema import ConfigError, GPTConfig, batch_split, num_microbatches
 
 _LAYER = re.compile(r"(?:^|/)h(\d+)/")
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2 ** 10, "mib": 2 ** 20,

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from typing import Optional
 
-from config.schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig
 from plan import dry_run
 from plan.dry_run import human_bytes
 
@@ -98,7 +98,7 @@ def _nvidia_smi(query: str, columns: str) -> list:
 
 def _nvidia_smi_memory() -> dict:
     """nvidia-smi's index -> (total, free, this process's use) in bytes per GPU; {} without nvidia-smi. This
-    process's use counts as free: the GPU start-up check (runtime/gpus.py) has already run TensorFlow on them."""
+    process's use counts as free: the GPU start-up check (devices/gpus.py) has already run TensorFlow on them."""
     mib = 2 ** 20
     own = {}
     for row in _nvidia_smi("compute-apps", "pid,gpu_bus_id,used_memory"):

@@ -22,9 +22,9 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
-from loading.config import replace
-from runtime import meshes
+from schema import GPTConfig
+from config import replace
+from execution import meshes
 from train import step as train_step
 
 # Variables whose dimensions include one of these are embeddings (token and position tables), the rest are

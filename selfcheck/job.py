@@ -12,7 +12,7 @@ reference. The verdict (`judge`, a pure function of both runs) requires:
   elsewhere, by about as much as training did).
 It also lists the ops of the training step that ran on another device than the one they were placed on (GPUs: no
 kernel for their type and dtype; the devices' first step lists them, train/loop.py's on_placement), measures one
-device's peak (runtime/peaks.py) and the step's MFU, and times start-up (graph, session, initialisation) and the
+device's peak (devices/peaks.py) and the step's MFU, and times start-up (graph, session, initialisation) and the
 first step (compilation, and that listing: lost in it on two CPU devices) apart from the steady steps.
 
 It prints one verdict line and a JSON report (stack versions, device facts, results) to attach to an issue;
@@ -33,10 +33,10 @@ from typing import Optional
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models.flops import training_flops_per_token
-from runtime import runner
-from runtime.devices import Placement
+from execution import runner
+from devices.placement import Placement
 from train import loop
 
 STEPS = 6
@@ -83,7 +83,7 @@ def _weights(checkpoint: str) -> dict:
 def train_and_time(cfg: GPTConfig, placement: Placement, data: np.ndarray, list_placement: bool = False) -> Run:
     """Trains cfg (STEPS steps, a checkpoint after each) on `placement` from scratch; returns the Run.
     `list_placement`: the first step also lists where its ops ran (not on a TPU; the Run's placed_ops)."""
-    from runtime import checkpoints
+    from modelpath import checkpoints
     losses, stamps, opened, listed = [], [], [], []
     start = time.monotonic()
     loop.train(cfg, placement, runner.fixed_batches(data, cfg.train_batch_size),
@@ -149,7 +149,7 @@ def _kind_index(device: str) -> tuple:
 
 def off_device(ops: list, mesh_devices) -> list:
     """The ops placed on one of `mesh_devices` that ran on another device, from (name, op type, requested,
-    placed) of each op (runtime/gpus.placed_ops)."""
+    placed) of each op (execution/op_listing.placed_ops)."""
     wanted = {_kind_index(d) for d in mesh_devices}
     return [op for op in ops if _kind_index(op[2]) in wanted and _kind_index(op[3]) != _kind_index(op[2])]
 

@@ -24,14 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-from console import runtime_defaults  # noqa: E402
+from console.environment import runtime_defaults  # noqa: E402
 
 runtime_defaults()  # TensorFlow's kernels as every entry point sets them up (oneDNN on x86-64), before it loads
 
 import models  # noqa: E402,F401  (compatibility alias before mesh_tensorflow)
-from runtime import devices  # noqa: E402  # noqa: E402
+from devices.placement import configure, cpu_devices  # noqa: E402
 
-CPU_DEVICES = devices.configure(devices.cpu_devices(4))
+CPU_DEVICES = configure(cpu_devices(4))
 
 import tensorflow.compat.v1 as tf  # noqa: E402
 
@@ -56,8 +56,8 @@ def trained_workspace(tmp_path_factory):
     random tokens to step 2 with a checkpoint at each step (model.ckpt-1, model.ckpt-2), and the record of its
     data's tokenizer that main.py's training writes (model_path/tokenizer_id.json). Shared by the whole session:
     copy it (workspace.copy_workspace) before running anything that writes."""
-    from loading.config import load_config
-    from runtime import checkpoints, tokenizer_record
+    from config import load_config
+    from modelpath import checkpoints, tokenizer_record
     from tiny import random_tokens, train
     from workspace import make_workspace
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from config.schema import ConfigError
-from loading.config import replace
+from schema import ConfigError
+from config import replace
 from models import flops
 from models.attention import ATTENTION, register
 from models.layout import tensor_dim_sizes

@@ -8,7 +8,7 @@ from mesh_tensorflow.auto_mtf import layout_optimizer
 
 import main
 from plan import auto_layout as layout_planner
-from loading.config import load_config, replace
+from config import load_config, replace
 from models.layout import tensor_dim_sizes
 from tiny import compute_logits, devices_for, random_tokens, tiny_config
 

@@ -10,12 +10,12 @@ import sys
 import pytest
 import tensorflow.compat.v1 as tf
 
-from loading.config import load_config
+from config import load_config
 from data import create_tfrecords as ct
 from data.errors import DataError
 from data.inputs import token_stats
 from infer.predict import read_prompts, unused_prefix
-from runtime.checkpoints import CheckpointError
+from modelpath.checkpoints import CheckpointError
 from tiny import placement_for, random_tokens, train
 from tools import hf
 from train.job import run_training

@@ -63,9 +63,9 @@ def traced_step(tmp_path_factory):
 
     import profile_train
     from conftest import CPU_DEVICES
-    from runtime import meshes
-    from runtime.devices import Placement
-    from runtime.mesh_session import MeshSession
+    from execution import meshes
+    from devices.placement import Placement
+    from execution.mesh_session import MeshSession
     from train.step import training_step
 
     cfg = bench_train.bench_config(TINY, model_path=str(tmp_path_factory.mktemp("profile") / "run"))

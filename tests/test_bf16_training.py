@@ -43,11 +43,11 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from loading.config import replace
+from config import replace
 from models import gpt
 from models.optimizers import NO_DECAY, OPTIMIZERS
-from runtime import checkpoints
-from runtime.devices import Placement
+from modelpath import checkpoints
+from devices.placement import Placement
 from tiny import devices_for, fixed_batches, initial_weights, model_weights, tiny_config
 from tools import hf
 from train import loop

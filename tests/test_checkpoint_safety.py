@@ -18,7 +18,7 @@ import tensorflow.compat.v1 as tf
 
 import main
 from permissions import read_only
-from runtime import checkpoints
+from modelpath import checkpoints
 from workspace import copy_workspace
 
 # The session's trained workspace (conftest.py: 2 layers, 32 wide, checkpoints at steps 1 and 2), sampling
@@ -215,7 +215,7 @@ def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(traine
 @pytest.mark.parametrize("job", [[], ["--predict"], ["--eval"], ["--export"]],
                          ids=["train", "predict", "eval", "export"])
 def test_a_read_only_model_path_is_one_line(trained, tmp_path, capsys, job):
-    """Runs as root too (tests/permissions.py). Bugs caught: a job that skips runtime/checkpoints.check_writable
+    """Runs as root too (tests/permissions.py). Bugs caught: a job that skips modelpath/checkpoints.check_writable
     (a traceback, or files written where root writes all the same), an error line without the folder."""
     config, model_path = copy_run(trained, tmp_path, train_steps=3)
     if job == ["--predict"]:

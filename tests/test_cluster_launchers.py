@@ -12,14 +12,14 @@ import pytest
 from ports import loopback_ports
 
 import main
-from runtime import checkpoints
-from runtime import cluster as cluster_lib
-from runtime.devices import DeviceError
+from modelpath import checkpoints
+from devices import cluster as cluster_lib
+from devices.placement import DeviceError
 from workspace import REPO, make_workspace, start_main
 
 
 def flags(**given):
-    """runtime/cluster.py's `find` arguments: the multi-host flags (none given by default)."""
+    """devices/cluster.py's `find` arguments: the multi-host flags (none given by default)."""
     values = dict(cluster_file=None, workers=None, task_index=None, port=None, on_tpu=False)
     values.update(given)
     return values

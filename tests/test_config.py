@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from runtime import devices
-from loading.config import config_from_dict, load_config
-from config.schema import CONFIG_DIR, FIELD_TYPES, ConfigError, GPTConfig, expand_attention_types, num_microbatches
+from devices import placement as device_placement
+from config import config_from_dict, load_config
+from schema import CONFIG_DIR, FIELD_TYPES, ConfigError, GPTConfig, expand_attention_types, num_microbatches
 from models.layout import tensor_dim_sizes
 from models.moe import MOE_DEFAULT_EXPERTS
 
@@ -204,22 +204,22 @@ def test_shipped_gpt3_family_has_the_published_shapes():
 
 
 def test_device_errors_are_one_line_and_say_what_to_pass():
-    with pytest.raises(devices.DeviceError) as info:
-        devices.configure(["device:GPU:99"])
+    with pytest.raises(device_placement.DeviceError) as info:
+        device_placement.configure(["device:GPU:99"])
     assert str(info.value).startswith("device:GPU:99 not found: ") and "\n" not in str(info.value)
-    with pytest.raises(devices.DeviceError, match="not understood"):
-        devices.configure(["gpu0"])
-    with pytest.raises(devices.DeviceError) as info:
-        devices.check_mesh_fits("x:2,y:2", 4, ["/device:CPU:0"])
+    with pytest.raises(device_placement.DeviceError, match="not understood"):
+        device_placement.configure(["gpu0"])
+    with pytest.raises(device_placement.DeviceError) as info:
+        device_placement.check_mesh_fits("x:2,y:2", 4, ["/device:CPU:0"])
     assert "4 devices but 1 were given" in str(info.value) and "--mesh_shape" in str(info.value)
-    assert devices.configure(["device:CPU:0", "device:CPU:1"]) == ["/device:CPU:0", "/device:CPU:1"]
+    assert device_placement.configure(["device:CPU:0", "device:CPU:1"]) == ["/device:CPU:0", "/device:CPU:1"]
 
 
 @pytest.mark.parametrize("batch,tokens,mesh_shape,layout", [
     (8, None, "all:1", ""), (8, 16, "all:1", ""), (8, 16, "x:2", "batch:x"), (8, 40, "x:2", "batch:x"),
     (12, 32, "x:4", "batch:x"), (6, 1000, "x:2", "batch:x"), (8, 16, "x:2,y:2", "batch:y,heads:x")])
 def test_the_micro_batch_count_follows_mesh_tensorflow(batch, tokens, mesh_shape, layout):
-    """config/schema.py computes it in pure Python; mesh-tensorflow's serialize_num_microbatches is the rule."""
+    """schema.py computes it in pure Python; mesh-tensorflow's serialize_num_microbatches is the rule."""
     import mesh_tensorflow as mtf
     from mesh_tensorflow.transformer import utils as mtf_utils
     cfg = config_from_dict(dict(TINY, train_batch_size=batch, tokens_per_mb_per_replica=tokens, mesh_shape=mesh_shape,
@@ -238,13 +238,13 @@ def test_the_schema_moe_defaults_are_mesh_tensorflows():
 
 def test_the_schema_imports_nothing_of_the_project():
     import ast
-    import config.schema as schema
+    import schema
     tree = ast.parse(open(schema.__file__).read())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(schema.__file__)))
+    root = os.path.dirname(os.path.abspath(schema.__file__))
     project = {name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)) or name.endswith(".py")}
-    assert {"models", "runtime", "config"} <= {p.removesuffix(".py") for p in project}
+    assert {"models", "devices", "config"} <= {p.removesuffix(".py") for p in project}
     assert not imported & {p.removesuffix(".py") for p in project}
 
 
@@ -259,7 +259,7 @@ def test_replace_is_checked_as_a_config_read_from_disk(change):
     config read from disk passes, with the same error line: the registries' names, an entry's own checks, the
     layout against the model's dimensions, the checks between fields. Bug caught: replace running only the
     schema's checks (validate), as GPTConfig.replace did."""
-    from loading.config import replace
+    from config import replace
     read = error_of(**{key: list(value) if isinstance(value, tuple) else value for key, value in change.items()})
     with pytest.raises(ConfigError) as info:
         replace(config_from_dict(TINY), **change)
@@ -267,7 +267,7 @@ def test_replace_is_checked_as_a_config_read_from_disk(change):
 
 
 def test_nothing_below_the_command_line_imports_cli():
-    """cli/ is main.py's flag groups; configs are read and checked below the jobs (loading/config.py), so the
+    """cli/ is main.py's flag groups; configs are read and checked below the jobs (config.py), so the
     jobs, the runtime, the models, the data and the loading need nothing of it. Bug caught: a module below the
     command line importing cli/ (to get a config, as tests/tiny.py, tools/hf.py and plan/ did)."""
     import ast

@@ -1,11 +1,11 @@
-"""console.py: TensorFlow's C++ start-up chatter stays off the console; everything else reaches it."""
+"""console/: TensorFlow's C++ start-up chatter stays off the console; everything else reaches it."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from console import CHATTER
+from console.stderr_filter import CHATTER
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +42,7 @@ KEPT_LINES = [
 WRITER = r"""
 import os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from console import quiet_tensorflow
+from console.stderr_filter import quiet_tensorflow
 quiet_tensorflow()
 lines = sys.argv[2:]
 for line in lines:                      # as C++ writes: straight to descriptor 2
@@ -99,7 +99,7 @@ def test_main_prints_only_its_own_error_line():
 
 
 def test_runtime_defaults_keep_what_the_user_set():
-    from console import CUDA_CACHE_BYTES, runtime_defaults
+    from console.environment import CUDA_CACHE_BYTES, runtime_defaults
     environ = {}
     runtime_defaults(environ, tpu_device_files=0, system="linux", machine="x86_64")
     assert environ == {"TF_ENABLE_ONEDNN_OPTS": "1", "CUDA_CACHE_MAXSIZE": str(CUDA_CACHE_BYTES),
@@ -112,7 +112,7 @@ def test_runtime_defaults_keep_what_the_user_set():
 def test_onednn_is_asked_for_on_x86_linux_only():
     """TensorFlow's oneDNN matmuls are turned on where its own default leaves them off (x86-64 CPUs without
     VNNI/AMX); ARM builds and other systems keep TensorFlow's choice."""
-    from console import runtime_defaults
+    from console.environment import runtime_defaults
     for system, machine, expected in [("linux", "x86_64", "1"), ("linux", "aarch64", None), ("darwin", "x86_64", None),
                                       ("win32", "AMD64", None)]:
         environ = {}

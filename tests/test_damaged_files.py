@@ -7,10 +7,12 @@ import time
 import pytest
 
 import main
-from runtime import checkpoints
-from runtime.lock import LOCK
+from modelpath import checkpoints
+from modelpath.lock import LOCK
 from tiny import tiny_config
-from tools.runs import RUN_INFO, read_run_info, write_run_info
+from modelpath import run_info
+from modelpath.run_info import RUN_INFO
+from train.job import run_description
 from workspace import make_workspace
 
 
@@ -22,16 +24,16 @@ def test_a_damaged_run_info_is_kept_aside_and_rebuilt(tmp_path, capsys, damage):
     path = os.path.join(cfg.model_path, RUN_INFO)
     with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write(damage)
-    assert read_run_info(cfg.model_path) is None
+    assert run_info.read(cfg.model_path) is None
     assert "damaged" in capsys.readouterr().err
-    write_run_info(cfg, 7)
+    run_info.write(cfg.model_path, run_description(cfg), 7)
     info = json.loads(open(path).read())
     assert info["n_layer"] == 2 and [s["step"] for s in info["starts"]] == [7]
     assert open(path + ".damaged", encoding="utf-8", errors="surrogateescape").read() == damage
     err = capsys.readouterr().err
     assert "run_info.json.damaged" in err and err.count("warning:") == 2, err
-    write_run_info(cfg, 9)  # the rebuilt file is read back as usual
-    assert [s["step"] for s in read_run_info(cfg.model_path)["starts"]] == [7, 9]
+    run_info.write(cfg.model_path, run_description(cfg), 9)  # the rebuilt file is read back as usual
+    assert [s["step"] for s in run_info.read(cfg.model_path)["starts"]] == [7, 9]
 
 
 @pytest.mark.slow
@@ -52,5 +54,5 @@ def test_training_resumes_over_a_damaged_run_info_and_lock_file(tmp_path, capsys
     err = capsys.readouterr().err
     assert "Traceback" not in err and "run_info.json" in err and "lock" in err, err
     assert checkpoints.steps(model_path) == [1, 2]
-    assert [s["step"] for s in read_run_info(model_path)["starts"]] == [1]
+    assert [s["step"] for s in run_info.read(model_path)["starts"]] == [1]
     assert not os.path.exists(os.path.join(model_path, LOCK))

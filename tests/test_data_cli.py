@@ -16,7 +16,7 @@ TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 
 
 def unrecorded(line: str) -> bool:
-    """The warning for a dataset that records no tokenizer (config/schema.py's warn_unrecorded_tokenizers): the
+    """The warning for a dataset that records no tokenizer (schema.py's warn_unrecorded_tokenizers): the
     hand-made files here have no manifest, and their configs no tokenizer; once a dataset and process."""
     return line.startswith("warning: dataset ") and " records no tokenizer (" in line
 

@@ -273,7 +273,7 @@ def write_split(tmp_path, split, name, registry, dataset_id="ds"):
 
 
 def loaded(dataset_id, registry):
-    from loading.config import load_dataset_config
+    from config import load_dataset_config
     return load_dataset_config(dataset_id, str(registry))
 
 

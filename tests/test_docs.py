@@ -68,7 +68,7 @@ def test_the_readme_maps_every_docs_file():
 
 def test_the_codes_pointers_into_docs_name_files_that_exist():
     """Bug it catches: an error message or docstring citing a docs/ file that was renamed or never written
-    (runtime/xla.py citing speed.md misspelt as sped.md)."""
+    (execution/xla.py citing speed.md misspelt as sped.md)."""
     sources = []
     for folder, subfolders, files in os.walk(ROOT):
         subfolders[:] = [d for d in subfolders if not d.startswith(".") and d not in ("runs", "__pycache__")]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from loading.config import replace
+from config import replace
 from models.entmax import entmax_loss, entmax_mtf, entmax_tf
 from models.sampling import SamplingOptions, choose_tokens_tf
 from test_option_numerics import run_mtf

@@ -18,8 +18,8 @@ from data.tokenizer import load_for_config
 from data import eval_tasks
 from evals.tasks import scorer
 from infer.run import Predictor
-from loading.config import load_config, replace
-from config.schema import ConfigError
+from config import load_config, replace
+from schema import ConfigError
 from tiny import compute_logits, devices_for, tiny_config
 from workspace import run_main_in_process
 

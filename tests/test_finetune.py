@@ -18,8 +18,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import corpus
 import main
-from loading.config import load_config
-from config.schema import ConfigError, TokenizerId
+from config import load_config
+from schema import ConfigError, TokenizerId
 from data.create_tfrecords import create_tfrecords
 from data.tokenizer import load_tokenizer
 from tools import hf
@@ -175,7 +175,7 @@ def test_a_dataset_config_that_records_no_tokenizer_warns_once(tmp_path, capsys)
     create_tfrecords manifest beside its files) cannot be checked: one warning per dataset and process, naming
     the model's tokenizer when it is known; none for a dataset whose tokenizer_path says it.
     Bug caught: the warning on every config read (three lines here)."""
-    from config.schema import warn_unrecorded_tokenizers
+    from schema import warn_unrecorded_tokenizers
     registry = tmp_path / "configs" / "dataset_configs"
     registry.mkdir(parents=True)
     (registry / "old.json").write_text(json.dumps({"n_vocab": 4096, "path": str(tmp_path / "x_*.tfrecords")}))

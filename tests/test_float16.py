@@ -5,16 +5,17 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from config.schema import ConfigError
+from schema import ConfigError
 from conftest import CPU_DEVICES
-from loading.config import replace
+from config import replace
 from models import layers
 from models.activations import activation_for
 from models.attention import ATTENTION, AttentionContext
 from models.kernels import attention, elementwise
 from models.sampling import SamplingOptions
-from runtime import checkpoints, meshes
-from runtime.mesh_session import MeshSession
+from modelpath import checkpoints
+from execution import meshes
+from execution.mesh_session import MeshSession
 from tiny import (compute_logits, devices_for, fixed_batches, placement_for, random_tokens, run_predict,
                   tiny_config)
 from tools import hf

@@ -13,8 +13,8 @@ import pytest
 
 import main
 from cli import predict_flags
-from loading.config import config_from_dict, load_config
-from config.schema import ConfigError
+from config import config_from_dict, load_config
+from schema import ConfigError
 from data.inputs import DatasetSource
 from models import moe
 from models.activations import ACTIVATIONS

@@ -1,4 +1,4 @@
-"""On a GPU (skipped where TensorFlow sees none, with runtime/gpus.py's reason): the start-up probe compiles with
+"""On a GPU (skipped where TensorFlow sees none, with devices/gpus.py's reason): the start-up probe compiles with
 XLA:GPU, a tiny model trains on device:GPU:0 with the CPU's losses (fused kernels on XLA:GPU and as plain ops,
 float32 and bfloat16), every op of its training step placed on the GPU runs there, and main.py trains and
 samples with --gpu_ids device:GPU:0, printing the start-up and placement lines.
@@ -9,7 +9,8 @@ Written without a GPU (none was lent to the session that wrote it): run it first
 import pytest
 import tensorflow.compat.v1 as tf
 
-from runtime import gpus
+from devices import gpus
+from execution import op_listing
 
 # Lists devices only: TensorFlow does not start, so conftest.py's four CPU devices stay as they are.
 GPUS = tf.config.list_physical_devices("GPU")
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(not GPUS, reason=REASON or "")
 def gpu_placement():
     """device:GPU:0 as main.py sets it up (only it visible, memory growth), where TensorFlow has not started yet
     in this process; else as it is (an earlier test started it: every GPU visible, the default allocator)."""
-    from runtime.devices import DeviceError, Placement
+    from devices.placement import DeviceError, Placement
     try:
         setting = gpus.configure_gpus([0], "growth")
     except DeviceError:
@@ -60,7 +61,7 @@ def test_tiny_model_trains_on_the_gpu_as_on_the_cpu(tmp_path, gpu_placement, pre
     tolerance, and every weight after the first and the last step within a share of how far training moved
     it. tests/test_selfcheck.py shows on the CPU that this fails when the update is removed (in bfloat16)."""
     import dataclasses
-    from loading.config import config_from_dict
+    from config import config_from_dict
     from selfcheck import job
 
     on_gpu, on_cpu = job.model_settings(1, precision, str(tmp_path))
@@ -86,7 +87,7 @@ def test_every_op_of_the_training_step_placed_on_the_gpu_runs_there(tmp_path, gp
     line = capsys.readouterr().out
     assert line.count("placement: ") == 1
     assert report is not None and sum("GPU" in placed for _, _, _, placed in report.ops) > 100
-    assert not report.fallbacks, gpus.describe_placement(report)
+    assert not report.fallbacks, op_listing.describe_placement(report)
 
 
 def test_main_trains_and_samples_on_the_gpu_with_its_start_up_lines(tmp_path):

@@ -1,4 +1,4 @@
-"""runtime/gpus.py on CPU: the start-up decisions over fake facts (what is missing, how to fix it), the start-up
+"""devices/gpus.py on CPU: the start-up decisions over fake facts (what is missing, how to fix it), the start-up
 line, memory settings, the sessions' options, the fused kernels' path, and the placement listing (a real session:
 ops requested on a GPU that ran on the CPU). tests/test_gpu.py runs the GPU paths where a GPU is visible."""
 import dataclasses
@@ -13,9 +13,11 @@ import main
 from conftest import CPU_DEVICES
 from infer import run
 from models.kernels import common
-from runtime import gpus, runner
-from runtime.cluster import ClusterPlacement
-from runtime.devices import DeviceError, Placement
+from devices import gpus
+from execution import op_listing
+from execution import runner
+from devices.cluster import ClusterPlacement
+from devices.placement import DeviceError, Placement
 from tiny import placement_for, tiny_config
 
 H100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0))
@@ -189,18 +191,19 @@ def test_start_up_does_nothing_on_cpu_devices():
 
 
 def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monkeypatch):
-    """The fused kernels' path is a value given where a job's graph is built (runtime/runner.py), the placement's,
+    """The fused kernels' path is a value given where a job's graph is built (execution/runner.py), the placement's,
     which the device flags choose. Bug caught: the runner building every step on XLA kernels whatever the
     placement's path (`common.kernels("xla")`)."""
     from cli import device_flags
     from models.kernels.elementwise import _gelu_forward
-    from runtime import meshes, placements
+    from execution import meshes
+    from devices import kinds
 
     def gelu(*_):
         common.fused(_gelu_forward, tf.zeros([64, 1024]))
         return meshes.Lowered(None, {})
 
-    def ops_built(placement=None):  # with a placement: built as a job's step is (runtime/runner.py)
+    def ops_built(placement=None):  # with a placement: built as a job's step is (execution/runner.py)
         if placement is not None:
             program = runner.Program(tiny_config(), placement, gelu, runner.Fed({}))
             return {op.type for op in program.graph.get_operations()}
@@ -222,7 +225,7 @@ def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monk
     # --plain_kernels or the environment variable choose the placement's path (cli/device_flags.py)
 
     def placed(*flags):
-        return placements.place(device_flags.request(main.parse_args(["--gpu_ids", CPU_DEVICES[0], *flags])))
+        return kinds.place(device_flags.request(main.parse_args(["--gpu_ids", CPU_DEVICES[0], *flags])))
     assert placed().kernels == "xla"
     assert placed("--plain_kernels").kernels == "plain"
     monkeypatch.setenv(device_flags.PLAIN_KERNELS_ENV, "1")
@@ -237,13 +240,13 @@ def test_cpu_fallbacks_are_the_ops_requested_on_a_gpu_that_ran_on_a_cpu():
            ("d", "IteratorGetNext", "", local + "CPU:0"),          # requested nowhere: the placer's choice
            ("e", "AssignVariableOp", "/device:CPU:0", local + "CPU:0"),  # master copies live on the host
            ("f", "Mul", "/job:worker/task:1/device:GPU:0", "/job:worker/replica:0/task:1/device:CPU:0")]
-    fallbacks = gpus.cpu_fallbacks(ops)
+    fallbacks = op_listing.cpu_fallbacks(ops)
     assert [f.name for f in fallbacks] == ["b", "c", "f"]
-    line = gpus.describe_placement(gpus.PlacementReport(ops, fallbacks))
+    line = op_listing.describe_placement(op_listing.PlacementReport(ops, fallbacks))
     assert line.startswith("placement: 3 of 4 ops of the training step placed on a GPU ran on the CPU")
     assert "StringJoin x1 (b); Unique x1 (c); Mul x1 (f)" in line and "\n" not in line
     clean = [op for op in ops if op[0] not in ("b", "c", "f")]
-    assert gpus.describe_placement(gpus.PlacementReport(clean, [])) == \
+    assert op_listing.describe_placement(op_listing.PlacementReport(clean, [])) == \
         "placement: all 1 ops of the training step placed on GPUs ran there"
 
 
@@ -260,14 +263,14 @@ def test_placement_listing_reads_where_a_session_ran_each_op(capsys):
             doubled = tf.multiply(number, 2.0, name="doubled")
     with tf.Session(graph=graph, config=tf.ConfigProto(allow_soft_placement=True,
                                                        device_count={"CPU": 4})) as session:
-        values, report = gpus.run_listing_placement(session, [joined, doubled],
+        values, report = op_listing.run_listing_placement(session, [joined, doubled],
                                                     {text: ["a", "b"], number: [1.0, 2.0]})
     assert list(values[0]) == [b"aa", b"bb"] and np.allclose(values[1], [2.0, 4.0])
     names = {f.name: f for f in report.fallbacks}
     assert "joined" in names and names["joined"].op_type == "StringJoin"
     assert "doubled" not in names and ("doubled", "Mul", CPU_DEVICES[0]) in [op[:3] for op in report.ops]
     assert "placement: " in capsys.readouterr().out and "StringJoin x1 (joined" in \
-        gpus.describe_placement(report)
+        op_listing.describe_placement(report)
 
 
 def test_main_says_what_is_missing_in_one_line_where_no_gpu_is_visible(tmp_path):
@@ -362,14 +365,14 @@ def test_gpu_start_up_checks_and_probes_the_precision_training_resolves(monkeypa
 @pytest.mark.parametrize("allow_tf32", [False, True])
 def test_float32_is_float32_on_gpus_unless_the_config_allows_tf32_and_the_peak_follows(monkeypatch, capsys,
                                                                                        allow_tf32):
-    """A placement on GPUs, started up by runtime/placements.place from a config: TensorFlow's TF32 (its default
+    """A placement on GPUs, started up by devices/kinds.place from a config: TensorFlow's TF32 (its default
     on Ampere and newer) is off unless `allow_tf32`, the start-up line says which, and the MFU peak of float32 is
     the datasheet's fp32 or TF32 figure accordingly. No GPU here: the placement is faked (an A100's facts), the
     probe answers without a session, and TensorFlow's process-wide flag is what is checked.
     Bugs caught: gpus.start_up not calling set_tf32 (TensorFlow's TF32 default left on), place not passing the
     config's allow_tf32, a peak that counts TF32 while matmuls run in float32."""
-    from runtime import peaks, placements
-    from runtime.devices import DeviceRequest
+    from devices import peaks, kinds
+    from devices.placement import DeviceRequest
     a100 = "NVIDIA A100-SXM4-80GB"
     names = ("/device:GPU:0",)
     machine = facts(gpus=(gpus.Gpu(0, a100, (8, 0)),), driver_gpus=1)
@@ -380,7 +383,7 @@ def test_float32_is_float32_on_gpus_unless_the_config_allows_tf32_and_the_peak_f
     previous = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(not allow_tf32)  # the other way round beforehand
     try:
-        placement = placements.place(DeviceRequest(), tiny_config(precision="float32", allow_tf32=allow_tf32))
+        placement = kinds.place(DeviceRequest(), tiny_config(precision="float32", allow_tf32=allow_tf32))
         assert tf.config.experimental.tensor_float_32_execution_enabled() is allow_tf32
         peak = placement.peak("float32").flops
     finally:

@@ -14,7 +14,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from loading.config import load_config  # noqa: E402
+from config import load_config  # noqa: E402
 from evals import harness  # noqa: E402
 from tiny import checkpoint_of_order_one_weights, placement_for  # noqa: E402
 from workspace import REPO, make_workspace  # noqa: E402
@@ -259,8 +259,8 @@ def checkpoint_lm(cfg, **changes):
     from data.tokenizer import load_for_config
     from evals.harness_model import CheckpointLM
     from infer import run
-    from loading.config import replace
-    from runtime import precision
+    from config import replace
+    from devices import precision
     cfg = replace(cfg, **changes) if changes else cfg
     placement, checkpoint = placement_for(cfg), os.path.join(cfg.model_path, "model.ckpt-1")
     with run.Predictor(precision.for_inference(cfg, placement), placement, checkpoint) as predictor:
@@ -340,7 +340,7 @@ def test_a_sampled_request_draws_the_same_sample_whichever_requests_run_beside_i
     Bugs caught: the seed taken from the request's place in its sorted group (np.arange, as before), sampled rows
     batched (the sampler's noise depends on the row too), every repeat of a request given one seed."""
     from evals.harness_model import CheckpointLM
-    from loading.config import replace
+    from config import replace
     _, cfg = checkpoint_run
     settings = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
     prompts = ["import os\nimport sys\n", "def read_header(self, name):", "class Parser(object):", "x = ["]
@@ -363,7 +363,7 @@ def test_the_harness_model_runs_in_trainings_precision_or_float32_from_its_model
     Bugs caught: CheckpointLM keeping the config's "auto" (models/gpt.py builds it in float32), model_args'
     eval_precision not reaching the config."""
     from evals.harness_model import CheckpointLM
-    from runtime import precision
+    from devices import precision
     root, _ = checkpoint_run
     monkeypatch.setattr(precision, "cpu_info", lambda path="/proc/cpuinfo": ("test CPU", frozenset({"avx512_bf16"})))
     config = str(root / "configs" / "tiny.json")

@@ -11,9 +11,9 @@ import tensorflow.compat.v1 as tf
 
 import main
 from data.tokenizer import load_tokenizer
-from loading.config import load_config, replace
+from config import load_config, replace
 from models import gpt
-from runtime import checkpoints
+from modelpath import checkpoints
 from tiny import checkpoint_of_order_one_weights, compute_logits, devices_for, random_tokens, tiny_config, train
 from tools import hf
 from train import loss_scale

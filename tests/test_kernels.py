@@ -7,7 +7,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import CPU_DEVICES
-from config.schema import dimension_is_split
+from schema import dimension_is_split
 from models.kernels import attention, common, decode, elementwise, lookups, matmul
 from models.kernels.loss import cross_entropy_and_log_z
 

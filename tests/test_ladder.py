@@ -14,7 +14,7 @@ import pytest
 
 from workspace import TOKENIZER, make_workspace
 
-from loading.config import load_config, replace
+from config import load_config, replace
 from ladder import cli as ladder_cli
 from ladder import fit as ladder_fit
 from ladder import plan as ladder_plan
@@ -136,10 +136,10 @@ def test_plan_agrees_with_dry_run_on_each_sizes_config(tmp_path, capsys):
 def test_a_trunks_branch_points_survive_rotation_and_copy_whole(tmp_path):
     """A CheckpointWriter keeping one checkpoint (keep_checkpoint_max 1) with step 2 among its keep_checkpoint_steps:
     after saves at steps 1 to 4, steps 2 and 4 are left (2 unlisted in the state file, as an hours-kept one is), and
-    runtime/checkpoints.copy puts step 2 into another model_path as a checkpoint that holds the same values and is
+    modelpath/checkpoints.copy puts step 2 into another model_path as a checkpoint that holds the same values and is
     restorable there. (Bug: _rotate deleting a keep step, `if old in self.keep_steps` dropped.)"""
     import tensorflow.compat.v1 as tf
-    from runtime import checkpoints
+    from modelpath import checkpoints
     trunk, branch = str(tmp_path / "trunk"), str(tmp_path / "branch")
     with tf.Graph().as_default(), tf.Session() as session:
         weight = tf.get_variable("w", initializer=tf.zeros([3]))

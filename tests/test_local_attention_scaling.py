@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from runtime import meshes
-from runtime.devices import Placement
+from execution import meshes
+from devices.placement import Placement
 from tiny import tiny_config
 from train.step import training_step
 

@@ -6,10 +6,10 @@ import os
 import pytest
 
 import main
-from loading.config import load_config, replace
+from config import load_config, replace
 from plan import dry_run, memory_check
-from runtime.cluster import ClusterPlacement
-from runtime.devices import Placement
+from devices.cluster import ClusterPlacement
+from devices.placement import Placement
 from tiny import tiny_config
 from workspace import REPO, make_workspace
 
@@ -202,7 +202,7 @@ def test_gpus_are_compared_with_their_free_memory(monkeypatch):
 
     # nvidia-smi's indices through CUDA_VISIBLE_DEVICES; with --gpu_memory FRACTION that share of the total (this
     # process reserved it), else the free memory plus what this process holds already
-    from runtime import gpus
+    from devices import gpus
     smi = {0: (80 * GIB, 70 * GIB, 1 * GIB), 3: (40 * GIB, 10 * GIB, 2 * GIB)}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,0")
     names = ("/device:GPU:0", "/device:GPU:1")

@@ -4,8 +4,8 @@ import pytest
 import tensorflow as tf
 
 from data.mlm import mask_dataset, mask_tokens, unmaskable_ids
-from config.schema import ConfigError
-from loading.config import replace
+from schema import ConfigError
+from config import replace
 from tiny import compute_logits, compute_losses, devices_for, random_tokens, tiny_config
 
 PAD, MASK, CLS, SEP = 0, 63, 61, 62

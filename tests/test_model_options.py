@@ -5,7 +5,7 @@ relative positions, micro-batching, bf16, recompute, z-loss, MLM masking and los
 import numpy as np
 import pytest
 
-from loading.config import replace
+from config import replace
 from tiny import compute_logits, compute_losses, devices_for, random_tokens, run_training, tiny_config
 
 MOE = dict(moe_layers=[1], moe_params={"moe_num_experts": 4})

@@ -15,9 +15,9 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
-from loading.config import load_config, replace
-from runtime import checkpoints
-from runtime.lock import LOCK, LockedError, TrainerLock, read
+from config import load_config, replace
+from modelpath import checkpoints
+from modelpath.lock import LOCK, LockedError, TrainerLock, read
 from tiny import compute_logits, devices_for, random_tokens
 from workspace import make_workspace, run_main_in_process, start_main, wait_for_line
 

@@ -13,8 +13,8 @@ from ports import loopback_ports
 import tensorflow.compat.v1 as tf
 
 import main
-from runtime import cluster as cluster_lib
-from runtime.devices import DeviceError, Placement
+from devices import cluster as cluster_lib
+from devices.placement import DeviceError, Placement
 from workspace import make_workspace, start_main
 
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],

@@ -10,7 +10,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import CPU_DEVICES
-from loading.config import replace
+from config import replace
 from models.kernels import common
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config
 from train import loop

@@ -1,11 +1,11 @@
-"""One device's peak FLOP/s for MFU (runtime/peaks.py): the measured matmul chain (its dtype, its device, a
+"""One device's peak FLOP/s for MFU (devices/peaks.py): the measured matmul chain (its dtype, its device, a
 plausible rate on this CPU), the datasheet table by the name TensorFlow reports, and which one a placement gets."""
 import pytest
 import tensorflow as tf
 
 from conftest import CPU_DEVICES
-from runtime import peaks
-from runtime.devices import Placement
+from devices import peaks
+from devices.placement import Placement
 from test_tpu import fake_placement
 
 

@@ -16,10 +16,10 @@ from models import flops
 from models.kernels import attention
 from plan import model_graph
 from plan import dry_run as plan
-from loading.config import load_config, replace
-from config.schema import CONFIG_DIR, ConfigError, num_microbatches
-from runtime import meshes
-from runtime.devices import Placement
+from config import load_config, replace
+from schema import CONFIG_DIR, ConfigError, num_microbatches
+from execution import meshes
+from devices.placement import Placement
 from tiny import random_tokens, tiny_config, train
 from train import step as train_step
 from train.optimizer import AssignIf

@@ -1,4 +1,4 @@
-"""The precision per device (runtime/precision.py): bfloat16 under "auto" only on CPUs with bf16 matrix units, an
+"""The precision per device (devices/precision.py): bfloat16 under "auto" only on CPUs with bf16 matrix units, an
 explicit precision kept with a warning where it is the slower one, the CPU's flags read from /proc/cpuinfo, the
 training start-up line naming the precision that trained; and the one rule every job follows: --eval, the
 evaluations during training, the harness, --predict and --export run in training's precision for the device (or
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from loading.config import load_config
-from runtime import precision
-from runtime.devices import Placement
+from config import load_config
+from devices import precision
+from devices.placement import Placement
 from train import job
 
 from conftest import CPU_DEVICES
@@ -101,7 +101,7 @@ def forced_cpu(monkeypatch, flags):
 def test_every_job_resolves_the_precision_by_the_one_rule(asked, eval_precision, kind, flags, trains, runs,
                                                           monkeypatch, capsys):
     """Training's precision and the one the jobs running the trained model use (--eval, the evaluations after
-    each checkpoint, the harness, --predict, --export) come from runtime/precision.py: the same resolution of
+    each checkpoint, the harness, --predict, --export) come from devices/precision.py: the same resolution of
     "auto" for the same device, float32 where eval_precision asks; resolving training's config again (what
     training hands its evaluations) changes nothing. One line says so where something other than float32 was
     resolved, or float32 asked over it.
@@ -146,7 +146,7 @@ def test_eval_gives_the_numbers_the_evaluation_during_training_gave(tmp_path, mo
     harness's model resolving its own way, rows or lines without the precision, eval_precision not reaching
     --eval."""
     from evals import validation
-    from loading.config import replace
+    from config import replace
     from workspace import REPO, run_main_in_process
     forced_cpu(monkeypatch, flags)
     (tmp_path / "lambada.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in (

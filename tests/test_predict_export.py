@@ -9,8 +9,8 @@ import pytest
 
 from data.tokenizer import load_tokenizer
 from infer.export import export_saved_model
-from loading.config import load_config
-from config.schema import ConfigError
+from config import load_config
+from schema import ConfigError
 from tiny import compute_logits, devices_for
 from workspace import TOKENIZER, copy_workspace, run_main_in_process as run_main, run_python
 

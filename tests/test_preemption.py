@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import main
-from loading.config import replace
-from runtime import checkpoints
-from runtime.preemption import StopOnSignal
+from config import replace
+from modelpath import checkpoints
+from execution.preemption import StopOnSignal
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
 from train import loop
 from workspace import make_workspace, start_main, wait_for_line
@@ -214,13 +214,13 @@ def test_sigterm_to_a_worker_of_two_hosts_makes_the_chief_save_and_both_resume_e
         np.testing.assert_allclose(value, straight_weights[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-# A process that forks a pool of workers inside one of runtime/preemption.py's handlers (argv[1] names it), as
+# A process that forks a pool of workers inside one of execution/preemption.py's handlers (argv[1] names it), as
 # lm-eval's bootstrap does inside main.py's terminate_with_a_line or a training run's evaluation: the workers are
 # busy when the pool is ended, so each of them gets the pool's SIGTERM. preemption.py is read as a file (it
 # imports nothing of the project), so the process starts without TensorFlow.
 FORKED_POOL = r'''
 import importlib.util, multiprocessing, sys, time
-spec = importlib.util.spec_from_file_location("preemption", "runtime/preemption.py")
+spec = importlib.util.spec_from_file_location("preemption", "execution/preemption.py")
 preemption = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(preemption)
 handlers = {"terminate_with_a_line": preemption.terminate_with_a_line, "StopOnSignal": preemption.StopOnSignal,

@@ -1,15 +1,15 @@
-"""The names a config may use come from the registries that define them (loading/config.py checks them):
+"""The names a config may use come from the registries that define them (config.py checks them):
 an optimizer, a learning-rate decay or a sampling mode added to its registry is accepted by the config with no
 other change, and an unknown name is one error naming the registered ones."""
 import pytest
 import tensorflow.compat.v1 as tf
 
-from loading.config import config_from_dict, replace
-from config.schema import ConfigError
+from config import config_from_dict, replace
+from schema import ConfigError
 from data import inputs
 from models import gpt
-from runtime import checkpoints
-from runtime.checkpoints import CheckpointError
+from modelpath import checkpoints
+from modelpath.checkpoints import CheckpointError
 from tiny import random_tokens, tiny_config, train
 from models import optimizers
 

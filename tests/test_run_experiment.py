@@ -78,7 +78,7 @@ def test_plot_runs_draws_loss_against_tokens_and_compute_with_the_frontier(track
     root, model, result = tracked
     assert result.returncode == 0, result.stderr
     from tools.plot_runs import PFLOP_DAY, plot
-    from tools.runs import read_scalars
+    from modelpath.events import read_scalars
 
     out = plot([str(root / "run"), str(root / "run")], str(tmp_path), labels=["a", "b"])
     assert sorted(os.path.basename(f) for f in out["files"]) == ["loss_vs_compute.png", "loss_vs_tokens.png"]

@@ -4,8 +4,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from config.schema import option
-from loading.config import replace
+from schema import option
+from config import replace
 from models.attention import ATTENTION, FULL_RECOMPUTE
 from models.sampling import SamplingOptions, incremental_unsupported, uses_cache
 from tiny import (checkpoint_of_order_one_weights, compute_logits, devices_for, random_tokens, run_predict,

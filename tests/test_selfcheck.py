@@ -11,7 +11,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
-from runtime import peaks
+from devices import peaks
 from selfcheck import job
 from selfcheck.job import Run, Tolerance, judge
 from train import loop, objective, step
@@ -52,7 +52,7 @@ def reference_trained_once_per_precision(monkeypatch):
     """The CPU reference (one device) is the same run in every test of a precision: what the tests break is the
     devices' mesh only. It is trained by the check itself the first time and reused after (keyed by its config
     without model_path, and the data), which saves one training in each failing-check test. So is the devices'
-    peak (runtime/peaks.py measures it for half a second; keyed by the devices and the dtype)."""
+    peak (devices/peaks.py measures it for half a second; keyed by the devices and the dtype)."""
     train_and_time, device_peak = job.train_and_time, peaks.device_peak
 
     def reused(cfg, placement, data, **kwargs):

@@ -5,8 +5,8 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from models.kernels import attention
-from runtime import meshes
-from runtime.mesh_session import MeshSession
+from execution import meshes
+from execution.mesh_session import MeshSession
 from tiny import placement_for, random_tokens, tiny_config
 from train.step import training_step
 

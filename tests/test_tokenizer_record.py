@@ -1,7 +1,7 @@
-"""runtime/tokenizer_record.py: a model_path records which tokenizer encoded the data its checkpoints trained on
+"""modelpath/tokenizer_record.py: a model_path records which tokenizer encoded the data its checkpoints trained on
 (tokenizer_id.json), so a model trained from scratch, whose config names no tokenizer of its own, cannot be
 resumed, evaluated or sampled with another tokenizer's data; and the end-of-text id is part of what is compared
-(config/schema.py's TokenizerId.matches and check_tokenizer_ids)."""
+(schema.py's TokenizerId.matches and check_tokenizer_ids)."""
 import dataclasses
 import json
 import os
@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 import corpus
-from loading.config import load_config
-from config.schema import ConfigError, parse_tokenizer_id
+from config import load_config
+from schema import ConfigError, parse_tokenizer_id
 from data.create_tfrecords import create_tfrecords, write_dataset_config
 from data.tokenizer import load_tokenizer
-from runtime import checkpoints, tokenizer_record
+from modelpath import checkpoints, tokenizer_record
 from workspace import TOKENIZER, copy_workspace, run_main_in_process as run_main
 
 STDLIB = load_tokenizer(TOKENIZER).tokenizer_id  # the workspace's data's tokenizer (end-of-text 0)

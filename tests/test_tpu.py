@@ -17,10 +17,11 @@ import tensorflow.compat.v1 as tf
 from plan import model_graph
 from evals import validation
 from infer import run
-from runtime import runner, tpu
+from execution import runner
+from devices import tpu
 from train import loop as training_loop
-from runtime.devices import Placement
-from config.schema import ConfigError
+from devices.placement import Placement
+from schema import ConfigError
 from tiny import tiny_config
 
 PODS = {"v3-8": ([2, 2, 1, 2], 8), "v3-32": ([4, 4, 1, 2], 8), "v3-512": ([16, 16, 1, 2], 8)}
@@ -193,7 +194,7 @@ def test_evaluation_and_prediction_loops_on_a_two_host_pod():
 
 
 def test_the_loop_runs_at_most_its_count_per_call_and_sets_the_count_only_when_it_changes():
-    """runtime/tpu.py's LoopSteps.run (training's calls up to a checkpoint, evaluation's one call): each session
+    """devices/tpu.py's LoopSteps.run (training's calls up to a checkpoint, evaluation's one call): each session
     call runs at most steps_per_call iterations of the compiled loop, and the count variable is assigned only when
     a call's count differs from the last one's. Bugs caught: all the steps asked for in one call (more than the
     loop was built for), the count left as it was before a shorter call."""

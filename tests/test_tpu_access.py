@@ -1,5 +1,5 @@
 """--tpu local|colab|NAME|grpc://: which TPU is meant and the one line on what is missing, decided from gathered
-facts (runtime/tpu_access.py), and main.py's answer on this machine, which has no TPU: one error line each, in
+facts (devices/tpu_access.py), and main.py's answer on this machine, which has no TPU: one error line each, in
 bounded time, no traceback."""
 import socket
 import time
@@ -7,9 +7,9 @@ import time
 import pytest
 
 import main
-from runtime import tpu_access
-from runtime.errors import DeviceError
-from runtime.tpu_access import Target, TpuFacts, target, tpu_problem
+from devices import tpu_access
+from devices.errors import DeviceError
+from devices.tpu_access import Target, TpuFacts, target, tpu_problem
 
 TPU_VM = TpuFacts(tensorflow="tensorflow-tpu", tensorflow_version="2.20.0", libtpu="0.0.52", tpu_device_files=4,
                   accelerator_type="v4-8")
@@ -90,14 +90,14 @@ def test_main_gives_one_error_line_for_each_tpu_on_a_machine_without_one(tpu, ca
 
 
 def test_cpu_meshes_take_plain_kernels_where_tensorflow_has_no_xla_cpu(monkeypatch, capsys):
-    from runtime import devices
-    from runtime.devices import Placement
-    assert devices.xla_cpu_problem() is None  # this TensorFlow compiles for the CPU
+    from devices import placement
+    from devices.placement import Placement
+    assert placement.xla_cpu_problem() is None  # this TensorFlow compiles for the CPU
     cpu = Placement(devices=("/device:CPU:0",))
     assert cpu.start_up().kernels == "xla"
     # tensorflow-tpu 2.20: no XLA:CPU (its error, as it reads)
     monkeypatch.setattr(tpu_access, "tensorflow_distribution", lambda: ("tensorflow-tpu", "2.20.0"))
-    monkeypatch.setattr(devices, "xla_cpu_problem", lambda: "could not find registered transfer manager for "
+    monkeypatch.setattr(placement, "xla_cpu_problem", lambda: "could not find registered transfer manager for "
                                                             "platform Host -- check target linkage")
     assert cpu.start_up().kernels == "plain"
     assert "XLA cannot compile for the CPU in tensorflow-tpu" in capsys.readouterr().err

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from loading.config import replace
-from runtime import checkpoints, runner
+from config import replace
+from modelpath import checkpoints
+from execution import runner
 from train import loop
 from train.divergence import Diverged
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
@@ -184,7 +185,7 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exa
 
 
 def test_a_non_finite_loss_inside_a_call_of_several_steps_names_its_own_step(tmp_path, monkeypatch):
-    """On a TPU one session call runs `iterations` steps (runtime/tpu.py's LoopSteps); the steps of CPU devices
+    """On a TPU one session call runs `iterations` steps (devices/tpu.py's LoopSteps); the steps of CPU devices
     run three per call stand in for it here. lr 1e30: step 1's update leaves weights of order 1e30 and step 2's loss is
     not finite. The run stops at step 2, the middle of the call, and saves nothing (no model.ckpt-3 after the
     call). Bug caught: checking only each call's last step (the error would name step 3)."""
@@ -207,7 +208,7 @@ def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evalu
     not restoring the kept session (stale weights: every checkpoint gets the first one's loss), MeshSession.restore
     not copying the restored masters to the slices, and Predictor.restore leaving a kept session at its old
     checkpoint."""
-    from loading.config import load_config
+    from config import load_config
     from evals import validation
     from infer import run
     from train import progress

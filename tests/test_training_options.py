@@ -7,13 +7,13 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from data.mlm import mask_dataset, mask_tokens
-from runtime import checkpoints
+from modelpath import checkpoints
 from evals import validation
 from train import loop
-from runtime.summaries import summary_writer
+from modelpath.events import summary_writer
 from train.progress import TrainingLog
-from config.schema import ConfigError, num_microbatches
-from loading.config import replace
+from schema import ConfigError, num_microbatches
+from config import replace
 from models import flops
 from tiny import (compute_logits, compute_losses, devices_for, fixed_batches, placement_for,
                   random_tokens, run_predict, run_training, tiny_config)

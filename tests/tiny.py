@@ -9,14 +9,15 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from loading.config import config_from_dict, replace
-from config.schema import GPTConfig
+from config import config_from_dict, replace
+from schema import GPTConfig
 from infer.run import predict
 from models import gpt
-from runtime import checkpoints, meshes, runner
-from runtime.devices import Placement
-from runtime.runner import fixed_batches  # noqa: F401  (the tests' batches: tiny.fixed_batches)
-from runtime.mesh_session import MeshSession
+from modelpath import checkpoints
+from execution import meshes, runner
+from devices.placement import Placement
+from execution.runner import fixed_batches  # noqa: F401  (the tests' batches: tiny.fixed_batches)
+from execution.mesh_session import MeshSession
 from train import loop, objective
 from models.optimizers import slot_patterns
 

@@ -17,7 +17,7 @@ Both directions map GPT-Neo's variable names (the ones HF's own `load_tf_weights
     gpt2/ln_f/g|b                                        transformer.ln_f.weight|bias
 
 Only models GPTNeo can express convert: global/local attention, learned positions, LayerNorm, a plain MLP with
-an activation HF knows. Any other model option (MoE, rotary, GLU, ...; config/schema.py's option() fields) is
+an activation HF knows. Any other model option (MoE, rotary, GLU, ...; schema.py's option() fields) is
 refused with the option's name; training settings (precision, recompute_grad, tokens_per_mb_per_replica, the
 optimizer's) do not change the model and are no obstacle.
 
@@ -52,16 +52,17 @@ from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __name__ == "__main__":  # TF's C++ start-up chatter off the console
-    from console import quiet_tensorflow
+    from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
 
 import numpy as np  # noqa: E402
 
 from models import gpt  # noqa: E402  (first: the models package makes mesh-tensorflow importable)
-from console import ArgumentParser  # noqa: E402
-from runtime import checkpoints, tokenizer_record  # noqa: E402
-from loading.config import config_from_dict, dataset_registry_for, load_config, read_json, replace  # noqa: E402
-from config.schema import ConfigError, GPTConfig  # noqa: E402
+from console.arguments import ArgumentParser  # noqa: E402
+from modelpath import checkpoints, tokenizer_record  # noqa: E402
+from config import config_from_dict, dataset_registry_for, load_config, replace  # noqa: E402
+from schema import read_json  # noqa: E402
+from schema import ConfigError, GPTConfig  # noqa: E402
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded weights file's map of keys to shards
@@ -404,9 +405,9 @@ def write_checkpoint(cfg: GPTConfig, state: dict) -> str:
     a training checkpoint stores them, with the optimizer's slots and the step's own state); nothing is lowered
     and no mesh session opened, and the initializers of the weights state replaces are never run."""
     import tensorflow.compat.v1 as tf
-    from runtime import meshes
-    from runtime.devices import Placement
-    from runtime.mesh_session import checkpoint_saver, finiteness, save_finite
+    from execution import meshes
+    from devices.placement import Placement
+    from execution.mesh_session import checkpoint_saver, finiteness, save_finite
     from train.step import build
 
     shapes = gpt.variable_shapes(cfg)
@@ -588,7 +589,7 @@ def from_hf(hf_dir: str, config_out: str, model_path: str, base_config: str = "d
     `own_text` encodes a folder of text with the model's tokenizer into a new dataset to train on. Needs no
     PyTorch."""
     from transformers import GPTNeoConfig
-    from loading.config import resolve_config_path
+    from schema import resolve_config_path
 
     config_path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(config_path):
@@ -634,7 +635,7 @@ NEO_MODEL_KEYS = ("n_layer", "n_embd", "n_head", "n_heads", "n_vocab", "n_ctx", 
 
 
 def neo_model_keys() -> tuple:
-    """NEO_MODEL_KEYS and every model option (config/schema.py's option() fields)."""
+    """NEO_MODEL_KEYS and every model option (schema.py's option() fields)."""
     import dataclasses
     return NEO_MODEL_KEYS + tuple(f.name for f in dataclasses.fields(GPTConfig) if f.metadata.get("model_option"))
 
@@ -648,7 +649,7 @@ def from_neo(neo_dir: str, config_out: str, model_path: str, tokenizer_dir: str,
     release ships no tokenizer: tokenizer_dir is a folder with GPT-2's files (a released HF GPT-Neo folder has
     them), recorded as the model's."""
     import tensorflow.compat.v1 as tf
-    from loading.config import resolve_config_path
+    from schema import resolve_config_path
 
     config_path = os.path.join(neo_dir, "config.json")
     if not os.path.isfile(config_path):

@@ -23,8 +23,8 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from console import ArgumentParser  # noqa: E402
-from tools.runs import read_run_info, read_scalars  # noqa: E402
+from console.arguments import ArgumentParser  # noqa: E402
+from modelpath import events, run_info  # noqa: E402
 
 PFLOP_DAY = 1e15 * 86400
 FRONTIER_SCALE, FRONTIER_EXPONENT = 2.57, -0.048
@@ -41,13 +41,13 @@ def frontier(pflop_days: np.ndarray) -> np.ndarray:
 
 def run_numbers(model_path: str, model: str | None = None) -> dict:
     """tokens_per_step and flops_per_token of a run, from its run_info.json or from --model's config."""
-    info = read_run_info(model_path)
+    info = run_info.read(model_path)
     if info is not None and not {"tokens_per_step", "flops_per_token"} <= set(info):
         info = None  # written by a damaged or foreign run_info.json: as good as none
     if info is None and model:
-        from loading.config import load_config
-        from tools.runs import run_info
-        info = run_info(load_config(model))
+        from config import load_config
+        from train.job import run_description
+        info = run_description(load_config(model))
     if info is None:
         raise PlotError(f"{model_path} has no usable run_info.json (main.py writes it when training starts): "
                         f"train it with this version, or pass --model CONFIG to plot_runs.py")
@@ -59,7 +59,7 @@ def load_run(model_path: str, model: str | None = None) -> dict:
     if not os.path.isdir(model_path):
         raise PlotError(f"{model_path} is not a folder: pass the model_path of a training run")
     numbers = run_numbers(model_path, model)
-    scalars = read_scalars(model_path)
+    scalars = events.read_scalars(model_path)
     if not scalars.get("loss"):
         raise PlotError(f"{model_path} has no 'loss' scalars in its TensorBoard event files: train it first")
 
@@ -70,8 +70,8 @@ def load_run(model_path: str, model: str | None = None) -> dict:
                 "loss": np.array([v for _, v in points], dtype=np.float64)}
 
     run = {"model_path": model_path, **numbers, "train": series(scalars["loss"])}
-    eval_loss = read_scalars(os.path.join(model_path, "eval")).get("loss") if os.path.isdir(
-        os.path.join(model_path, "eval")) else None
+    eval_folder = events.folder(model_path, evaluation=True)
+    eval_loss = events.read_scalars(eval_folder).get("loss") if os.path.isdir(eval_folder) else None
     if eval_loss:
         run["eval"] = series(eval_loss)
     return run

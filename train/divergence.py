@@ -7,7 +7,7 @@ Two checks, both off the step's critical path:
   only to stop the run a few microseconds later anyway. float16's loss scaling is left to do its job: a step
   whose gradients overflowed at a scale above 1 updated nothing and halved the scale (train/loss_scale.py); at
   a scale of 1 halving cannot help, and the run stops.
-- at every save, on the weights themselves (runtime/mesh_session.py refuses to write a checkpoint holding inf
+- at every save, on the weights themselves (execution/mesh_session.py refuses to write a checkpoint holding inf
   or NaN: one pass over the variables per checkpoint, beside the save's own write of them): an update can
   make the weights non-finite while its loss and gradient norm were finite (an lr that overflows float32),
   and the step that would show it comes after the save.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from config.schema import ConfigError, GPTConfig
-from runtime import checkpoints
+from schema import ConfigError, GPTConfig
+from modelpath import checkpoints
 
 CHECKED = ("loss", "objective", "grad_norm")  # train/step.py's outputs that must be finite
 

@@ -6,20 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from config.schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig
 from data.inputs import DatasetSource, check_train_sources, train_dataset
 from data.mlm import mask_dataset
 from evals import harness
 from evals.at_checkpoints import Evaluations
-from models import gpt
-from runtime import checkpoints
-from runtime.devices import Placement
-from runtime.lock import TrainerLock
-from runtime.peaks import Peak
-from runtime import precision
+from models import flops, gpt
+from modelpath import checkpoints
+from devices.placement import Placement
+from modelpath.lock import TrainerLock
+from devices.peaks import Peak
+from devices import precision
 from train import loop
 from models.optimizers import slot_patterns
-from runtime.summaries import summary_writer
+from modelpath.events import summary_writer
 from train.progress import TrainingLog
 
 
@@ -27,9 +27,21 @@ from train.progress import TrainingLog
 class TrainOptions:
     """This run's own settings (cli/train_flags.py fills them from --peak_tflops and --log_every); the rest is
     the config's."""
-    peak_tflops: Optional[float] = None  # one device's peak for MFU; default: datasheet or measured (runtime/peaks)
+    peak_tflops: Optional[float] = None  # one device's peak for MFU; default: datasheet or measured (devices/peaks)
     log_every: Optional[int] = None      # progress line every N steps; default: min(iterations, 50)
     checkpoint_minutes: Optional[float] = None  # also save whenever this many minutes passed since the last save
+
+
+def run_description(cfg: GPTConfig) -> dict:
+    """What model_path/run_info.json records of a run (modelpath/run_info.py keeps the file): the model's shape,
+    tokens per step and model FLOPs per token (models/flops.py), and what it trained with."""
+    return {
+        "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_ctx": cfg.n_ctx,
+        "n_vocab": cfg.n_vocab, "attention_types": list(cfg.attention_types),
+        "train_batch_size": cfg.train_batch_size, "tokens_per_step": cfg.train_batch_size * cfg.n_ctx,
+        "flops_per_token": flops.training_flops_per_token(cfg), "parameters": flops.parameter_count(cfg)["total"],
+        "precision": cfg.precision, "train_steps": cfg.train_steps, "lr": cfg.lr, "warmup_steps": cfg.warmup_steps,
+    }
 
 
 def dataset_sources(cfg: GPTConfig) -> list[DatasetSource]:
@@ -74,7 +86,7 @@ def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = T
     # The harness's tasks are checked before the first step, not found wrong after the first checkpoint.
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
     prepared = harness.prepare(harness_options, cfg) if cfg.harness_tasks else None
-    with TrainerLock(cfg.model_path):  # one trainer per model_path (runtime/lock.py)
+    with TrainerLock(cfg.model_path):  # one trainer per model_path (modelpath/lock.py)
         return _train_locked(cfg, placement, options, on_start, harness_options, prepared)
 
 
@@ -91,7 +103,7 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
               f"(raise train_steps or pass --new)")
         return start
     # "auto" becomes this device's precision (bfloat16 only on CPUs with bf16 matrix units); an explicit one stays.
-    # The evaluations after each checkpoint are handed this config (their precision: runtime/precision.py).
+    # The evaluations after each checkpoint are handed this config (their precision: devices/precision.py).
     cfg, note = precision.for_training(cfg, placement)
     sources = dataset_sources(cfg)
     # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices

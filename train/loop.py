@@ -1,10 +1,10 @@
 """The training loop (the project's own, in place of TensorFlow's Estimator).
 
 It builds the training step (train/step.py) on the mesh, opens a session that restores model_path's latest
-checkpoint (or initialises the variables from their seeds; runtime/mesh_session.py) and runs steps from the
+checkpoint (or initialises the variables from their seeds; execution/mesh_session.py) and runs steps from the
 input pipeline, positioned at the restored step so that a resumed run sees exactly the batches an
 uninterrupted one would. It saves a checkpoint every `steps_per_checkpoint` steps, at each of
-`keep_checkpoint_steps` (never rotated away) and at the end (runtime/checkpoints.py: atomic, rotated), prints
+`keep_checkpoint_steps` (never rotated away) and at the end (modelpath/checkpoints.py: atomic, rotated), prints
 progress and writes TensorBoard scalars (train/progress.py).
 After each of those saves (not the ones `checkpoint_minutes` adds, nor one made to stop) the callbacks given run
 with the checkpoint just written (`Callback.on_checkpoint`: train/job.py's evaluations), while the training
@@ -12,12 +12,12 @@ session stays open: one program and one session train the whole run.
 A non-finite loss or gradient norm stops the run at that step, and a checkpoint is never written with weights
 holding inf or NaN (train/divergence.py's Diverged, one line: the last checkpoint written is the newest).
 Ctrl-C or SIGTERM (a scheduler's preemption or time limit) stops after the current step with a checkpoint saved; a
-second one stops at once (the last checkpoint is intact either way; runtime/preemption.py). `checkpoint_minutes`
+second one stops at once (the last checkpoint is intact either way; execution/preemption.py). `checkpoint_minutes`
 also saves whenever that many minutes have passed since the last save (for long steps).
 
-The step runs on the placement through runtime/runner.py: on CPUs and GPUs (one host or several,
-runtime/cluster.py) one session call runs one step; with --tpu the SIMD mesh runs inside a replicated TPU loop,
-`iterations` steps per session call (runtime/tpu.py). Everything here is the same for all of them.
+The step runs on the placement through execution/runner.py: on CPUs and GPUs (one host or several,
+devices/cluster.py) one session call runs one step; with --tpu the SIMD mesh runs inside a replicated TPU loop,
+`iterations` steps per session call (devices/tpu.py). Everything here is the same for all of them.
 """
 from __future__ import annotations
 
@@ -29,10 +29,13 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
-from runtime import checkpoints, gpus, runner
-from runtime.devices import Placement
-from runtime.preemption import StopOnSignal, exit_code, name as signal_name
+from schema import GPTConfig
+from modelpath import checkpoints
+from devices import gpus
+from execution import op_listing
+from execution import runner
+from devices.placement import Placement
+from execution.preemption import StopOnSignal, exit_code, name as signal_name
 from models.optimizers import slot_patterns
 from train.divergence import Diverged, problem as nonfinite, weights_problem
 from train.progress import TrainingLog
@@ -73,7 +76,7 @@ clock = time.monotonic
 
 
 def training_program(cfg: GPTConfig, placement: Placement, batches: TrainBatches, start_step: int,
-                     on_placement: Optional[Callable[[gpus.PlacementReport], None]] = None) -> runner.Program:
+                     on_placement: Optional[Callable[[op_listing.PlacementReport], None]] = None) -> runner.Program:
     """The training step (train/step.py) on the placement, reading `batches` from `start_step` on: one step per
     session call, or `iterations` in a TPU's loop. On GPUs the first step lists the ops that ran on the CPU,
     printing the line; `on_placement(report)` asks for that listing on any placement but a TPU's (quiet off
@@ -87,14 +90,14 @@ def training_program(cfg: GPTConfig, placement: Placement, batches: TrainBatches
     return program
 
 
-# train()'s default checkpoint: model_path's newest that can be read (runtime/checkpoints.py's `restorable`).
+# train()'s default checkpoint: model_path's newest that can be read (modelpath/checkpoints.py's `restorable`).
 NEWEST = "newest"
 
 
 def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Optional[int] = None,
           log: Optional[TrainingLog] = None, on_step: Optional[Callable[[int, dict], None]] = None,
           on_open: Optional[Callable[[], None]] = None,
-          on_placement: Optional[Callable[[gpus.PlacementReport], None]] = None,
+          on_placement: Optional[Callable[[op_listing.PlacementReport], None]] = None,
           checkpoint: Optional[str] = NEWEST, checkpoint_minutes: Optional[float] = None,
           stop: Optional[StopOnSignal] = None, callbacks: Sequence[Callback] = ()) -> int:
     """Trains from model_path's latest checkpoint (or the seeded initial weights) to step `until` (default
@@ -102,14 +105,14 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
 
     `on_step(step, values)` sees each step's scalars (train/step.py's outputs); `on_open()` runs once the session
     is open, the checkpoint restored and found to fit the config, before training writes anything into model_path
-    (a job's own writes go there); `on_placement(report)` gets where the first step's ops ran (runtime/gpus.py's
+    (a job's own writes go there); `on_placement(report)` gets where the first step's ops ran (devices/gpus.py's
     PlacementReport, from that step's partition graphs; not on a TPU), see training_program.
     `checkpoint_minutes` saves also when that many minutes have passed since the last save (checked after each
     session call). `stop` is the signal watcher to use; by default the placement's (a multi-host chief's also
     stops when one of its workers got SIGTERM). `callbacks` run after each steps_per_checkpoint save (Callback).
 
     `checkpoint` is the prefix to start from, as the caller decided it (train/job.py), None for the seeded
-    initial weights, or NEWEST: model_path's newest that can be read (runtime/checkpoints.py's `restorable`: found
+    initial weights, or NEWEST: model_path's newest that can be read (modelpath/checkpoints.py's `restorable`: found
     by its files, one cut short skipped with a warning). The start removes the leftovers of interrupted saves and
     repairs the state file."""
     until = cfg.train_steps if until is None else until
@@ -134,7 +137,7 @@ def train(cfg: GPTConfig, placement: Placement, batches: TrainBatches, until: Op
         program.start(session)
         saved, saved_at = step, clock()
 
-        def save() -> None:  # weights holding inf or NaN are not written (runtime/mesh_session.py)
+        def save() -> None:  # weights holding inf or NaN are not written (execution/mesh_session.py)
             try:
                 session.save(writer, step)
             except checkpoints.NonFiniteWeights as e:

@@ -14,7 +14,7 @@ show S as `loss_scale` (a halving is a skipped step).
 The state is two variables beside the global step, `global_step/loss_scale` (float32, starting at
 `initial_loss_scale`) and `global_step/loss_scale_good_steps` (int64, finite steps since S last changed).
 Checkpoints hold them and a resumed run goes on with them; a checkpoint without them (trained in another
-precision, converted from HF, GPT-Neo's) starts them afresh (runtime/mesh_session.py's RESTORE_OPTIONAL).
+precision, converted from HF, GPT-Neo's) starts them afresh (execution/mesh_session.py's RESTORE_OPTIONAL).
 The names contain "global_step" because HF's `load_tf_weights_in_gpt_neo` skips exactly the names holding
 "global_step" or "adam"; tools/hf.py reads only the model's variables.
 
@@ -27,8 +27,8 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import ConfigError, GPTConfig
-from runtime.mesh_session import RESTORE_OPTIONAL
+from schema import ConfigError, GPTConfig
+from execution.mesh_session import RESTORE_OPTIONAL
 
 SCALE = "global_step/loss_scale"
 GOOD_STEPS = "global_step/loss_scale_good_steps"

@@ -16,7 +16,7 @@ from typing import Optional
 import mesh_tensorflow as mtf
 
 from models import gpt
-from config.schema import GPTConfig, num_microbatches
+from schema import GPTConfig, num_microbatches
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def losses_and_gradients(inputs: mtf.Tensor, labels: mtf.Tensor, cfg: GPTConfig,
     train/loss_scale.py) the gradients are those of the objective times it; the losses are not scaled."""
     graph = inputs.graph
     weights = gpt.loss_weights(labels, cfg)
-    k = num_microbatches(cfg, dims.batch.size)  # config/schema.py: mesh-tensorflow's rule
+    k = num_microbatches(cfg, dims.batch.size)  # schema.py: mesh-tensorflow's rule
     if k == 1:
         result = losses(inputs, labels, cfg, dims, train=True, weights=weights)
         variables = graph.trainable_variables

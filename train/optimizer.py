@@ -9,7 +9,7 @@ from __future__ import annotations
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models.kernels.matmul import matmul
 from models.optimizers import make_optimizer
 

@@ -5,7 +5,7 @@
 Throughput is measured between printed lines; the first step of a session (graph building, the first run's
 compilation) is printed but not timed. tok/s is the whole mesh's; model FLOPs are models/flops.py's per token,
 and the FLOP/s shown is per device: the mesh's model FLOP/s divided by its cfg.n_devices devices. MFU divides
-that by one device's peak FLOP/s (`--peak_tflops`, or runtime/peaks.py's at start). TensorBoard gets loss,
+that by one device's peak FLOP/s (`--peak_tflops`, or devices/peaks.py's at start). TensorBoard gets loss,
 learning_rate, grad_norm (and moe_loss; float16's loss_scale; with `log_grads`, grad_norm/<variable>) every
 `every` steps with the throughput numbers, in model_path; evaluation results go to model_path/eval.
 """
@@ -18,9 +18,9 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models import flops
-from runtime.summaries import write_scalars
+from modelpath.events import write_scalars
 
 LOGGED = ("loss", "learning_rate", "grad_norm", "moe_loss", "loss_scale")  # the step's scalars for TensorBoard
 SHOWN = ("moe_loss",)                                        # extra scalars on the progress line

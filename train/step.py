@@ -10,10 +10,10 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models import gpt
 from models.optimizers import learning_rate
-from runtime import meshes
+from execution import meshes
 from train import loss_scale, objective
 from train.optimizer import apply_gradients, sum_of_squares, updates_then_step
 

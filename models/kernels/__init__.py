@@ -15,6 +15,6 @@ values and gradients on split layouts. Callers import the module they use:
 
 A kernel that needs a dimension whole on each device (the embedding, cross-entropy and softmax reduce or look
 up over one) takes whether the layout splits it as an argument (`split`, `memory_split`, ...); callers work
-that out from the config (`config.schema.dimension_is_split`), and a split dimension keeps mtf's formulation,
+that out from the config (`schema.dimension_is_split`), and a split dimension keeps mtf's formulation,
 which reduces across devices. The kernels take tensors, dimensions and flags, never the config.
 """

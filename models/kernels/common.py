@@ -41,8 +41,8 @@ def stored(y, dtype):
 XLA_MIN_ELEMENTS = 1 << 14
 
 # The fused kernels' path: XLA-compiled (the default) or plain TF ops (the same Python bodies, op by op), for
-# devices where XLA cannot compile (XLA:GPU without ptxas/libdevice: runtime/gpus.py probes it at start-up) or when
-# forced (main.py --plain_kernels). It is a value given where a graph is built: runtime/runner.py builds a job's
+# devices where XLA cannot compile (XLA:GPU without ptxas/libdevice: devices/gpus.py probes it at start-up) or when
+# forced (main.py --plain_kernels). It is a value given where a graph is built: execution/runner.py builds a job's
 # step inside `kernels(placement.kernels)`, and each kernel reads it while the step is built and lowered. Outside
 # any such block (the kernels' own tests, graphs built by hand) the kernels compile with XLA.
 KERNEL_PATHS = ("xla", "plain")

@@ -33,7 +33,7 @@ def cross_entropy_and_log_z(logits: mtf.Tensor, labels: mtf.Tensor, vocab: mtf.D
     """logits [..., vocab] (any float dtype: computed in fp32), labels [...] int -> (log Z - logits[label], log Z),
     each [...] in fp32; the logits' gradient is in their dtype.
 
-    The vocabulary must be whole on each device (callers check config.schema.dimension_is_split(cfg,
+    The vocabulary must be whole on each device (callers check schema.dimension_is_split(cfg,
     "vocab"), and a split vocabulary keeps mtf's formulation)."""
     rest = logits.shape - vocab
     if logits.shape.dims[-1] != vocab:

@@ -13,18 +13,15 @@ stderr, so it stays in order with stdout. A separate process, not a thread, so t
 still arrive after this process is gone.
 
 Set GPT_NEO_TF_LOGS=1 to see TensorFlow's lines unfiltered.
-
-The command lines' parser (`ArgumentParser`) is here too: its errors are console lines in the project's form.
 """
 from __future__ import annotations
 
-import argparse
 import atexit
-import math
 import os
-import platform
 import subprocess
 import sys
+
+from console.environment import runtime_defaults
 
 # Lines dropped. C++ INFO and WARNING lines of TensorFlow/XLA/absl (absl's "I1123 12:00:00.123 123 file.cc:45]"
 # and TF's older "2026-11-23 12:00:00.123: I file.cc:45]"), and the start-up ERROR lines that are not errors.
@@ -83,35 +80,6 @@ out.flush()
 _installed = None
 
 
-CUDA_CACHE_BYTES = 4 << 30  # the CUDA JIT cache: TensorFlow's kernels JIT-compiled from PTX, kept for later runs
-
-
-def runtime_defaults(environ=os.environ, tpu_device_files: int | None = None, system: str | None = None,
-                     machine: str | None = None) -> None:
-    """Environment defaults TensorFlow and the accelerator runtimes read when TensorFlow loads (a value the user
-    set is kept):
-    * TF_ENABLE_ONEDNN_OPTS=1 on x86-64 Linux: TensorFlow's CPU matmuls through oneDNN. TensorFlow turns it on by
-      itself only on CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX (tensorflow/core/util/util.cc,
-      IsMKLEnabled); elsewhere (AVX2 CPUs: most AMD EPYC and older Xeon VMs, laptops) its fp32 matmuls take
-      Eigen's kernels, which ran this model's products with 2048- and 8192-column outputs at 40-70% of the rate
-      oneDNN reaches, and training 1.3x slower (2-core AMD EPYC, AVX2; docs/measured.md, "What each change gave").
-    * CUDA_CACHE_MAXSIZE: on a GPU whose compute capability this TensorFlow build has no SASS for (e.g. an H100
-      with TF's compute_90 PTX), the driver JIT-compiles TF's kernels at start, for minutes; CUDA's default
-      256 MiB cache cannot keep them, and every new process would compile again.
-    * TPU_SKIP_MDS_QUERY=1 on a machine without TPU device files: libtpu (loaded by tensorflow-tpu) otherwise
-      asks the Google Cloud metadata server for the TPU's topology, 30 tries per value, before the import ends."""
-    system = system if system is not None else sys.platform
-    machine = machine if machine is not None else platform.machine()
-    if system.startswith("linux") and machine in ("x86_64", "AMD64"):
-        environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    environ.setdefault("CUDA_CACHE_MAXSIZE", str(CUDA_CACHE_BYTES))
-    if tpu_device_files is None:
-        import glob
-        tpu_device_files = len(glob.glob("/dev/accel*")) + len(glob.glob("/dev/vfio/[0-9]*"))
-    if not tpu_device_files:
-        environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-
-
 def quiet_tensorflow() -> None:
     """Filters this process's descriptor 2 (and its children's) from now on; call before importing TensorFlow.
     Also sets TF_CPP_MIN_LOG_LEVEL=2 for the lines TensorFlow still lets that variable govern, and the
@@ -158,45 +126,3 @@ def restore() -> None:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:  # a child still holds the pipe; the filter ends with it
         pass
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser with its own errors (a mistyped flag, a value of the wrong type, a missing required
-    flag) in the project's form: one `error:` line that names the fix, exit status 2. argparse's default
-    prints the whole usage block and `PROG: error: ...` instead."""
-
-    def error(self, message: str):
-        command = self.prog if self.prog.startswith("python") else f"python {self.prog}"
-        self.exit(2, f"error: {message}: fix the command line (`{command} --help` lists the flags)\n")
-
-
-def whole_number(minimum: int):
-    """An argparse type: a whole number >= minimum, with a message that says so."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"takes a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    parse.__name__ = f"whole number >= {minimum}"
-    return parse
-
-
-def number_above(bound: float, inclusive: bool = False):
-    """An argparse type: a finite number more than `bound` (at least it, inclusive). float() reads "nan" and
-    "inf" too: `--peak_tflops -5` printed MFU -0.4%, and no comparison refuses NaN."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"takes a number, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"takes a finite number, got {text!r}")
-        if value < bound or (value == bound and not inclusive):
-            raise argparse.ArgumentTypeError(f"must be {'at least' if inclusive else 'more than'} {bound:g}, got "
-                                             f"{value:g}")
-        return value
-    parse.__name__ = f"number {'>=' if inclusive else '>'} {bound:g}"
-    return parse

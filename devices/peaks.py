@@ -5,7 +5,7 @@ number of mesh devices and then by this).
   table knows: the dense (no sparsity) tensor-core peak of NVIDIA's datasheet for the training dtype. float32
   counts as TF32 where TensorFlow runs float32 matmuls in TF32
   (`tf.config.experimental.tensor_float_32_execution_enabled()`): TensorFlow's default on Ampere and newer, which
-  the GPU start-up turns off unless the config's allow_tf32 asks for it (runtime/gpus.py's `set_tf32`).
+  the GPU start-up turns off unless the config's allow_tf32 asks for it (devices/gpus.py's `set_tf32`).
 * Any other device and dtype: measured. A chain of matmuls in the training dtype, placed on the device itself,
   runs as one graph-session call (the path the model's einsums take) and is reduced to one scalar, so the
   session call returns only when every matmul is done and the copy back is a few bytes; the first call
@@ -114,7 +114,7 @@ def gpu_name(index: int) -> Optional[str]:
 
 def device_peak(placement, dtype: str, config=None, seconds: float = 1.0) -> Peak:
     """One mesh device's peak FLOP/s in `dtype` for a placement mesh (its first device stands for all: a mesh
-    runs on devices of one kind); a TPU's placement says its own (runtime/tpu.py)."""
+    runs on devices of one kind); a TPU's placement says its own (devices/tpu.py)."""
     kind, index = _local_name(placement.devices[0])
     local = f"/device:{kind}:{index}"
     if kind == "GPU":

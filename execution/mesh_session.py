@@ -1,7 +1,7 @@
 """A TF session over one lowered mesh-tensorflow graph: the model's variables restored from a checkpoint (or
 initialised from their seeds) and copied to the mesh's slices; saving copies them back first.
 
-Every job's program runs in one (opened by runtime/runner.py's Program for training, evaluation, prediction, the
+Every job's program runs in one (opened by execution/runner.py's Program for training, evaluation, prediction, the
 SavedModel export and --selfcheck), on CPUs and GPUs or on a TPU. tools/hf.py's import writes its step-0
 checkpoint without one (nothing is lowered), with the same Saver and finiteness check (`checkpoint_saver`,
 `save_finite`).
@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import config_pb2
 
-from runtime import checkpoints
+from modelpath import checkpoints
 
 # Graph collection of the variables a checkpoint may lack, initialised where it does: float16 training's loss
 # scale (train/loss_scale.py), absent from checkpoints of other precisions and converted ones.
@@ -56,7 +56,7 @@ class MeshSession:
 
     def _restore_newest_complete(self, graph: tf.Graph, checkpoint: str, tries: int = 3, initial: bool = True) -> str:
         """Restores `checkpoint`; when a trainer rotated it away meanwhile (its index gone: a reader does not take
-        the trainer's lock, runtime/lock.py), from the newest complete one then, up to `tries` times in all (a
+        the trainer's lock, modelpath/lock.py), from the newest complete one then, up to `tries` times in all (a
         trainer that saves every few seconds and keeps few checkpoints can rotate the next one away too). Returns
         the one restored."""
         folder, first = os.path.dirname(checkpoint), checkpoint

@@ -2,16 +2,16 @@
 
 Each kind of placement is one entry of `KINDS`: a Placement class that says whether a request is for it
 (`matches`) and reaches the devices (`from_request`), then answers every question the jobs ask of it
-(runtime/devices.py). A new device kind is one more entry here.
+(devices/placement.py). A new device kind is one more entry here.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from config.schema import GPTConfig
-from runtime.cluster import ClusterPlacement
-from runtime.devices import DeviceRequest, Placement
-from runtime.tpu import TpuPlacement
+from schema import GPTConfig
+from devices.cluster import ClusterPlacement
+from devices.placement import DeviceRequest, Placement
+from devices.tpu import TpuPlacement
 
 # Asked in this order; the first that matches reaches the devices. This host's devices match every request.
 KINDS = (TpuPlacement, ClusterPlacement, Placement)

@@ -1,8 +1,8 @@
 """Which tokenizer encoded the data a model_path's checkpoints were trained on: `model_path/tokenizer_id.json`.
 
-A config names its tokenizer (config/schema.py's reference_tokenizer: the model's tokenizer_id, else its
+A config names its tokenizer (schema.py's reference_tokenizer: the model's tokenizer_id, else its
 datasets', each as its config's key, the create_tfrecords manifests beside its files and its tokenizer_path say:
-loading/config.py), and a config whose data disagrees with it is refused when it is read. But a model trained
+config.py), and a config whose data disagrees with it is refused when it is read. But a model trained
 from scratch has no tokenizer of its own in its config, so pointing the config at data encoded by another
 tokenizer and resuming (or --eval, --predict with that tokenizer) would pass every check. So training's start records the
 data's tokenizer with the checkpoints (`record`: once, atomically, never over a record that disagrees), and
@@ -18,11 +18,9 @@ import os
 import sys
 from typing import Optional
 
-import tensorflow.compat.v1 as tf
-
-from config.schema import (ConfigError, GPTConfig, TokenizerId, parse_tokenizer_id, reference_tokenizer,
-                           warn_unrecorded_tokenizers)
-from runtime import checkpoints
+from schema import (ConfigError, GPTConfig, TokenizerId, parse_tokenizer_id, reference_tokenizer,
+                    warn_unrecorded_tokenizers)
+from modelpath import checkpoints, files
 
 RECORD = "tokenizer_id.json"
 
@@ -39,10 +37,10 @@ def data_tokenizer(cfg: GPTConfig) -> Optional[TokenizerId]:
 def read(model_path: str) -> Optional[TokenizerId]:
     """model_path's record; None when it has none. A ConfigError when it is damaged."""
     path = os.path.join(model_path, RECORD)
-    if not tf.io.gfile.exists(path):
+    if not files.exists(path):
         return None
     try:
-        with tf.io.gfile.GFile(path, "r") as f:
+        with files.open_text(path) as f:
             value = json.loads(f.read())
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path} is damaged ({type(e).__name__}): it records which tokenizer's data the checkpoints "
@@ -61,7 +59,7 @@ def _mismatch(model_path: str, recorded: TokenizerId, current: TokenizerId) -> C
 def check(cfg: GPTConfig) -> None:
     """A ConfigError when model_path records another tokenizer than the config's; a warning when one side records
     none, so nothing can be compared (an old model_path's ends when training records it; data that records no
-    tokenizer gets config/schema.py's warning, naming model_path's)."""
+    tokenizer gets schema.py's warning, naming model_path's)."""
     recorded, current = read(cfg.model_path), data_tokenizer(cfg)
     if recorded is not None and current is not None and not recorded.matches(current):
         raise _mismatch(cfg.model_path, recorded, current)
@@ -86,10 +84,8 @@ def record(cfg: GPTConfig) -> Optional[str]:
             raise _mismatch(cfg.model_path, recorded, current)
         return None
     path = os.path.join(cfg.model_path, RECORD)
-    tf.io.gfile.makedirs(cfg.model_path)
-    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-        f.write(json.dumps(current.to_json(), indent=1) + "\n")
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    files.makedirs(cfg.model_path)
+    files.write_atomically(path, json.dumps(current.to_json(), indent=1) + "\n")
     return path
 
 

@@ -2,8 +2,12 @@
 and the quantities derived from them that several parts of the code need (mesh and layout parsing, micro-batch
 counts).
 
-This module is the bottom of the project: it imports nothing of it, and knows no model internals. Reading
-JSON, resolving dataset ids and the one check of a config are loading/config.py's, above the models and data:
+It also says where configs are: `configs/NAME.json` for a name (`resolve_config_path`), read as JSON objects
+(`read_json`), with dataset configs in `configs/dataset_configs/`; so a command line can find and read a config
+without TensorFlow (run_experiment.py, the ladder's fit).
+
+This module is the bottom of the project: it imports nothing of it, and knows no model internals. Resolving
+dataset ids and the one check of a config are config.py's, above the models and data:
 it runs `validate` here, then the checks against the registries of attention types, activations, MoE
 hyperparameters, optimizers, sampling modes and input functions, and eval tasks, and the checks of a layout
 against the model's tensor dimensions (models/layout.py); a changed copy of a config is its `replace`, which
@@ -13,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
 DATASET_CONFIG_DIR = os.path.join(CONFIG_DIR, "dataset_configs")
 
@@ -28,11 +33,41 @@ class ConfigError(ValueError):
     """A config the user must fix. Its message is one line and names the fix."""
 
 
+def resolve_config_path(name_or_path: str) -> str:
+    """The file a config name (`configs/NAME.json`) or path means; a ConfigError naming the configs there are when
+    it is not a file."""
+    if name_or_path.endswith(".json") or os.sep in name_or_path:
+        path = name_or_path
+    else:
+        path = os.path.join(CONFIG_DIR, name_or_path + ".json")
+    if not os.path.isfile(path):
+        available = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
+        raise ConfigError(f"model config {name_or_path!r} not found at {path}: pass a path to a .json or "
+                          f"one of {', '.join(available)}")
+    return path
+
+
+def read_json(path: str, what: str) -> dict:
+    """The JSON object in `path` (a `what`: "model config", "dataset config", ...); a ConfigError when it is not
+    text, not JSON or not an object."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())  # bytes: json's own detection of UTF-8, -16 and -32
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not text (no JSON in UTF-8 or UTF-16/32): pass the .json file of the "
+                          f"config, not a binary file") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a JSON object")
+    return data
+
+
 @dataclass(frozen=True)
 class TokenizerId:
     """Which tokenizer a dataset was encoded with, or a model was trained with: a SHA-256 of its vocabulary and
     merges (data/tokenizer.py's LoadedTokenizer.tokenizer_id), its size and its end-of-text id. The `tokenizer_id`
-    key of dataset and model configs (and of a model_path's tokenizer_id.json, runtime/tokenizer_record.py),
+    key of dataset and model configs (and of a model_path's tokenizer_id.json, modelpath/tokenizer_record.py),
     {"sha256": HEX, "size": N, "eos_id": ID, "from": PATH}; "from" only says where it was read, for messages.
     Records written before eos_id was recorded lack it: `matches` compares what both records have."""
     sha256: str
@@ -108,7 +143,7 @@ class DatasetConfig:
     eos_id: Optional[int] = None
     padding_id: Optional[int] = None
     # What encoded it, as its records agree (the key's, else its tokenizer_path's, else its manifests'); None when
-    # nothing records it. loading/config.py reads the records; check_tokenizer_ids refuses records that disagree.
+    # nothing records it. config.py reads the records; check_tokenizer_ids refuses records that disagree.
     tokenizer_id: Optional[TokenizerId] = None
     tokenizer_records: tuple = ()  # TokenizerRecord, in that order
 
@@ -148,7 +183,7 @@ class GPTConfig:
     embed_dropout: float = 0.0
     attn_dropout: float = 0.0
     res_dropout: float = 0.0
-    precision: str = "auto"              # runtime/precision.py: bfloat16 on CPUs with bf16 matrix units, else float32
+    precision: str = "auto"              # devices/precision.py: bfloat16 on CPUs with bf16 matrix units, else float32
     allow_tf32: bool = False             # GPUs: float32 matmuls as TF32 (Ampere and newer); off: float32 is float32
     recompute_grad: bool = False
     z_loss: float = 1e-4                 # GPT-Neo's default auxiliary loss on log(Z) of the output softmax
@@ -236,7 +271,7 @@ class GPTConfig:
     lambada_path: Optional[str] = None   # local LAMBADA jsonl, one {"text": ...} per line
     eval_results_path: Optional[str] = None  # jsonl that results are appended to; default model_path/eval_results.jsonl
     # The precision evaluation, the harness, --predict and --export run the model in: "auto" is training's (the
-    # `precision` resolved on this device), "float32" scores in float32 whatever trained (runtime/precision.py).
+    # `precision` resolved on this device), "float32" scores in float32 whatever trained (devices/precision.py).
     eval_precision: str = "auto"
     # lm-evaluation-harness tasks (evals/harness.py; --harness_tasks and its flags override these for a run).
     harness_tasks: tuple = ()            # e.g. ["lambada_openai", "tiny_choice"]; task names of lm-eval
@@ -318,7 +353,7 @@ def parse_layout(text: str) -> list[tuple[str, str]]:
 
 def expand_attention_types(compact: Any, n_layer: int) -> tuple:
     """[[["global", "local"], 6]] -> ("global", "local") * 6, checked against n_layer. (Whether each name is
-    a registered attention type is loading/config.py's check.)"""
+    a registered attention type is config.py's check.)"""
     if not isinstance(compact, list):
         raise ConfigError('attention_types must be a list like [[["global", "local"], 6]]')
     expanded = []
@@ -379,7 +414,7 @@ def parse_model_options(values: dict) -> dict:
         parsed["moe_layers"] = _int_list("moe_layers", values["moe_layers"])
     if values.get("moe_params") is not None:
         params = values["moe_params"]
-        if isinstance(params, (list, tuple)):  # already (key, value) pairs, e.g. from loading/config.replace
+        if isinstance(params, (list, tuple)):  # already (key, value) pairs, e.g. from config.replace
             params = dict(params)
         if not isinstance(params, dict):
             raise ConfigError(f'moe_params must be an object like {{"moe_num_experts": 8}}, got {params!r}')
@@ -520,7 +555,7 @@ def _check_ranges(cfg: GPTConfig) -> None:
 
 
 def validate(cfg: GPTConfig) -> GPTConfig:
-    """Checks that hold between fields: the first part of loading/config.py's `check`, which goes on with those
+    """Checks that hold between fields: the first part of config.py's `check`, which goes on with those
     against the registries and the model's tensor dimensions. Raises ConfigError naming the fix."""
     check_finite(cfg)  # first: NaN passes every comparison below
     check_counts({name: getattr(cfg, name) for name in LEAST_VALUES})
@@ -643,7 +678,7 @@ def warn_unrecorded_tokenizers(cfg: GPTConfig, against: Optional[str] = None) ->
     """A `warning:` line, once per dataset per process, for each dataset that records no tokenizer at all (no
     tokenizer_id key, no create_tfrecords manifest beside its files, no tokenizer_path that could be read): its
     tokens are checked against nothing, neither the model's tokenizer nor a model_path's record. `against` names
-    what it would be checked against when the config does not (runtime/tokenizer_record.py: model_path's). A
+    what it would be checked against when the config does not (modelpath/tokenizer_record.py: model_path's). A
     tokenizer_path that names a tokenizer not read here (a hub name such as GPT-Neo's configs' "gpt2") is warned
     about only when there is something to check it against."""
     reference, named = reference_tokenizer(cfg)

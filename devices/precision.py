@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from typing import Iterable, NamedTuple
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 
 # /proc/cpuinfo flags of bf16 matrix units: x86's AVX512-BF16 dot products and AMX-BF16 tiles, and the BF16
 # extension of Armv8.6 (BFMMLA; "bf16" in an aarch64 kernel's Features line: Graviton3, Neoverse V1/V2).
@@ -114,7 +114,7 @@ class Resolved(NamedTuple):
 
 def for_training(cfg: GPTConfig, placement, cpuinfo: str = "/proc/cpuinfo") -> Resolved:
     """The config training runs: `precision` as `choose` resolves it for the placement."""
-    from loading.config import replace  # here: the benches' drivers read the CPU's flags without TensorFlow
+    from config import replace  # here: the benches' drivers read the CPU's flags without TensorFlow
     chosen = for_placement(cfg.precision, placement, cpuinfo)
     return Resolved(replace(cfg, precision=chosen.precision), chosen.note)
 
@@ -123,7 +123,7 @@ def resolve_for_inference(cfg: GPTConfig, placement, cpuinfo: str = "/proc/cpuin
     """The config a job that runs the trained model (evaluation, the harness, sampling, export) runs: training's
     precision on this placement (`for_training`'s), or float32 where `eval_precision` asks for it. A config already
     resolved (the one training hands its evaluations) keeps its precision: resolving twice changes nothing."""
-    from loading.config import replace
+    from config import replace
     trained = for_placement(cfg.precision, placement, cpuinfo).precision
     runs_in = "float32" if cfg.eval_precision == "float32" else trained
     note = ""  # said where a precision other than float32 was resolved, or float32 asked over it

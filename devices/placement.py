@@ -3,7 +3,7 @@ own devices: `--gpu_ids` names turned into the device list a placement mesh runs
 
 `device:CPU:i` names split the host CPU into as many logical devices as named, so any mesh shape runs on
 one CPU (this is how the tests check data- and model-parallel layouts without accelerators). The other kinds
-of placement are runtime/cluster.py's (a multi-host cluster) and runtime/tpu.py's (a TPU); runtime/placements.py
+of placement are devices/cluster.py's (a multi-host cluster) and devices/tpu.py's (a TPU); devices/kinds.py
 turns a request into the placement of its kind.
 """
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Callable, ClassVar, Optional
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from runtime import gpus, meshes, peaks, runner, tpu_access
-from runtime import precision as precisions
-from runtime.errors import DeviceError
-from runtime.preemption import StopOnSignal
+from devices import gpus, peaks, tpu_access
+from execution import meshes, runner
+from devices import precision as precisions
+from devices.errors import DeviceError
+from execution.preemption import StopOnSignal
 
 
 @dataclass(frozen=True)
@@ -32,21 +33,21 @@ class DeviceRequest:
     tpu_timeout: float = tpu_access.DEFAULT_TIMEOUT  # --tpu_timeout
     plain_kernels: bool = False      # --plain_kernels (or GPT_NEO_PLAIN_KERNELS=1): fused kernels as plain TF ops
     xla: bool = False                # --xla: XLA auto-clustering, which needs XLA:GPU on GPUs
-    cluster: Optional[object] = None  # runtime/cluster.py's Cluster: the hosts of a multi-host run, this one's task
+    cluster: Optional[object] = None  # devices/cluster.py's Cluster: the hosts of a multi-host run, this one's task
     worker_timeout: Optional[float] = None  # --worker_timeout: how long a worker waits to be released
 
 
 @dataclass(frozen=True)
 class Placement:
     """Where a job's mesh runs, and how, chosen once at start-up: this process's CPU devices or GPUs (this class),
-    the hosts of a multi-host cluster (runtime/cluster.py's ClusterPlacement) or a TPU (runtime/tpu.py's
+    the hosts of a multi-host cluster (devices/cluster.py's ClusterPlacement) or a TPU (devices/tpu.py's
     TpuPlacement). Each kind answers the questions below for itself, so that the jobs, sessions and checks ask
-    them instead of which kind they hold; runtime/runner.py runs a job's step on any of them."""
+    them instead of which kind they hold; execution/runner.py runs a job's step on any of them."""
     devices: tuple = ()
     gpu: Optional[gpus.GpuSetting] = None  # --gpu_ids GPUs: physical indices, memory setting, what the machine has
     kernels: str = "xla"    # the fused kernels' path: "xla" or "plain" (models/kernels/common.py)
 
-    # Why the session cannot list where each op of a step ran (None: it can; runtime/gpus.py lists them).
+    # Why the session cannot list where each op of a step ran (None: it can; devices/gpus.py lists them).
     op_listing: ClassVar[Optional[str]] = None
     # Whether a step's outputs must be made whole on every device before they leave the mesh (mtf.anonymize).
     whole_outputs: ClassVar[bool] = False
@@ -68,7 +69,7 @@ class Placement:
     @property
     def on_this_host(self) -> bool:
         """Whether everything runs in this process: its host's RAM and GPUs are the ones used (plan/memory_check.py),
-        its GPU options are the session's (runtime/gpus.py)."""
+        its GPU options are the session's (devices/gpus.py)."""
         return True
 
     @property
@@ -116,7 +117,7 @@ class Placement:
         matrix-vector products is slower than the product and the add: 6.9 -> 6.5 ms a token with it off
         (bench/bench_decode.py's model, prompt 16, 9 of 9 paired runs, on a 2-core AVX2 CPU); at whole-sequence
         shapes (prefill, scoring, training) the two measured the same."""
-        # Soft placement: ops with no GPU kernel run on the CPU (training lists them once, runtime/gpus.py)
+        # Soft placement: ops with no GPU kernel run on the CPU (training lists them once, devices/gpus.py)
         config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_count={"CPU": self.cpu_devices})
         gpus.session_gpu_options(config, self)  # only the --gpu_ids GPUs, their memory setting; none for CPUs
         if inference and self.devices and all("CPU" in d.upper() for d in self.devices):
@@ -124,21 +125,21 @@ class Placement:
         return config
 
     def mesh(self, cfg):
-        """(mtf.Mesh, its implementation) for a program of `cfg` on these devices (runtime/meshes.py)."""
+        """(mtf.Mesh, its implementation) for a program of `cfg` on these devices (execution/meshes.py)."""
         return meshes.placement_mesh(cfg, self)
 
     def steps(self, make_inputs: Callable, build: Callable, steps_per_call: int):
         """Builds `build(make_inputs())` (a step, meshes.Lowered) in the default graph; returns what runs it:
-        one step per session call (runtime/runner.py)."""
+        one step per session call (execution/runner.py)."""
         with tf.compat.v1.device(self.device_function()):
             return runner.StepPerCall(build(make_inputs()))
 
     def stop_watcher(self) -> StopOnSignal:
-        """What stops training after a step: Ctrl-C and SIGTERM to this process (runtime/preemption.py)."""
+        """What stops training after a step: Ctrl-C and SIGTERM to this process (execution/preemption.py)."""
         return StopOnSignal()
 
     def peak(self, dtype: str, seconds: float = 1.0) -> peaks.Peak:
-        """One mesh device's peak FLOP/s in `dtype`, for MFU (runtime/peaks.py)."""
+        """One mesh device's peak FLOP/s in `dtype`, for MFU (devices/peaks.py)."""
         return peaks.device_peak(self, dtype, self.session_config(), seconds=seconds)
 
     def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32",
@@ -146,7 +147,7 @@ class Placement:
         """This placement with the fused kernels' path asked for (`plain_kernels`: plain TF ops, not XLA-compiled;
         `xla`: XLA auto-clustering is on, which needs XLA:GPU on GPUs); on GPUs also float32 matmuls in float32
         unless `tf32` (the config's allow_tf32) asks for TF32, the start-up line and the XLA:GPU check, which may
-        choose plain kernels (runtime/gpus.py, in the precision that trains there: "auto" resolved); on CPU devices
+        choose plain kernels (devices/gpus.py, in the precision that trains there: "auto" resolved); on CPU devices
         with TensorFlow's TPU build, which has no XLA:CPU, plain kernels with one line saying why."""
         placement = dataclasses.replace(self, kernels="plain" if plain_kernels else "xla")
         if placement.device_kind == "GPU":
@@ -192,7 +193,7 @@ def configure(names: list[str], gpu_memory: Optional[str] = None) -> list[str]:
 
 def local_placement(names: list[str], gpu_memory: Optional[str] = None, kernels: str = "xla") -> Placement:
     """The Placement of this process's devices `names`: checks they exist (splitting the CPU where CPU devices are
-    named; making only the named GPUs visible, with `gpu_memory`: "growth" or a fraction, see runtime/gpus.py).
+    named; making only the named GPUs visible, with `gpu_memory`: "growth" or a fraction, see devices/gpus.py).
     Must run before TensorFlow creates its first session or eager context."""
     parsed = [normalize(n) for n in names]
     if len(set(parsed)) != len(parsed):
@@ -214,7 +215,7 @@ def local_placement(names: list[str], gpu_memory: Optional[str] = None, kernels:
                 raise DeviceError(f"cannot split the CPU into {wanted} devices after TensorFlow has started: "
                                   f"choose the devices before running anything")
         return Placement(devices=tuple(f"/device:{kind}:{index}" for kind, index in parsed), kernels=kernels)
-    # only the named GPUs visible, with their memory setting; one line on what is missing (runtime/gpus.py)
+    # only the named GPUs visible, with their memory setting; one line on what is missing (devices/gpus.py)
     setting = gpus.configure_gpus([index for _, index in parsed], gpu_memory)
     return Placement(devices=setting.names, gpu=setting if setting.memory else None, kernels=kernels)
 
@@ -239,4 +240,4 @@ def check_mesh_fits(mesh_shape: str, n_mesh_devices: int, devices: list[str]) ->
             f"--mesh_shape all:{len(devices)} --layout batch:all (or --mesh_shape all:1 --layout '' for one)")
 
 
-# One device's peak FLOP/s for MFU (measured or from datasheets): runtime/peaks.py.
+# One device's peak FLOP/s for MFU (measured or from datasheets): devices/peaks.py.

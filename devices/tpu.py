@@ -3,7 +3,7 @@
 What the TPUEstimator did for GPT-Neo, in the pieces this project needs, each buildable without a TPU
 (tests/test_tpu.py builds every graph below on fake v3-8, v3-32 and v3-512 topologies):
 
-* `connect`: the TPU is checked for (runtime/tpu_access.py: one line on what is missing), found with
+* `connect`: the TPU is checked for (devices/tpu_access.py: one line on what is missing), found with
   TPUClusterResolver, its system initialised once, and its topology read back: a `TpuSystem` (hosts, cores,
   device assignment; the hosts' job is the resolver's: localhost on a TPU VM, worker on a TPU Node).
 * The device assignment gives every core one replica (one mesh position; `DeviceAssignment.build` with a
@@ -18,8 +18,8 @@ What the TPUEstimator did for GPT-Neo, in the pieces this project needs, each bu
   first host, with the whole batch, and the same batch is enqueued to every core, which keeps the slice its
   layout gives it (mesh-tensorflow's import_fully_replicated). A host thread feeds the infeed while another
   drains the outfeed, as TPUEstimator's infeed/outfeed controllers did.
-* `TpuPlacement`: the placement of a TPU (runtime/devices.py's questions answered for it). The jobs' steps run
-  through runtime/runner.py in that loop (`LoopSteps`): training up to `iterations` steps per session call (a
+* `TpuPlacement`: the placement of a TPU (devices/placement.py's questions answered for it). The jobs' steps run
+  through execution/runner.py in that loop (`LoopSteps`): training up to `iterations` steps per session call (a
   variable sets how many, so one compiled program serves the shorter loops before a checkpoint; progress per
   step from the outfed scalars, checkpoints from the hosts), evaluation's batches in one call, prediction one
   fed batch per call.
@@ -37,10 +37,11 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from runtime import gpus, meshes, peaks, tpu_access
-from runtime.devices import DeviceRequest, Placement
-from runtime.errors import DeviceError
-from config.schema import ConfigError, GPTConfig
+from devices import gpus, peaks, tpu_access
+from execution import meshes
+from devices.placement import DeviceRequest, Placement
+from devices.errors import DeviceError
+from schema import ConfigError, GPTConfig
 
 REPLICA_CACHE_BYTES = 300_000_000  # per replica, held by the first host (GPT-Neo's estimate)
 
@@ -90,7 +91,7 @@ def initialize_system(master: str, config: tf.ConfigProto, job: str) -> bytes:
 
 
 def connect(want: tpu_access.Target, timeout: float = tpu_access.DEFAULT_TIMEOUT) -> TpuSystem:
-    """Finds the TPU (checked by runtime/tpu_access.py), initialises its system and reads its topology; what
+    """Finds the TPU (checked by devices/tpu_access.py), initialises its system and reads its topology; what
     TensorFlow reports on the way is one DeviceError line."""
     try:
         found = resolver(want)

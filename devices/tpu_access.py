@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import urlparse
 
-from runtime.errors import DeviceError
+from devices.errors import DeviceError
 
 INSTALL = "pip install -r requirements-tpu.txt"
 DEFAULT_TIMEOUT = 20.0  # seconds for an address (or the metadata server) to answer

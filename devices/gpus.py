@@ -1,7 +1,7 @@
 """GPUs for `--gpu_ids device:GPU:i ...`: what TensorFlow found and why it found none, which GPUs it may use and
-how much of their memory, whether XLA:GPU compiles the fused kernels, and where the training step's ops ran.
+how much of their memory, and whether XLA:GPU compiles the fused kernels.
 
-* `configure_gpus` (through runtime/devices.py's `configure`): checks the machine against the named GPUs
+* `configure_gpus` (through devices/placement.py's `configure`): checks the machine against the named GPUs
   (`gpu_problem`, a pure function of `GpuFacts`: one line saying what is missing and how to install it), makes
   only those GPUs visible to TensorFlow and sets memory growth or a fixed fraction (`--gpu_memory`). Runs before
   TensorFlow starts.
@@ -11,10 +11,10 @@ how much of their memory, whether XLA:GPU compiles the fused kernels, and where 
   capability and the memory TensorFlow may use, and whether float32 matmuls run as TF32) and picks the fused
   kernels' path (`kernel_path`): XLA:GPU, or plain TensorFlow ops with one line saying why and how to fix it,
   returned as the placement's `kernels` (--plain_kernels or GPT_NEO_PLAIN_KERNELS=1 force plain).
-* `session_gpu_options`: the sessions (runtime/devices.py's `Placement.session_config`) see only those GPUs, with
+* `session_gpu_options`: the sessions (devices/placement.py's `Placement.session_config`) see only those GPUs, with
   the same memory setting (the placement's GpuSetting); a mesh of CPU devices gets no GPU at all.
-* `run_listing_placement` / `cpu_fallbacks`: soft placement stays on (some ops have no GPU kernel), and the first
-  training step lists, once, the ops that were placed on a GPU but ran on the CPU.
+* Soft placement stays on (some ops have no GPU kernel); the first training step lists, once, the ops that were
+  placed on a GPU but ran on the CPU (execution/op_listing.py).
 
 Written without a GPU: the decisions are pure functions unit-tested on CPU (tests/test_gpus.py); the paths that
 need one are in tests/test_gpu.py and bench/bench_gpu.py, run where a GPU is visible.
@@ -27,11 +27,10 @@ import importlib.metadata
 import os
 import re
 import sys
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from runtime.errors import DeviceError
+from devices.errors import DeviceError
 
 INSTALL = "pip install -r requirements-gpu.txt"
 CUDA_WHEELS = ("nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12", "nvidia-cudnn-cu12")
@@ -271,7 +270,7 @@ def parse_gpu_memory(text: Optional[str]) -> GpuMemory:
 
 @dataclass(frozen=True)
 class GpuSetting:
-    """What `configure_gpus` chose for the --gpu_ids GPUs, carried by the Placement (runtime/devices.py) to the
+    """What `configure_gpus` chose for the --gpu_ids GPUs, carried by the Placement (devices/placement.py) to the
     sessions (`session_gpu_options`) and the start-up line."""
     names: tuple                                # the mesh's device names (/device:GPU:i, numbered among the visible)
     physical: tuple = ()                        # the named GPUs' physical indices, sorted (what is visible)
@@ -465,7 +464,7 @@ def set_tf32(allowed: bool) -> None:
     range with float16's 10-bit mantissa) or in full float32. TensorFlow's own default is TF32;
     here float32 means float32 unless the config's `allow_tf32` asks (PyTorch's default too, so that the HF
     parity and the harness's hf backend compare like with like). Process-wide: the GPU start-up sets it (for a
-    multi-host run each host's process: runtime/cluster.py), and the MFU peak reads it (runtime/peaks.py)."""
+    multi-host run each host's process: devices/cluster.py), and the MFU peak reads it (devices/peaks.py)."""
     import tensorflow as tf
     tf.config.experimental.enable_tensor_float_32_execution(bool(allowed))
 
@@ -504,83 +503,3 @@ def start_up(placement, config, xla_autoclustering: bool = False, out=None, prec
     if warning:
         print(warning, file=sys.stderr, flush=True)
     return dataclasses.replace(placement, kernels="xla" if xla else "plain"), result
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Where the training step's ops ran
-
-
-@dataclass(frozen=True)
-class Fallback:
-    name: str
-    op_type: str
-    requested: str
-    placed: str
-
-
-def _kind(device: str) -> str:
-    match = re.search(r"(?:^|/)(?:device:)?([A-Za-z_]+):\d+$", device or "")
-    return match.group(1).upper() if match else ""
-
-
-def cpu_fallbacks(ops: Iterable[tuple]) -> list[Fallback]:
-    """The ops requested on a GPU that ran on a CPU, from (name, op type, requested device, placed device) of
-    each op (requested: the graph's; placed: where the session ran it). Ops requested nowhere are left out (the
-    input pipeline's, the global step's: the placer chooses for those)."""
-    return [Fallback(name, op_type, requested, placed) for name, op_type, requested, placed in ops
-            if _kind(requested) == "GPU" and _kind(placed) == "CPU"]
-
-
-def placed_ops(graph, run_metadata) -> list[tuple]:
-    """(name, op type, requested device, placed device) of every op of `graph` that a run with
-    RunOptions(output_partition_graphs=True) placed (ops the session's optimisers renamed or added are left
-    out: they have no requested device to compare)."""
-    placed = {}
-    for partition in run_metadata.partition_graphs:
-        for node in partition.node:
-            placed.setdefault(node.name, (node.op, node.device))
-    ops = []
-    for op in graph.get_operations():
-        if op.name in placed:
-            op_type, device = placed[op.name]
-            ops.append((op.name, op_type, op.device, device))
-    return ops
-
-
-@dataclass(frozen=True)
-class PlacementReport:
-    ops: list          # (name, op type, requested, placed) of each placed op
-    fallbacks: list    # the Fallbacks among them
-
-
-def describe_placement(report: PlacementReport, limit: int = 6) -> str:
-    """One line: every op placed on a GPU ran there, or which fell back to the CPU, grouped by op type."""
-    requested_gpu = sum(_kind(requested) == "GPU" for _, _, requested, _ in report.ops)
-    if not report.fallbacks:
-        return f"placement: all {requested_gpu} ops of the training step placed on GPUs ran there"
-    groups: "OrderedDict[str, list]" = OrderedDict()
-    for f in report.fallbacks:
-        groups.setdefault(f.op_type, []).append(f.name)
-    shown = []
-    for op_type, names in list(groups.items())[:limit]:
-        examples = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
-        shown.append(f"{op_type} x{len(names)} ({examples})")
-    more = f", and {len(groups) - limit} more op types" if len(groups) > limit else ""
-    return (f"placement: {len(report.fallbacks)} of {requested_gpu} ops of the training step placed on a GPU ran on "
-            f"the CPU (no GPU kernel for their type and dtype; soft placement moved them, and each step copies their "
-            f"inputs and outputs between the GPU and the host): {'; '.join(shown)}{more}")
-
-
-def run_listing_placement(session, fetches, feed_dict=None, out=None):
-    """session.run(fetches) (a MeshSession or tf.Session) with the partition graphs returned; prints
-    `describe_placement` once and returns (the values, the PlacementReport)."""
-    import tensorflow.compat.v1 as tf
-    session = getattr(session, "session", session)  # a MeshSession's tf.Session
-    run_metadata = tf.RunMetadata()
-    options = tf.RunOptions(output_partition_graphs=True)
-    values = session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=run_metadata)
-    graph = session.graph
-    ops = placed_ops(graph, run_metadata)
-    report = PlacementReport(ops, cpu_fallbacks(ops))
-    print(describe_placement(report), file=out or sys.stdout, flush=True)
-    return values, report

@@ -125,7 +125,7 @@ class StopOnSignal(_SignalHandlers):
     """While open, the first SIGINT or SIGTERM asks the loop to stop after the current step (`requested`, and
     `signum` says which); a second SIGINT stops at once (KeyboardInterrupt), a second SIGTERM too (Terminated).
     The handlers in place before are put back on exit. A subclass may also `poll` for a stop asked for elsewhere
-    (runtime/cluster.py: a worker of the cluster that got SIGTERM)."""
+    (devices/cluster.py: a worker of the cluster that got SIGTERM)."""
 
     signals = (signal.SIGINT, signal.SIGTERM)
 

@@ -1,11 +1,11 @@
-"""Reading model and dataset configs: JSON in GPT-Neo's format, read once into config/schema.py's objects, and
+"""Reading model and dataset configs: JSON in GPT-Neo's format, read once into schema.py's objects, and
 the one check of a config, which reading it and every change to it (`replace`) run.
 
 `load_config("name")` finds `configs/name.json` (or takes a path), checks every key, fills the reference
 defaults, resolves the dataset ids in `datasets` to `configs/dataset_configs/ID.json` (each with the records of
 the tokenizer that encoded it: its tokenizer_id key, the create_tfrecords manifests beside its files, the
 tokenizer its tokenizer_path holds, read) and returns a frozen `GPTConfig` that passed `check`:
-config/schema.py's checks between fields (its datasets' tokenizer records against each other and the model's
+schema.py's checks between fields (its datasets' tokenizer records against each other and the model's
 among them), then the names the config uses against the registries that define them (attention
 types, activations, mesh-tensorflow's MoE hyperparameters, optimizers and learning-rate decays, input
 functions, eval tasks), each used entry's own checks, and the layout against the model's tensor dimensions
@@ -24,10 +24,10 @@ import json
 import os
 from typing import Any, Optional
 
-from config.schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, FIELD_TYPES,
-                           ConfigError, DatasetConfig, DatasetUse, GPTConfig, TokenizerId, TokenizerRecord,
-                           check_counts, check_type, closest, check_tokenizer_ids, expand_attention_types,
-                           parse_model_options, parse_tokenizer_id, validate)
+from schema import (ALIASES, CONFIG_DIR, DATASET_CONFIG_DIR, read_json, resolve_config_path, FIELD_TYPES,
+                    ConfigError, DatasetConfig, DatasetUse, GPTConfig, TokenizerId, TokenizerRecord, check_counts,
+                    check_type, closest, check_tokenizer_ids, expand_attention_types, parse_model_options,
+                    parse_tokenizer_id, validate)
 from data.create_tfrecords import manifest_tokenizers
 from data.errors import DataError
 from data.eval_tasks import TASKS
@@ -38,32 +38,6 @@ from models.attention import check_attention_types
 from models.layout import check_layout
 from models.moe import check_moe_params
 from models.optimizers import LR_DECAYS, OPTIMIZERS
-
-
-def resolve_config_path(name_or_path: str) -> str:
-    if name_or_path.endswith(".json") or os.sep in name_or_path:
-        path = name_or_path
-    else:
-        path = os.path.join(CONFIG_DIR, name_or_path + ".json")
-    if not os.path.isfile(path):
-        available = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
-        raise ConfigError(f"model config {name_or_path!r} not found at {path}: pass a path to a .json or "
-                          f"one of {', '.join(available)}")
-    return path
-
-
-def read_json(path: str, what: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())  # bytes: json's own detection of UTF-8, -16 and -32
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {path} is not text (no JSON in UTF-8 or UTF-16/32): pass the .json file of the "
-                          f"config, not a binary file") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path} must hold a JSON object")
-    return data
 
 
 def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -> DatasetConfig:
@@ -104,7 +78,7 @@ def load_dataset_config(dataset_id: str, config_dir: str = DATASET_CONFIG_DIR) -
 
 def tokenizer_records(config_path: str, key: Optional[TokenizerId], data_paths: tuple, tokenizer_path: Optional[str],
                       pretrained: bool) -> tuple:
-    """Every record of the tokenizer that encoded a dataset (config/schema.py's TokenizerRecord), in the order
+    """Every record of the tokenizer that encoded a dataset (schema.py's TokenizerRecord), in the order
     key, manifests, tokenizer_path: its config's tokenizer_id key; the manifests create_tfrecords wrote beside the
     files its path and eval_path globs match, which say what encoded them whoever wrote the dataset config; the
     tokenizer its tokenizer_path holds, read. `check` refuses records that disagree."""
@@ -249,7 +223,7 @@ def parse_harness_tasks(value: Any) -> tuple:
 
 def check(cfg: GPTConfig, source: str = "the config") -> GPTConfig:
     """Every check of a config, in one order: its datasets' tokenizers against the model's, the checks between
-    fields (config/schema.py's validate), the names it uses against the registries that define them with each
+    fields (schema.py's validate), the names it uses against the registries that define them with each
     used entry's own checks (an attention type's, an eval task's), and the layout against the model's tensor
     dimensions. `source` names the config in messages. Raises ConfigError naming the fix; returns cfg."""
     # The tokenizers first: data of another tokenizer is the problem to name, whatever else differs (its n_vocab).

@@ -16,11 +16,14 @@ keep_checkpoint_steps: the ladder branches runs from them).
 What model_path can do to a run is checked before anything is written (CheckpointError, one line each): the
 newest checkpoint that can be read is the one restored (`restorable`: one cut short or with an unreadable index
 is skipped, saying so; none readable stops the run), its variables and shapes must be the config's graph's
-(`check_fits`, from runtime/mesh_session.py), the folders a job writes must be writable (`check_writable`), and
+(`check_fits`, from execution/mesh_session.py), the folders a job writes must be writable (`check_writable`), and
 a failed save removes what it wrote and leaves every earlier checkpoint as it was, and weights holding inf or NaN
-are never saved (`NonFiniteWeights`, raised by runtime/mesh_session.py's save before anything is written). A missing or broken state
+are never saved (`NonFiniteWeights`, raised by execution/mesh_session.py's save before anything is written). A missing or broken state
 file never hides a checkpoint (they are found by their files) and is rewritten at the next start
 (`repair_state`).
+
+Finding checkpoints (`steps`, `latest`) reads file names only, without TensorFlow (modelpath/files.py); reading
+an index (`problem`, `restorable`, `check_fits`) and writing (`CheckpointWriter`, `copy`, the state file) use it.
 """
 from __future__ import annotations
 
@@ -30,9 +33,14 @@ import sys
 import time
 from typing import Mapping, Optional
 
-import tensorflow.compat.v1 as tf
+from schema import ConfigError
+from modelpath import files
 
-from config.schema import ConfigError
+
+def _tf():
+    import tensorflow.compat.v1 as tf
+    return tf
+
 
 class CheckpointError(ConfigError):
     """A model_path whose checkpoints cannot be restored, do not fit the config, or cannot be written; or an output
@@ -41,7 +49,7 @@ class CheckpointError(ConfigError):
 
 class NonFiniteWeights(CheckpointError):
     """A save refused before anything was written: variables holding inf or NaN (`names`), a diverged
-    run (runtime/mesh_session.py checks; train/divergence.py says what to do)."""
+    run (execution/mesh_session.py checks; train/divergence.py says what to do)."""
 
     def __init__(self, model_path: str, step: int, names: list):
         self.step, self.names = step, names
@@ -65,16 +73,24 @@ def step_of(prefix: str) -> int:
 
 def steps(model_path: str) -> list[int]:
     """The steps of every complete checkpoint in model_path (an index file), ascending."""
-    if not tf.io.gfile.isdir(model_path):
+    if not files.isdir(model_path):
         return []
-    found = (_INDEX.match(name) for name in tf.io.gfile.listdir(model_path))
+    found = (_INDEX.match(name) for name in files.listdir(model_path))
     return sorted(int(m.group(1)) for m in found if m)
 
 
 def latest(model_path: str) -> Optional[str]:
-    """The prefix of the newest complete checkpoint, or None."""
+    """The prefix of the newest complete checkpoint (its index file is there), or None. The one definition of a
+    model_path's latest checkpoint: the `checkpoint` state file is TensorFlow's readers', rewritten to agree with
+    this (`repair_state`), never read to find it. (`restorable` is the newest that can also be read.)"""
     found = steps(model_path)
     return prefix_of(model_path, found[-1]) if found else None
+
+
+def latest_step(model_path: str) -> int:
+    """The step of `latest` (0 without a checkpoint)."""
+    found = steps(model_path)
+    return found[-1] if found else 0
 
 
 def warn(line: str) -> None:
@@ -95,7 +111,9 @@ def reason(error: BaseException) -> str:
 
 def problem(prefix: str) -> Optional[str]:
     """Why the checkpoint at `prefix` cannot be restored (its index unreadable, a data shard missing or shorter
-    than the index says: a copy or a disk cut short), or None. Reads the index and the data files' sizes only."""
+    than the index says: a copy or a disk cut short), or None. Reads the index and the data files' sizes only.
+    FileNotFoundError when a file is removed while it is looked at."""
+    tf = _tf()
     try:
         reader = tf.train.load_checkpoint(prefix)
         shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
@@ -103,10 +121,10 @@ def problem(prefix: str) -> Optional[str]:
         return f"its index cannot be read: {reason(e)}"
     folder, base = os.path.split(prefix)
     shards = {}
-    for name in tf.io.gfile.listdir(folder):
+    for name in files.listdir(folder):
         match = _DATA.match(name)
         if match and match.group(1) == base:
-            shards[name] = tf.io.gfile.stat(os.path.join(folder, name)).length
+            shards[name] = files.size(os.path.join(folder, name))
     count = int(next(iter(shards)).rsplit("-of-", 1)[1]) if shards else 1
     wanted = [f"{base}.data-{i:05d}-of-{count:05d}" for i in range(count)]
     missing = [name for name in wanted if name not in shards]
@@ -149,9 +167,9 @@ def _restorable(model_path: str, say, relist: bool) -> tuple:
         prefix = prefix_of(model_path, step)
         try:
             why = problem(prefix)
-        except tf.errors.NotFoundError as e:  # a data file removed between the listing and its size
+        except FileNotFoundError as e:  # a data file removed between the listing and its size
             why = reason(e)
-        if why is not None and not tf.io.gfile.exists(prefix + ".index"):
+        if why is not None and not files.exists(prefix + ".index"):
             if relist:
                 return None, True
             continue
@@ -190,6 +208,7 @@ def check_fits(checkpoint: str, variables: dict, optional=(), slot_patterns: Map
     training graph's slots of one optimizer against a checkpoint with another's is its own error. Run before the
     checkpoint is restored and before anything is written."""
     folder, base = os.path.split(checkpoint)
+    tf = _tf()
     try:
         stored = dict(tf.train.list_variables(checkpoint))
     except (tf.errors.OpError, ValueError) as e:
@@ -237,7 +256,7 @@ def check_writable(folder: str, fix: str) -> None:
     """A CheckpointError unless this process can write in `folder` (or make it: then in its nearest existing
     parent), found with a write test that leaves nothing behind; `fix` says what to do instead. Local paths only
     (a bucket's permissions show at its first write)."""
-    if "://" in folder:
+    if files.is_remote(folder):
         return
     path = os.path.abspath(folder)
     while not os.path.lexists(path) and os.path.dirname(path) != path:
@@ -273,7 +292,7 @@ def repair_state(model_path: str, keep: int, restored: Optional[int]) -> Optiona
         except ValueError:
             listed = None
     if listed is None:
-        why = "missing" if not tf.io.gfile.exists(state_path) else "unreadable"
+        why = "missing" if not files.exists(state_path) else "unreadable"
         wanted = found[-keep:] if keep else found
     else:
         kept = [s for s in listed if s in found]
@@ -289,7 +308,7 @@ def repair_state(model_path: str, keep: int, restored: Optional[int]) -> Optiona
 
 def _write_state(model_path: str, listed: list, last_preserved: Optional[float]) -> None:
     names = [os.path.basename(prefix_of(model_path, s)) for s in listed]  # relative: the folder can move
-    tf.train.update_checkpoint_state(
+    _tf().train.update_checkpoint_state(
         model_path, names[-1], all_model_checkpoint_paths=names,
         all_model_checkpoint_timestamps=[_save_time(prefix_of(model_path, s)) for s in listed],
         last_preserved_timestamp=last_preserved or time.time())
@@ -304,19 +323,19 @@ def remove_leftovers(model_path: str) -> list[str]:
     """What interrupted saves leave behind (this runner's staging folders, TF's `_temp` folders and `.tmp`
     files, the state file's `checkpoint.tmp*`, data shards whose index never arrived, a write test of
     `check_writable`), never a complete checkpoint. Returns the names removed."""
-    if not tf.io.gfile.isdir(model_path):
+    if not files.isdir(model_path):
         return []
-    names = [n.rstrip("/") for n in tf.io.gfile.listdir(model_path)]
+    names = files.listdir(model_path)
     complete = {f"{PREFIX}-{step}" for step in steps(model_path)}
     removed = []
     for name in names:
         data = _DATA.match(name)
         if _LEFTOVER.match(name) or (data and data.group(1) not in complete):
             path = os.path.join(model_path, name)
-            if tf.io.gfile.isdir(path):
-                tf.io.gfile.rmtree(path)
+            if files.isdir(path):
+                files.rmtree(path)
             else:
-                tf.io.gfile.remove(path)
+                files.remove(path)
             removed.append(name)
     return removed
 
@@ -324,15 +343,16 @@ def remove_leftovers(model_path: str) -> list[str]:
 class CheckpointWriter:
     """Saves the variables of `saver` (sharded, relative paths) into model_path, atomically, and rotates."""
 
-    def __init__(self, model_path: str, saver: tf.train.Saver, keep: int = 5, keep_every_hours: float = 2.0,
+    def __init__(self, model_path: str, saver, keep: int = 5, keep_every_hours: float = 2.0,
                  keep_steps=()):
         self.model_path, self.saver = model_path, saver
         self.keep, self.keep_every_hours, self.keep_steps = keep, keep_every_hours, frozenset(keep_steps)
         self.started = time.time()
 
-    def save(self, session: tf.Session, step: int) -> str:
+    def save(self, session, step: int) -> str:
         """Writes model.ckpt-STEP; returns its prefix. A write that fails (disk full, read-only, not a folder) is a
         CheckpointError, after what it wrote is removed: the checkpoints saved before are as they were."""
+        tf = _tf()
         try:
             return self._save(session, step)
         except (OSError, tf.errors.OpError) as e:
@@ -347,21 +367,21 @@ class CheckpointWriter:
                                   f"saved before are intact ({kept}): free space or fix the folder, then run again "
                                   f"to resume from the newest") from e
 
-    def _save(self, session: tf.Session, step: int) -> str:
-        tf.io.gfile.makedirs(self.model_path)
+    def _save(self, session, step: int) -> str:
+        files.makedirs(self.model_path)
         staging = os.path.join(self.model_path, f"{STAGING}{step}")
-        if tf.io.gfile.exists(staging):
-            tf.io.gfile.rmtree(staging)
-        tf.io.gfile.makedirs(staging)
+        if files.exists(staging):
+            files.rmtree(staging)
+        files.makedirs(staging)
         written = self.saver.save(session, os.path.join(staging, f"{PREFIX}-{step}"), write_meta_graph=False,
                                   write_state=False)
         final = prefix_of(self.model_path, step)
-        if tf.io.gfile.exists(final + ".index"):  # saving a step again: the old one stops existing first
+        if files.exists(final + ".index"):  # saving a step again: the old one stops existing first
             _delete(final)
-        names = sorted(tf.io.gfile.listdir(staging))
+        names = sorted(files.listdir(staging))
         for name in [n for n in names if ".data-" in n] + [n for n in names if n.endswith(".index")]:
-            tf.io.gfile.rename(os.path.join(staging, name), os.path.join(self.model_path, name), overwrite=True)
-        tf.io.gfile.rmtree(staging)
+            files.rename(os.path.join(staging, name), os.path.join(self.model_path, name))
+        files.rmtree(staging)
         assert os.path.basename(written) == os.path.basename(final)
         self._rotate(step)
         return final
@@ -374,7 +394,7 @@ class CheckpointWriter:
         state = _read_state(self.model_path)
         listed = [step_of(p) for p in state.all_model_checkpoint_paths] if state else []
         # Listed newer ones cannot be read (training restored an older step): they stay, unlisted, until saved again.
-        listed = sorted(s for s in listed if s < new and tf.io.gfile.exists(prefix_of(self.model_path, s) + ".index"))
+        listed = sorted(s for s in listed if s < new and files.exists(prefix_of(self.model_path, s) + ".index"))
         listed.append(new)
         last_kept = state.last_preserved_timestamp if state and state.last_preserved_timestamp else self.started
         while len(listed) > self.keep:
@@ -397,21 +417,22 @@ def copy(prefix: str, model_path: str) -> str:
     checkpoint so: the branch's own model_path, resumed by training as any other.)"""
     step = step_of(prefix)
     folder, base = os.path.split(prefix)
-    tf.io.gfile.makedirs(model_path)
+    files.makedirs(model_path)
     staging = os.path.join(model_path, f"{STAGING}{step}")
-    if tf.io.gfile.exists(staging):
-        tf.io.gfile.rmtree(staging)
-    tf.io.gfile.makedirs(staging)
-    names = sorted(n for n in tf.io.gfile.listdir(folder) if n.startswith(base + ".data-") or n == base + ".index")
+    if files.exists(staging):
+        files.rmtree(staging)
+    files.makedirs(staging)
+    names = sorted(n for n in files.listdir(folder) if n.startswith(base + ".data-") or n == base + ".index")
     for name in names:
-        tf.io.gfile.copy(os.path.join(folder, name), os.path.join(staging, name), overwrite=True)
+        files.copy(os.path.join(folder, name), os.path.join(staging, name))
     for name in [n for n in names if ".data-" in n] + [n for n in names if n.endswith(".index")]:
-        tf.io.gfile.rename(os.path.join(staging, name), os.path.join(model_path, name), overwrite=True)
-    tf.io.gfile.rmtree(staging)
+        files.rename(os.path.join(staging, name), os.path.join(model_path, name))
+    files.rmtree(staging)
     return prefix_of(model_path, step)
 
 
 def _read_state(model_path: str):
+    tf = _tf()
     try:
         return tf.train.get_checkpoint_state(model_path)
     except (tf.errors.OpError, ValueError):  # an unreadable state file: rebuilt from this save on
@@ -420,18 +441,18 @@ def _read_state(model_path: str):
 
 def _save_time(prefix: str) -> float:
     try:
-        return tf.io.gfile.stat(prefix + ".index").mtime_nsec / 1e9
-    except tf.errors.NotFoundError:
+        return files.mtime(prefix + ".index")
+    except FileNotFoundError:
         return time.time()
 
 
 def _delete(prefix: str) -> None:
     """Index first, so that a delete cut short leaves no checkpoint that looks complete."""
     folder, base = os.path.split(prefix)
-    tf.io.gfile.remove(prefix + ".index")
-    for name in tf.io.gfile.listdir(folder):
+    files.remove(prefix + ".index")
+    for name in files.listdir(folder):
         if name.startswith(base + ".data-") or name == base + ".meta":
-            tf.io.gfile.remove(os.path.join(folder, name))
+            files.remove(os.path.join(folder, name))
 
 
 def require_checkpoint(folder: str) -> str:

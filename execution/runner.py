@@ -8,8 +8,8 @@ through an iterator) or `Fed` (arrays fed per session call). `Program` builds th
 the placement's mesh (`placement.mesh`: a placement mesh over devices, or a TPU's SIMD mesh), with the fused
 kernels' path the placement chose (`placement.kernels`, models/kernels/common.py) given where the graph is
 built. The placement says how its steps run (`placement.steps`): one per session call (`StepPerCall`), or up
-to `steps_per_call` in one call inside a TPU's replicated loop (runtime/tpu.py's `LoopSteps`). `open` opens the
-session that restores a checkpoint (runtime/mesh_session.py) and `run` runs steps, returning each step's outputs.
+to `steps_per_call` in one call inside a TPU's replicated loop (devices/tpu.py's `LoopSteps`). `open` opens the
+session that restores a checkpoint (execution/mesh_session.py) and `run` runs steps, returning each step's outputs.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from models.kernels import common
-from runtime import gpus
-from runtime.meshes import Lowered
-from runtime.mesh_session import MeshSession
+from execution import op_listing
+from execution.meshes import Lowered
+from execution.mesh_session import MeshSession
 
 # (mesh, mesh_impl, inputs) -> the step's graph lowered; `inputs` as the step's input source gives them
 Step = Callable[[Any, Any, Any], Lowered]
@@ -101,11 +101,11 @@ class StepPerCall:
 
     def run(self, session, steps: int, feed_dict=None, listing: bool = False, out=None) -> list:
         """`steps` steps, a session call each; `listing`: the first call also lists where the step's ops ran
-        (runtime/gpus.py), returned as the second value."""
+        (devices/gpus.py), returned as the second value."""
         results, report = [], None
         for _ in range(steps):
             if listing and report is None:
-                values, report = gpus.run_listing_placement(session, self.fetches, feed_dict, out=out)
+                values, report = op_listing.run_listing_placement(session, self.fetches, feed_dict, out=out)
             else:
                 values = session.run(self.fetches, feed_dict=feed_dict)
             results.append(values["outputs"])
@@ -129,14 +129,14 @@ class Program:
                                           steps_per_call)
         self.lowered = self.driver.lowered
         self._listing, self._listing_out, self._on_listed = False, None, None
-        self.placement_report = None  # runtime.gpus.PlacementReport of the first step, after list_placement()
+        self.placement_report = None  # execution.op_listing.PlacementReport of the first step, after list_placement()
 
     @property
     def steps_per_call(self) -> int:
         return self.driver.steps_per_call
 
     def list_placement(self, out=None, then: Optional[Callable[[Any], None]] = None) -> None:
-        """The next step run also lists the ops that ran elsewhere than placed (runtime/gpus.py: printed to `out`,
+        """The next step run also lists the ops that ran elsewhere than placed (devices/gpus.py: printed to `out`,
         default stdout, kept in `placement_report` and handed to `then`); where the session can list them
         (placement.op_listing None: not on a TPU, whose XLA compiles the whole step)."""
         self._listing, self._listing_out, self._on_listed = self.placement.op_listing is None, out, then

@@ -7,8 +7,8 @@ which NFS v3+ and local file systems honour) before training touches model_path,
 A lock left by a process that died without removing it (kill -9, a lost node) is stale: on the same host a pid
 that is not alive, or alive but started after the lock was written (a reused pid), and it is taken over with a
 warning; a lock of another host cannot be checked from here, so the error names it and says how to remove it.
-Only training takes the lock: --predict, --eval and --export read checkpoints without it (runtime/checkpoints.py
-and runtime/mesh_session.py take the newest complete one and cope with one rotated away while they open it).
+Only training takes the lock: --predict, --eval and --export read checkpoints without it (modelpath/checkpoints.py
+and execution/mesh_session.py take the newest complete one and cope with one rotated away while they open it).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Optional
 
-from config.schema import ConfigError
+from schema import ConfigError
 
 LOCK = ".trainer.lock"
 # A lock file still empty or half-written after this long was left by a process that died while writing it.

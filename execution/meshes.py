@@ -2,10 +2,10 @@
 
 Each job has one step function that takes TF input tensors, builds its mesh-tensorflow graph on a fresh
 `new_mesh()`, lowers it with the given mesh implementation (`placement_mesh`: devices of CPUs and GPUs; or
-runtime/tpu.py's SIMD mesh; the placement's `mesh` gives the one it runs on) and returns a `Lowered`: the TF
+devices/tpu.py's SIMD mesh; the placement's `mesh` gives the one it runs on) and returns a `Lowered`: the TF
 tensors to run together with the lowering, whose copy ops move values between the master variables (which
 checkpoints hold under GPT-Neo's names) and the per-device slices. They are train/step.py's training step,
-evals/validation.py's evaluation loss and infer/outputs.py's PREDICT outputs, run by runtime/runner.py.
+evals/validation.py's evaluation loss and infer/outputs.py's PREDICT outputs, run by execution/runner.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from config.schema import GPTConfig
+from schema import GPTConfig
 from models import gpt
 
 MESH_NAME = "gpt_mesh"
@@ -48,7 +48,7 @@ def import_tokens(mesh: mtf.Mesh, dims: gpt.Dims, inputs: tf.Tensor, labels: tf.
 
 def placement_mesh(cfg: GPTConfig, placement):
     """(mtf.Mesh, PlacementMeshImpl) over a placement's devices, its master variables spread over its
-    `variable_hosts` (runtime/devices.py: this host's CPU for GPUs, every host's CPU for a cluster)."""
+    `variable_hosts` (devices/placement.py: this host's CPU for GPUs, every host's CPU for a cluster)."""
     hosts = placement.variable_hosts
     placer = mtf.utils.BalancedVariablePlacer(list(hosts)) if hosts else None
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),

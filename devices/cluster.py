@@ -43,10 +43,10 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
-from config.schema import ConfigError
-from runtime import gpus
-from runtime.devices import DeviceError, DeviceRequest, Placement, configure, cpu_devices, normalize
-from runtime.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
+from schema import ConfigError
+from devices import gpus
+from devices.placement import DeviceError, DeviceRequest, Placement, configure, cpu_devices, normalize
+from execution.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
 JOB = "worker"
 RELEASE_QUEUE = "gpt_cluster_release"

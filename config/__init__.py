@@ -1,1 +1,0 @@
-"""The config schema: the typed, validated GPTConfig and dataset config. Imports nothing of the project."""
