@@ -302,24 +302,29 @@ def test_status_reads_the_model_paths(trained_ladder):
         assert row.endswith("done") and " 100%" in row and f"{final:.3f}" in row, row
 
 
-@pytest.mark.slow
-def test_started_trunks_and_branches_keep_their_configs(trained_ladder, tmp_path):
-    """A spec changed after its runs trained (another decay share) is refused before anything is written, naming
-    every run it would change, branches as trunks. (Bug: write_configs comparing the trunks only, `if size.run.kind
-    == "branch": continue`.)"""
-    spec = trained_ladder["spec"]
-    with open(spec.path) as f:
+def test_started_trunks_and_branches_keep_their_configs(tmp_path):
+    """Once its runs have checkpoints (a trunk's own, a branch's copied from its trunk), a spec changed after them
+    (another decay share, which changes every run's schedule) is refused before anything is written, naming every
+    run it would change, branches as trunks; runs not started take the change. (Bug: write_configs comparing the
+    trunks only, `if size.run.kind == "branch": continue`.)"""
+    path = write_spec(tmp_path, make_workspace(tmp_path), sizes=["6.6K", "22K"],
+                      rules=dict(SMALL_RULES, branch_fractions=[0.5]))
+    ladder = ladder_plan.make_ladder(load_spec(path))
+    ladder_plan.write_configs(ladder)
+    started = [s for s in ladder.sizes if s.run.size == "n6.6K"]  # n6.6K's trunk and branch; n22K's not yet
+    for s in started:
+        os.makedirs(s.run.model_path)
+        open(os.path.join(s.run.model_path, f"model.ckpt-{s.run.start or 1}.index"), "w").close()
+    with open(path) as f:
         raw = json.load(f)
     raw["rules"] = dict(raw["rules"], decay_share=0.3)
     changed = os.path.join(str(tmp_path), "changed.json")
     with open(changed, "w") as f:
         json.dump(raw, f)
-    before = {name: open(os.path.join(spec.out, "configs", name + ".json")).read()
-              for name in (SMALL, SMALL_BRANCH, BIG, BIG_BRANCH)}
-    with pytest.raises(LadderError, match=rf"runs {re.escape(SMALL)}, {re.escape(SMALL_BRANCH)}, {re.escape(BIG)}, "
-                                          rf"{re.escape(BIG_BRANCH)} have trained .*lr_decay_share.* changed"):
+    before = {s.name: open(s.run.config_path).read() for s in ladder.sizes}
+    with pytest.raises(LadderError, match=r"runs n6\.6K, n6\.6K-x0\.5 have trained .*lr_decay_share.* changed"):
         ladder_plan.write_configs(ladder_plan.make_ladder(load_spec(changed)))
-    assert {name: open(os.path.join(spec.out, "configs", name + ".json")).read() for name in before} == before
+    assert {s.name: open(s.run.config_path).read() for s in ladder.sizes} == before
 
 
 # ----------------------------------------------------------------------------------------------------
