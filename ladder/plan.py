@@ -12,6 +12,7 @@ refused).
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -19,17 +20,15 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from schema import GPTConfig, batch_split, num_microbatches
-from config import config_from_dict, dataset_registry_for, replace
-from schema import resolve_config_path
+from schema import ConfigError, GPTConfig, batch_split, num_microbatches
+from config import config_from_dict, dataset_registry_for, replace, resolve_config_path
 from plan import dry_run
 from plan.memory_check import available_host_bytes
 
 from ladder import rules as ladder_rules
+from ladder.records import PFLOP_DAY, PLAN_FILE, duration
 from ladder.spec import LadderError, LadderSpec, short_count
 
-PFLOP_DAY = 1e15 * 86400
-PLAN_FILE = "{}.plan.json"        # OUT/SPEC_NAME.plan.json: the table's numbers, for status and fit (specs may share OUT)
 
 
 @dataclass
@@ -61,11 +60,15 @@ class SizePlan:
 
     @property
     def flops(self) -> float:
-        return self.flops_per_token * self.run.tokens
+        """The FLOPs this run trains: a branch only its own steps (the trunk trained the ones before its start)."""
+        return self.flops_per_token * self.run.trained_steps * self.run.batch_tokens
 
     def record(self) -> dict:
         r = self.run
-        return {"name": r.name, "target": r.target, "multiple": r.multiple, "n_layer": r.shape.n_layer,
+        return {"name": r.name, "size": r.size, "kind": r.kind, "trunk": r.trunk, "lineage": r.lineage,
+                "start_step": r.start, "keep_steps": list(r.keep_steps), "decay_share": r.decay_share,
+                "repeat": r.repeat, "seed": r.seed,
+                "target": r.target, "multiple": r.multiple, "n_layer": r.shape.n_layer,
                 "n_embd": r.shape.n_embd, "n_head": r.shape.n_head, "non_embedding": self.params["non_embedding"],
                 "parameters": self.params["total"], "batch_sequences": r.batch_sequences,
                 "batch_tokens": r.batch_tokens, "lr": r.lr, "warmup_steps": r.warmup_steps, "beta2": r.beta2,
@@ -113,8 +116,11 @@ def size_config(ladder_raw: dict, base: GPTConfig, run: ladder_rules.SizeRun, sp
 
 def device_bytes(spec: LadderSpec) -> float:
     """One device's memory: the spec's, or on CPU devices this host's available RAM shared by the devices."""
-    if spec.devices.memory:
-        return dry_run.parse_bytes(spec.devices.memory)
+    if spec.devices.memory:  # checked here, not when the spec is read: `fit` reads specs without TensorFlow
+        try:
+            return dry_run.parse_bytes(spec.devices.memory)
+        except ConfigError as e:
+            raise LadderError(f"\"devices\".memory in {spec.path}: {e}") from None
     available = available_host_bytes()
     return (available if available is not None else 2.0 ** 40) / spec.devices.count
 
@@ -143,13 +149,21 @@ def place(cfg: GPTConfig, facts, memory: float, max_devices: int, name: str) -> 
 def make_ladder(spec: LadderSpec) -> Ladder:
     raw, base = load_base(spec)
     memory = device_bytes(spec)
-    sizes = []
+    sizes, planned = [], {}
     for run in ladder_rules.size_runs(spec, base):
         size_raw, cfg = size_config(raw, base, run, spec)
+        if run.size in planned:  # a size's runs differ in duration, seed and checkpoints, not in graph or placement
+            first = planned[run.size]
+            placed = replace(cfg, mesh_shape=first.cfg.mesh_shape, layout=first.cfg.layout,
+                             tokens_per_mb_per_replica=first.cfg.tokens_per_mb_per_replica)
+            sizes.append(SizePlan(run, placed, first.params, first.flops_per_token, first.memory_per_device, memory,
+                                  first.family))
+            continue
         facts = dry_run.collect(cfg)
         placed, used, family = place(cfg, facts, memory, spec.devices.count, run.name)
         plan = dry_run.make_plan(placed, facts=facts)  # the graph's facts do not depend on the mesh
         sizes.append(SizePlan(run, placed, dict(plan.params), plan.flops_per_token, used.total, memory, family))
+        planned[run.size] = sizes[-1]
     return Ladder(spec, base, raw, sizes)
 
 
@@ -178,15 +192,18 @@ def config_json(ladder: Ladder, size: SizePlan) -> dict:
 
 
 def started(model_path: str) -> bool:
-    """Whether a size has a checkpoint (its config is then fixed)."""
-    return bool(glob.glob(os.path.join(model_path, "model.ckpt-*.index")))
+    """Whether a run has a checkpoint (its config is then fixed; a branch's first is its trunk's, copied in)."""
+    from modelpath.checkpoints import steps
+    return bool(steps(model_path))
 
 
 def write_configs(ladder: Ladder) -> list[str]:
-    """OUT/configs/NAME.json for every size, the datasets beside them, and OUT/SPEC_NAME.plan.json. Refuses (before
-    writing anything) when a size that has started would get a config other than the one it started with."""
+    """OUT/configs/NAME.json for every run, the datasets beside them, and OUT/SPEC_NAME.plan.json. Refuses (before
+    writing anything) when runs that have started, trunks and branches alike, would get configs other than the ones
+    they started with, naming them all."""
     folder = os.path.join(ladder.spec.out, "configs")
     wanted = {size.run.config_path: config_json(ladder, size) for size in ladder.sizes}
+    refused, changed = [], set()
     for size in ladder.sizes:
         path = size.run.config_path
         if os.path.isfile(path) and started(size.run.model_path):
@@ -196,12 +213,17 @@ def write_configs(ladder: Ladder) -> list[str]:
                 except ValueError:
                     existing = None
             if existing != wanted[path]:
-                changed = sorted(k for k in set(wanted[path]) | set(existing or {})
-                                 if (existing or {}).get(k) != wanted[path].get(k))
-                raise LadderError(
-                    f"size {size.name} has trained in {size.run.model_path} with {path}, and the spec now gives it "
-                    f"another config ({', '.join(changed[:4])} changed): restore the spec, or point \"out\" at a new "
-                    f"folder for the changed ladder")
+                refused.append(size)
+                changed |= {k for k in set(wanted[path]) | set(existing or {})
+                            if (existing or {}).get(k) != wanted[path].get(k)}
+    if refused:
+        first = refused[0].run
+        names = ", ".join(s.name for s in refused)
+        raise LadderError(
+            f"{'run' if len(refused) == 1 else 'runs'} {names} {'has' if len(refused) == 1 else 'have'} trained (e.g. "
+            f"{first.model_path} with {first.config_path}), and the spec now gives "
+            f"{'it another config' if len(refused) == 1 else 'them other configs'} ({', '.join(sorted(changed)[:4])} "
+            f"changed): restore the spec, or point \"out\" at a new folder for the changed ladder")
     registry = os.path.join(folder, "dataset_configs")
     os.makedirs(registry, exist_ok=True)
     written = []
@@ -211,8 +233,31 @@ def write_configs(ladder: Ladder) -> list[str]:
         _write_json(path, raw)
         written.append(path)
     _write_json(os.path.join(ladder.spec.out, PLAN_FILE.format(ladder.spec.name)),
-                {"ladder": ladder.spec.name, "spec": ladder.spec.path, "sizes": [s.record() for s in ladder.sizes]})
+                {"ladder": ladder.spec.name, "spec": ladder.spec.path, "sizes": [s.record() for s in ladder.sizes],
+                 "flops_per_token": flops_per_token_curve(ladder)})
     return written
+
+
+def flops_per_token_curve(ladder: Ladder) -> list:
+    """[N, FLOPs per training token] of the shape the ladder's size rule gives N, from 100 to 10T parameters: what
+    `fit` needs of the model to turn a compute budget into tokens, written with the plan so that `fit` needs no
+    TensorFlow. The project's count (models/flops.py) of each shape on the base architecture."""
+    import numpy as np
+    from models import flops
+    from ladder.shapes import shape_for
+    spec, base = ladder.spec, ladder.base
+    loose = dataclasses.replace(spec.rules, size_tolerance=0.5)
+    curve = {}
+    for target in np.logspace(2, 13, 45):
+        try:
+            shape = shape_for(base, float(target), loose)
+        except LadderError:
+            continue
+        cfg = replace(base, n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head,
+                      attention_types=[base.attention_types[i % len(base.attention_types)]
+                                       for i in range(shape.n_layer)])
+        curve[shape.non_embedding] = flops.training_flops_per_token(cfg)
+    return [[float(n), float(f)] for n, f in sorted(curve.items())]
 
 
 def _write_json(path: str, data) -> None:
@@ -221,17 +266,6 @@ def _write_json(path: str, data) -> None:
         json.dump(data, f, indent=1)
         f.write("\n")
     os.replace(path + ".tmp", path)
-
-
-def read_plan(spec) -> Optional[dict]:
-    path = os.path.join(spec.out, PLAN_FILE.format(spec.name))
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except ValueError:
-        return None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,26 +301,26 @@ def estimates(ladder: Ladder) -> dict:
     return found
 
 
-def duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f}d"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def table(ladder: Ladder) -> str:
     spec, times = ladder.spec, estimates(ladder)
-    head = (f"{'size':<12}{'N':>10}{'miss':>6}  {'shape':<14}{'batch':>12}{'lr':>9}{'warmup':>7}{'steps':>7}"
-            f"{'tokens':>9}{'tok/N':>6}{'FLOPs':>10}{'pflop-d':>9}  {'mesh':<8}{'micro':>8}{'accum':>6}{'time':>9}")
-    lines = [f"ladder {spec.name}: {len(ladder.sizes)} runs from {spec.base}, devices: up to {spec.devices.count} "
-             f"{spec.devices.kind} of {dry_run.human_bytes(ladder.sizes[0].device_bytes)}; nothing is trained", head]
+    width = max(12, max(len(s.name) for s in ladder.sizes) + 2)
+    head = (f"{'run':<{width}}{'N':>10}{'miss':>6}  {'shape':<14}{'batch':>12}{'lr':>9}{'warmup':>7}{'steps':>7}"
+            f"  {'from':<{width + 6}}{'tokens':>9}{'tok/N':>6}{'FLOPs':>10}{'pflop-d':>9}  {'mesh':<8}{'micro':>8}"
+            f"{'accum':>6}{'time':>9}")
+    how = (f"WSD, each run decaying over its last {spec.rules.decay_share:.0%}: per size a trunk and branches from its "
+           f"checkpoints" if spec.schedule == "wsd" else "one run per multiple on the base config's schedule")
+    lines = [f"ladder {spec.name}: {len(ladder.sizes)} runs from {spec.base} ({how}), devices: up to "
+             f"{spec.devices.count} {spec.devices.kind} of {dry_run.human_bytes(ladder.sizes[0].device_bytes)}; "
+             f"nothing is trained", head]
     for s in ladder.sizes:
         r, n = s.run, s.params["non_embedding"]
         shape = f"{r.shape.n_layer}x{r.shape.n_embd}/{r.shape.n_head}h"
         time = times.get(s.name)
+        origin = f"{r.trunk} @ {r.start}" if r.kind == "branch" and r.start else "step 0"
         lines.append(
-            f"{r.name:<12}{n:>10,}{n / r.target - 1:>+6.0%}  {shape:<14}{f'{r.batch_sequences}x{s.cfg.n_ctx}':>12}"
-            f"{r.lr:>9.3g}{r.warmup_steps:>7}{r.steps:>7}{short_count(r.tokens):>9}{r.tokens / n:>6.0f}"
+            f"{r.name:<{width}}{n:>10,}{n / r.target - 1:>+6.0%}  {shape:<14}{f'{r.batch_sequences}x{s.cfg.n_ctx}':>12}"
+            f"{r.lr:>9.3g}{r.warmup_steps:>7}{r.steps:>7}  {origin:<{width + 6}}{short_count(r.tokens):>9}"
+            f"{r.tokens / n:>6.0f}"
             f"{s.flops:>10.2e}{s.flops / PFLOP_DAY:>9.1e}  {s.cfg.mesh_shape:<8}{s.micro_batch:>8}{s.micro_batches:>6}"
             f"{duration(time[0]) if time else '?':>9}")
     total = sum(t[0] for t in times.values() if t) if all(times.values()) else None
@@ -296,19 +330,22 @@ def table(ladder: Ladder) -> str:
         + (f", about {duration(total)} of training ({', '.join(sources)} throughput; start-up and evaluations not "
            f"counted)" if total else ", time: ? (give \"devices\".model_tflops, or run a size to measure it)"),
         "N: non-embedding parameters on the training graph; miss: against the target; shape: layers x width / heads; "
-        "batch: sequences x context; micro: sequences per replica per micro-batch; accum: micro-batches per step",
+        "batch: sequences x context; from: where the run starts (a branch: its trunk's checkpoint at that step); "
+        "FLOPs: what the run itself trains; micro: sequences per replica per micro-batch; accum: micro-batches per step",
     ]
     return "\n".join(lines)
 
 
 def lr_schedules(ladder: Ladder, points: int = 200) -> dict:
-    """name -> (tokens, lr) along each size's run, from train/optimizer.py's schedule itself."""
+    """name -> (tokens, lr) along each run from where it starts (a branch: its trunk's checkpoint), from the
+    trainer's own schedule (models/optimizers.py)."""
     import numpy as np
     import tensorflow.compat.v1 as tf
     from models.optimizers import learning_rate
     found = {}
     for s in ladder.sizes:
-        steps = np.unique(np.linspace(1, s.run.steps, points).round().astype(np.int64))  # step 0 has no place on a log axis
+        first = max(1, s.run.start)  # step 0 has no place on a log axis
+        steps = np.unique(np.linspace(first, s.run.steps, points).round().astype(np.int64))
         lr = learning_rate(s.cfg, tf.constant(steps))
         found[s.name] = (steps * s.run.batch_tokens, np.asarray(lr))
     return found
@@ -319,8 +356,18 @@ def plot_lr(ladder: Ladder, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    sizes = list(dict.fromkeys(s.run.size for s in ladder.sizes))
+    colours = {size: plt.cm.viridis(i / max(1, len(sizes) - 1)) for i, size in enumerate(sizes)}
+    runs = {s.name: s.run for s in ladder.sizes}
     for name, (tokens, lr) in lr_schedules(ladder).items():
-        ax.plot(tokens, lr, label=name)
+        run = runs[name]
+        if run.repeat:
+            continue  # a repeat's schedule is its size's
+        labelled = run.size in colours and run.kind != "branch"
+        ax.plot(tokens, lr, "--" if run.kind == "branch" else "-", color=colours.get(run.size, "k"), lw=1.2,
+                label=run.size if labelled else None)
+        if labelled:
+            colours[run.size + " labelled"] = None  # one label per size
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("learning rate")

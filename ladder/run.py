@@ -1,12 +1,16 @@
-"""`python -m ladder run SPEC`: every size trained in turn, smallest first, each in its own model_path, by the same
-command a user would type for it (`main.py --model OUT/configs/NAME.json`, in a child process), evaluating after
-each of its `eval_points` checkpoints (evenly spaced; the last at the end of the run).
+"""`python -m ladder run SPEC`: every run trained in turn, smallest size first, each in its own model_path, by the
+same command a user would type for it (`main.py --model OUT/configs/NAME.json`, in a child process), evaluating
+after each of its `eval_points` checkpoints (evenly spaced; the last at the end of the run).
 
-Resumable: a size whose last checkpoint is at its train_steps and whose final evaluation is recorded is skipped; one
+Under the WSD schedule a size's trunk trains first, saving (and keeping) a checkpoint at each branch's start; then
+each branch gets a copy of that checkpoint in its own model_path (modelpath/checkpoints.copy) and trains from it to
+its own end, where it is evaluated: main.py resumes it as it resumes any run.
+
+Resumable: a run whose last checkpoint is at its train_steps and whose final evaluation is recorded is skipped; one
 trained to the end but not evaluated is evaluated (`main.py --eval`); one cut off resumes from its last checkpoint
-(main.py's own resume: the same batches, no step trained twice). Ctrl-C (or SIGTERM) is passed once to the size
-training: it saves after its current step, and the ladder stops with a line saying how to go on. Finished sizes are
-never touched again.
+(main.py's own resume: the same batches, no step trained twice), a branch too. Ctrl-C (or SIGTERM) is passed once
+to the run training: it saves after its current step, and the ladder stops with a line saying how to go on.
+Finished runs are never touched again.
 
 Progress: each size's own progress lines (with its ETA), each followed by the ladder's share of FLOPs done and its
 ETA (`Progress`: the FLOPs left at the last measured FLOP rate, plus start-ups and evaluations as they took).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from schema import REPO_ROOT
+from modelpath import checkpoints
+from modelpath.tokenizer_record import RECORD as TOKENIZER_RECORD
 
 from ladder import plan as ladder_plan
 from ladder.plan import Ladder, SizePlan, duration
@@ -44,8 +51,7 @@ _STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)")
 
 def checkpoint_steps(model_path: str) -> list[int]:
     """The steps of the complete checkpoints in model_path, ascending."""
-    from modelpath.checkpoints import steps
-    return steps(model_path)
+    return checkpoints.steps(model_path)
 
 
 def eval_results(size: SizePlan) -> dict:
@@ -55,9 +61,10 @@ def eval_results(size: SizePlan) -> dict:
 
 @dataclass
 class SizeState:
-    step: int                     # the last checkpoint's step
-    steps: int                    # the size's train_steps
+    step: int                     # the last checkpoint's step (a branch not started: the step it starts from)
+    steps: int                    # the run's train_steps
     evaluated: bool               # the final evaluation is recorded
+    branch_from: Optional[str] = None  # a branch not started yet: its trunk
 
     @property
     def done(self) -> bool:
@@ -68,13 +75,40 @@ class SizeState:
             return "done"
         if self.step >= self.steps:
             return "trained, final evaluation missing"
+        if self.branch_from:
+            return f"new, branches from {self.branch_from} at step {self.step}"
         return f"resumes at step {self.step}" if self.step else "new"
 
 
 def size_state(size: SizePlan) -> SizeState:
     steps = checkpoint_steps(size.run.model_path)
+    if not steps and size.run.kind == "branch" and size.run.start:
+        return SizeState(size.run.start, size.run.steps, False, size.run.trunk)
     step = steps[-1] if steps else 0
     return SizeState(step, size.run.steps, size.run.steps in eval_results(size))
+
+
+def start_branch(records: list, name: str) -> Optional[str]:
+    """Run `name`'s model_path made from its trunk's checkpoint at the branch's start, with the trunk's tokenizer
+    record (`records`: the plan's, SizePlan.record()): the branch then trains, resumes and is locked to its config
+    as any run. Nothing when it has a checkpoint already (returns None); a LadderError when the trunk has no
+    checkpoint there."""
+    found = {r["name"]: r for r in records}
+    run = found[name]
+    if checkpoint_steps(run["model_path"]):
+        return None
+    trunk = found[run["trunk"]]
+    start = run["start_step"]
+    if start not in checkpoint_steps(trunk["model_path"]):
+        raise LadderError(f"branch {name} starts from {trunk['name']}'s checkpoint at step {start}, which "
+                          f"{trunk['model_path']} does not hold (keep_checkpoint_steps keeps it once saved): train "
+                          f"{trunk['name']} first, or delete {trunk['model_path']} to train it again")
+    prefix = checkpoints.copy(checkpoints.prefix_of(trunk["model_path"], start), run["model_path"])
+    record, mine = (os.path.join(path, TOKENIZER_RECORD) for path in (trunk["model_path"], run["model_path"]))
+    if os.path.isfile(record) and not os.path.exists(mine):
+        shutil.copyfile(record, mine + ".tmp")
+        os.replace(mine + ".tmp", mine)
+    return prefix
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -88,7 +122,7 @@ class Progress:
 
     def __init__(self, ladder: Ladder, states: dict):
         self.total = ladder.flops
-        self.done = {s.name: s.flops * min(states[s.name].step, s.run.steps) / s.run.steps for s in ladder.sizes}
+        self.done = {s.name: self._done(s, states[s.name].step) for s in ladder.sizes}
         self.waiting = {s.name: s.flops for s in ladder.sizes if not states[s.name].done}
         self.rate = None                # FLOP/s of the size under way (or the last one), between its progress lines
         self.overheads: list = []       # per size trained here: its wall time not spent between progress lines
@@ -105,9 +139,15 @@ class Progress:
         line is not training."""
         self._last = None
 
+    @staticmethod
+    def _done(size: SizePlan, step: int) -> float:
+        """The FLOPs a run has done at `step` (a branch counts from its start)."""
+        trained = min(max(step - size.run.start, 0), size.run.trained_steps)
+        return size.flops * trained / max(size.run.trained_steps, 1)
+
     def update(self, size: SizePlan, step: int) -> None:
         now = time.monotonic()
-        flops = size.flops * min(step, size.run.steps) / size.run.steps
+        flops = self._done(size, step)
         if self._last is not None and now > self._last:
             self._size_training += now - self._last
             self._size_flops += flops - self.done[size.name]
@@ -181,7 +221,7 @@ def run_here(ladder: Ladder, say=print) -> int:
         for i, size in enumerate(ladder.sizes, 1):
             state = states[size.name]
             r = size.run
-            head = (f"ladder {ladder.spec.name}: size {i}/{total} {size.name}: N {size.params['non_embedding']:,}, "
+            head = (f"ladder {ladder.spec.name}: run {i}/{total} {size.name}: N {size.params['non_embedding']:,}, "
                     f"{r.shape.n_layer} x {r.shape.n_embd}, {r.steps} steps of {r.batch_tokens:,} tokens in "
                     f"{r.model_path}")
             if state.done:
@@ -190,21 +230,26 @@ def run_here(ladder: Ladder, say=print) -> int:
             say(f"{head}: {state.describe()}")
             started = time.monotonic()
             progress.start(size)
+            if state.branch_from:
+                say(f"[{size.name}] starts from {start_branch([s.record() for s in ladder.sizes], size.name)}")
+                if forward.signum is not None:  # a Ctrl-C during the copy: stop before training anything
+                    say(f"ladder stopped before {size.name} trained (run the same command to resume)")
+                    return 130
             code = _train_size(size, state.step >= r.steps, progress, forward, say)
             if forward.signum is not None or code in (130, 143):
-                say(f"ladder stopped during {size.name} (its last checkpoint is kept; finished sizes are untouched): "
+                say(f"ladder stopped during {size.name} (its last checkpoint is kept; finished runs are untouched): "
                     f"run the same command to resume")
                 return code or 130
             if code != 0:
-                print(f"error: size {size.name} stopped with exit code {code} (its error is above); the sizes before "
+                print(f"error: run {size.name} stopped with exit code {code} (its error is above); the runs before "
                       f"it are kept: fix it and run the same command to go on", file=sys.stderr, flush=True)
                 return code
             progress.finish(size)
             final = eval_results(size).get(r.steps)
             shown = f"final eval loss {final:.4f}" if final is not None else "no final evaluation recorded"
-            say(f"ladder: {size.name} done in {duration(time.monotonic() - started)} ({shown}); {i}/{total} sizes, "
+            say(f"ladder: {size.name} done in {duration(time.monotonic() - started)} ({shown}); {i}/{total} runs, "
                 f"{progress.line(size)}")
-    say(f"ladder {ladder.spec.name}: all {total} sizes trained; next: python -m ladder fit {ladder.spec.path}")
+    say(f"ladder {ladder.spec.name}: all {total} runs trained; next: python -m ladder fit {ladder.spec.path}")
     return 0
 
 
@@ -217,49 +262,65 @@ def _gpu_ids(count: int) -> str:
 
 
 def launcher_scripts(ladder: Ladder) -> list[str]:
-    """One script per size in OUT/launch/: SLURM sbatch files or Kubernetes Indexed Jobs (docs/multihost.md)."""
+    """One script per lineage in OUT/launch/ (a trunk and its branches in turn, or a run of the base schedule):
+    SLURM sbatch files or Kubernetes Indexed Jobs (docs/multihost.md). A branch's step first copies its trunk's
+    checkpoint into its model_path (`python -m ladder branch`, which does nothing once it has one)."""
     launcher = ladder.spec.launcher
     folder = os.path.join(ladder.spec.out, "launch")
     os.makedirs(folder, exist_ok=True)
     workdir = launcher.workdir or REPO_ROOT
-    written = []
+    lineages = {}
     for size in ladder.sizes:
-        devices = size.cfg.n_devices
+        lineages.setdefault(size.run.lineage, []).append(size)
+    written = []
+    for name, runs in lineages.items():
+        devices = runs[0].cfg.n_devices
         nodes = math.ceil(devices / launcher.gpus_per_node)
         per_node = min(devices, launcher.gpus_per_node)
         if devices % per_node:
-            raise LadderError(f"size {size.name} uses {devices} GPUs, which do not split evenly over nodes of "
+            raise LadderError(f"size {name} uses {devices} GPUs, which do not split evenly over nodes of "
                               f"{launcher.gpus_per_node}: set \"launcher\".gpus_per_node to a divisor or multiple")
-        main = (f"{launcher.python} main.py --model {size.run.config_path} --gpu_ids {_gpu_ids(per_node)}")
-        job = f"{ladder.spec.name}-{size.name}".lower().replace(".", "-").replace("_", "-")
+        steps = []  # (a branch's copy command or None, main.py's command, a comment)
+        for size in runs:
+            copy = (f"{launcher.python} -m ladder branch {ladder.spec.path} {size.name}"
+                    if size.run.kind == "branch" and size.run.start else None)
+            main = f"{launcher.python} main.py --model {size.run.config_path} --gpu_ids {_gpu_ids(per_node)}"
+            comment = (f"# {size.name}: N {size.params['non_embedding']:,}, steps {size.run.start} -> {size.run.steps}, "
+                       f"mesh {size.cfg.mesh_shape}; the ladder's evaluations run after each checkpoint")
+            steps.append((copy, main, comment))
+        job = f"{ladder.spec.name}-{name}".lower().replace(".", "-").replace("_", "-")
         if launcher.kind == "slurm":
-            path = os.path.join(folder, f"{size.name}.sbatch")
+            path = os.path.join(folder, f"{name}.sbatch")
             lines = ["#!/bin/bash", f"#SBATCH --job-name={job}", f"#SBATCH --nodes={nodes}",
                      "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
                      f"#SBATCH --time={launcher.time}",
                      "#SBATCH --signal=TERM@300            # SIGTERM before the time limit: save and stop",
-                     "#SBATCH --requeue                    # a preempted size comes back and resumes"]
+                     "#SBATCH --requeue                    # a preempted job comes back and resumes"]
             if launcher.partition:
                 lines.append(f"#SBATCH --partition={launcher.partition}")
-            lines += [f"cd {workdir}",
-                      f"# {size.name}: N {size.params['non_embedding']:,}, {size.run.steps} steps, mesh "
-                      f"{size.cfg.mesh_shape}; the ladder's evaluations run after each checkpoint",
-                      f"srun {main}", ""]
-            text = "\n".join(lines)
+            lines += ["set -e", f"cd {workdir}"]
+            for copy, main, comment in steps:
+                lines += [comment] + ([copy] if copy else []) + [f"srun {main}"]
+            text = "\n".join(lines + [""])
         else:
-            path = os.path.join(folder, f"{size.name}.yaml")
+            path = os.path.join(folder, f"{name}.yaml")
             workers = ", ".join(f'\\"{job}-{i}.{job}:2222\\"' for i in range(nodes))
+            commands = []
+            for copy, main, _ in steps:
+                if copy:  # once, by the chief; the workers wait for it in the cluster's start-up
+                    commands.append(f'          if [ "${{JOB_COMPLETION_INDEX:-0}}" = 0 ]; then {copy}; fi')
+                commands.append(f"          {main}")
             text = "\n".join([
                 "apiVersion: batch/v1", "kind: Job", f"metadata: {{name: {job}}}", "spec:",
                 f"  completions: {nodes}", f"  parallelism: {nodes}", "  completionMode: Indexed",
                 "  backoffLimit: 20", "  template:", "    spec:", f"      subdomain: {job}",
                 "      restartPolicy: OnFailure", "      terminationGracePeriodSeconds: 300", "      containers:",
                 "      - name: train", f"        image: {launcher.image}", f"        workingDir: {workdir}",
-                '        command: ["bash", "-c"]', "        args:", "        - |",
+                '        command: ["bash", "-c"]', "        args:", "        - |", "          set -e",
                 *([f'          export TF_CONFIG="{{\\"cluster\\": {{\\"worker\\": [{workers}]}}, '
                    f'\\"task\\": {{\\"type\\": \\"worker\\", \\"index\\": $JOB_COMPLETION_INDEX}}}}"']
                   if nodes > 1 else []),
-                f"          exec {main}", "        ports: [{containerPort: 2222}]",
+                *commands, "        ports: [{containerPort: 2222}]",
                 f"        resources: {{limits: {{nvidia.com/gpu: {per_node}}}}}", ""])
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
@@ -274,7 +335,7 @@ def run(ladder: Ladder, say=print) -> int:
     if ladder.spec.launcher is None:
         return run_here(ladder, say)
     scripts = launcher_scripts(ladder)
-    say(f"ladder {ladder.spec.name}: wrote {len(written)} size configs and {len(scripts)} "
+    say(f"ladder {ladder.spec.name}: wrote {len(written)} run configs and {len(scripts)} "
         f"{ladder.spec.launcher.kind} scripts (nothing trains here):")
     for path in scripts:
         say(f"  {path}")

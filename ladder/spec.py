@@ -8,6 +8,9 @@
       "rules": {"head_width": 16},               # overrides of the per-size rules (Rules below)
       "overrides": {"precision": "float32"},     # config keys set in every size's config
       "eval_points": 4,                          # evaluations per run, evenly spaced, the last at its end
+      "schedule": "wsd",                         # per size a WSD trunk with decay branches; "base": one run per
+                                                 # multiple on the base config's own schedule
+      "repeats": ["12.5K"],                      # sizes trained again on another data order (default: the smallest)
       "out": "runs/ladders/NAME"                 # where the sizes' configs and model_paths go
     }
 
@@ -42,6 +45,8 @@ class Rules:
     lr_at_108M: float = 0.0047              # Porian et al. 2024: peak lr 0.0047 at N = 108M
     lr_exponent: float = -1.0 / 3.0         # ... and lr ~ N^(-1/3)
     warmup_tokens_per_param: float = 1.0    # Porian et al. 2024: warm up over N tokens
+    decay_share: float = 0.2                # WSD: each run decays over its last 20% (Hägele et al. 2024)
+    branch_fractions: tuple = (0.25, 0.5)   # WSD: branches end at these fractions of the longest run (this project's)
     small_batch_beta2: float = 0.99         # Porian et al. 2024 (table 4): beta2 0.99 for batches below ...
     small_batch_tokens: float = 524288.0    # ... this many tokens; the base config's beta2 above it
 
@@ -80,11 +85,14 @@ class LadderSpec:
     eval_steps: Optional[int] = None      # batches per evaluation (default: the base config's, else 10)
     out: str = ""
     launcher: Optional[Launcher] = None
+    schedule: str = "wsd"                 # "wsd": a trunk per size with decay branches; "base": separate runs
+    repeats: tuple = ()                   # targets trained again on another data order (seed + 1)
 
 
 _KEYS = {"base", "sizes", "chinchilla_multiples", "devices", "rules", "overrides", "eval_points", "eval_steps",
-         "out", "launcher", "comment"}
-_TYPES = {"int": int, "float": float, "str": str, "Optional[str]": str, "Optional[float]": float}
+         "out", "launcher", "schedule", "repeats", "comment"}
+SCHEDULES = ("wsd", "base")
+_TYPES = {"int": int, "float": float, "str": str, "Optional[str]": str, "Optional[float]": float, "tuple": tuple}
 _TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string"}
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 
@@ -124,6 +132,13 @@ def _section(raw: dict, key: str, cls, path: str):
             raise LadderError(f"unknown key {name!r} in \"{key}\" of {path}{closest(name, fields)}: the keys are "
                               f"{', '.join(fields)}")
         expected = _TYPES.get(str(fields[name].type))
+        if expected is tuple:  # a list of fractions in (0, 1)
+            if not isinstance(item, list) or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                                                 or not 0 < x < 1 for x in item):
+                raise LadderError(f"\"{key}\".{name} in {path} must be a list of fractions in (0, 1) like "
+                                  f"[0.25, 0.5], got {item!r}")
+            values[name] = tuple(sorted({float(x) for x in item}))
+            continue
         if expected is float and isinstance(item, int) and not isinstance(item, bool):
             item = float(item)
         if expected is not None and (isinstance(item, bool) or not isinstance(item, expected)):
@@ -171,24 +186,37 @@ def load_spec(path: str) -> LadderSpec:
                           f"size's config written by `plan` with main.py --tpu)")
     if devices.kind == "gpu" and not devices.memory:
         raise LadderError(f"\"devices\" in {path} are GPUs without \"memory\": give one GPU's memory, e.g. \"80GB\"")
-    if devices.memory:
-        from plan.dry_run import parse_bytes
-        try:
-            parse_bytes(devices.memory)
-        except ConfigError as e:
-            raise LadderError(f"\"devices\".memory in {path}: {e}") from None
     rules = Rules(**_section(raw, "rules", Rules, path))
-    if not 0 < rules.size_tolerance < 1:
-        raise LadderError(f"\"rules\".size_tolerance in {path} must be a fraction in (0, 1), got {rules.size_tolerance}")
+    for key in ("size_tolerance", "decay_share"):
+        if not 0 < getattr(rules, key) < 1:
+            raise LadderError(f"\"rules\".{key} in {path} must be a fraction in (0, 1), got {getattr(rules, key)}")
+    schedule = raw.get("schedule", "wsd")
+    if schedule not in SCHEDULES:
+        raise LadderError(f"\"schedule\" in {path} is {schedule!r}: use \"wsd\" (a trunk per size with decay branches) "
+                          f"or \"base\" (one run per Chinchilla multiple on the base config's schedule)")
+    repeats = raw.get("repeats")
+    if repeats is not None and not isinstance(repeats, list):
+        raise LadderError(f"\"repeats\" in {path} must be a list of sizes like [\"6.6K\"] (or [] for none)")
+    repeats = (targets[0],) if repeats is None else tuple(sorted({parse_count(r, "a repeated size") for r in repeats}))
+    unknown = [short_count(r) for r in repeats if r not in targets]
+    if unknown:
+        raise LadderError(f"\"repeats\" in {path} names {', '.join(unknown)}, which is not among \"sizes\": repeat "
+                          f"one of {', '.join(short_count(t) for t in targets)}")
     overrides = raw.get("overrides", {})
     if not isinstance(overrides, dict):
         raise LadderError(f"\"overrides\" in {path} must be an object of config keys, got {overrides!r}")
     ruled = {"n_layer", "n_embd", "n_head", "attention_types", "lr", "warmup_steps", "train_batch_size", "train_steps",
-             "steps_per_checkpoint", "model_path", "mesh_shape", "layout", "tokens_per_mb_per_replica"}
+             "steps_per_checkpoint", "model_path", "mesh_shape", "layout", "tokens_per_mb_per_replica",
+             "keep_checkpoint_steps"}
+    if schedule == "wsd":
+        ruled |= {"lr_decay", "lr_decay_share", "lr_decay_end"}
     taken = sorted(ruled & set(overrides))
     if taken:
+        how = ("set \"schedule\": \"base\" to train on the base config's schedule, or change \"rules\".decay_share"
+               if set(taken) <= {"lr_decay", "lr_decay_share", "lr_decay_end"} else
+               "change the rule in \"rules\" instead")
         raise LadderError(f"\"overrides\" in {path} sets {', '.join(taken)}, which the ladder's rules decide per size: "
-                          f"change the rule in \"rules\" instead (docs/ladder.md)")
+                          f"{how} (docs/ladder.md)")
     for key in ("eval_points", "eval_steps"):
         value = raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -211,4 +239,4 @@ def load_spec(path: str) -> LadderSpec:
     return LadderSpec(name=name, path=os.path.abspath(path), base=raw["base"], sizes=tuple(targets),
                       multiples=multiples, devices=devices, rules=rules, overrides=dict(overrides),
                       eval_points=raw.get("eval_points", 4), eval_steps=raw.get("eval_steps"), out=out,
-                      launcher=launcher)
+                      launcher=launcher, schedule=schedule, repeats=repeats)

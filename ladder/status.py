@@ -1,47 +1,21 @@
-"""`python -m ladder status SPEC`: the training overview of every size, read from what its model_path holds (and
+"""`python -m ladder status SPEC`: the training overview of every run, read from what its model_path holds (and
 works while sizes train, here or on a cluster): run_info.json (tokens per step, FLOPs per token), the TensorBoard
 scalars (step, loss, tokens/s, MFU), the checkpoints and eval_results.jsonl. The ladder's OUT/SPEC_NAME.plan.json
 names the sizes and their targets (`plan` or `run` writes it)."""
 from __future__ import annotations
 
-import json
 import os
 
-from ladder.plan import PFLOP_DAY, duration, make_ladder, read_plan
+from ladder.records import PFLOP_DAY, duration, read_plan, results_file, validation_losses  # noqa: F401
 from ladder.spec import LadderSpec
 
 
-def results_file(record: dict) -> str:
-    """The size's eval results file: its config's eval_results_path, else model_path/eval_results.jsonl."""
-    try:
-        with open(record["config_path"], encoding="utf-8") as f:
-            configured = json.load(f).get("eval_results_path")
-    except (OSError, ValueError):
-        configured = None
-    return configured or os.path.join(record["model_path"], "eval_results.jsonl")
-
-
-def validation_losses(path: str) -> dict:
-    """step -> validation loss from an eval results file (the last record of a step wins; torn lines skipped)."""
-    found = {}
-    if not os.path.isfile(path):
-        return found
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("task") == "validation" and "loss" in record:
-                found[int(record["step"])] = float(record["loss"])
-    return found
-
-
 def size_records(spec: LadderSpec) -> list[dict]:
-    """The sizes as `plan` recorded them (planned now when it has not run)."""
+    """The runs as `plan` recorded them (planned now when it has not run)."""
     found = read_plan(spec)
     if found and found.get("sizes"):
         return found["sizes"]
+    from ladder.plan import make_ladder
     return [size.record() for size in make_ladder(spec).sizes]
 
 
@@ -94,12 +68,12 @@ def _shown(value, pattern: str) -> str:
 def table(spec: LadderSpec) -> str:
     rows = [overview(r) for r in size_records(spec)]
     lines = [f"ladder {spec.name} ({spec.out})",
-             f"{'size':<12}{'N':>9}{'tokens':>16}{'pflop-days':>11}{'done':>6}{'tok/s':>8}{'MFU':>6}"
+             f"{'run':<16}{'N':>9}{'tokens':>16}{'pflop-days':>11}{'done':>6}{'tok/s':>8}{'MFU':>6}"
              f"{'train':>8}{'eval':>8}{'eta':>8}  state"]
     for r in rows:
         tokens = f"{_short(r['done_tokens'])} / {_short(r['target_tokens'])}"
         lines.append(
-            f"{r['name']:<12}{r['non_embedding']:>9,}{tokens:>16}{r['pflop_days']:>11.2e}{100 * r['fraction']:>5.0f}%"
+            f"{r['name']:<16}{r['non_embedding']:>9,}{tokens:>16}{r['pflop_days']:>11.2e}{100 * r['fraction']:>5.0f}%"
             f"{_shown(r['tokens_per_s'], '{:,.0f}'):>8}{_shown(r['mfu'] and 100 * r['mfu'], '{:.1f}%'):>6}"
             f"{_shown(r['train_loss'], '{:.3f}'):>8}{_shown(r['eval_loss'], '{:.3f}'):>8}"
             f"{duration(r['eta']) if r['eta'] is not None else '-':>8}  {r['state']}")
@@ -107,7 +81,7 @@ def table(spec: LadderSpec) -> str:
     target = sum(r["target_pflop_days"] for r in rows)
     etas = [r["eta"] for r in rows if r["eta"] is not None]
     lines.append(f"total: {done:.2e} of {target:.2e} pflop-days ({100 * done / target:.0f}%), "
-                 f"{sum(r['state'] == 'done' for r in rows)}/{len(rows)} sizes done"
+                 f"{sum(r['state'] == 'done' for r in rows)}/{len(rows)} runs done"
                  + (f", eta of the sizes under way {duration(sum(etas))}" if etas else ""))
     lines.append("tokens: done / target; train, eval: the latest training and evaluation losses; eta: the tokens left at "
                  "the last tokens/s")

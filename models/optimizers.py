@@ -67,7 +67,8 @@ class MasterValue(mtf.Operation):
               and isinstance(producer.inputs[0].operation, mtf.StackedVariable)):
             row = producer.outputs.index(value)
             stacked = lowering.variables[producer.inputs[0].operation].laid_out_tensor
-            laid_out = lowering.mesh_impl(self).slicewise(lambda s: s[row], stacked)
+            # tf.convert_to_tensor: on TPUs a slice is a ReplicatedVariable, which reads but does not index.
+            laid_out = lowering.mesh_impl(self).slicewise(lambda s: tf.convert_to_tensor(s)[row], stacked)
         else:
             raise ValueError(f"master_value of {value}, which no variable produces")
         # Read the slices as values: the update's own assignment to the same variables comes after it.

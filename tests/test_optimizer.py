@@ -205,4 +205,3 @@ def test_wsd_holds_lr_until_its_decay_share_then_falls_to_the_floor(share, warmu
     if share == 1.0:  # no stable phase: the linear decay's schedule
         linear = replace(cfg, lr_decay="linear")
         np.testing.assert_allclose(rates_at(cfg, steps), rates_at(linear, steps), rtol=1e-6)
-
