@@ -42,8 +42,9 @@ CHATTER = (
     r"^(E\d{4} \d\d:\d\d:\d+\.\d+\s+\d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: E) \S+:\d+\] "
     r"(Unable to register cu(DNN|FFT|BLAS) factory|failed call to cuInit|.*computation placer already registered"
     r"|.*SetPriority unimplemented"
-    # oneDNN on a CPU without AVX-512 (runtime_defaults turns it on there) runs boolean ops on Eigen, and says so
-    r"|oneDNN supports DT_BOOL only on platforms with AVX-512\. Falling back to the default Eigen-based)",
+    # oneDNN on a CPU without AVX-512 (runtime_defaults turns it on there) runs boolean and (emulated) bf16 ops
+    # on Eigen, and says so
+    r"|oneDNN supports DT_(BOOL|BFLOAT16) only on platforms with AVX-512\. Falling back to the default Eigen-based)",
     r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.",
     r"^oneDNN custom operations are on\.",
 )

@@ -21,6 +21,7 @@ CHATTER_LINES = [
     "I0000 00:00:1731200000.2 12345 device_compiler.h:188] Compiled cluster using XLA!  This line is logged at most once for the lifetime of the process.",
     "W0000 00:00:1731200000.3 12345 thread.cc:45] SetPriority unimplemented",
     "E0000 00:00:1795502311.508494   26205 util.cc:131] oneDNN supports DT_BOOL only on platforms with AVX-512. Falling back to the default Eigen-based implementation if present.",
+    "E0000 00:00:1795845701.568133   26519 util.cc:131] oneDNN supports DT_BFLOAT16 only on platforms with AVX-512. Falling back to the default Eigen-based implementation if present.",
     # tensorflow-tpu's libtpu on a machine without a TPU
     "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type, please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise libtpu.so may not properly initialize.",
     "WARNING: Logging before InitGoogle() is written to STDERR",
