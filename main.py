@@ -96,8 +96,7 @@ def run(args) -> int:
     from evals.job import run_evaluation
     from infer.job import run_export, run_prediction
     from modelpath import checkpoints, tokenizer_record
-    from modelpath import run_info
-    from train.job import check_training, run_description, run_training
+    from train.job import check_training, run_training
 
     if args.selfcheck:  # the device check (selfcheck/job.py): no config or model_path of the user's is used
         return device_flags.selfcheck(args)
@@ -144,13 +143,7 @@ def run(args) -> int:
     if args.eval:
         return run_evaluation(cfg, placement, eval_flags.options(args, cfg))
 
-    def started(step, trained):
-        tokenizer_record.record(trained)  # the data's tokenizer, which later jobs on model_path are checked against
-        # run_info.json: tokens/step and FLOPs/token for tools/plot_runs.py, and the Sacred run that trained it
-        run_info.write(trained.model_path, run_description(trained), step, args.sacred_id)
-
-    run_training(cfg, placement, train_options, on_start=started,
-                 harness_options=eval_flags.options(args, cfg))
+    run_training(cfg, placement, train_options, harness_options=eval_flags.options(args, cfg))
     return 0
 
 

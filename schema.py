@@ -231,6 +231,8 @@ class GPTConfig:
     entmax_loss: bool = False            # train on the entmax loss of the logits instead of cross-entropy
     entmax_alpha: float = 1.3            # alpha of entmax (loss and sampling): GPT-Neo's 1.3; 1.5 is entmax15
     log_grads: bool = False              # also log every variable's gradient norm (grad_norm/<variable>)
+    wandb_project: Optional[str] = None  # also track the run in Weights & Biases, in this project (train/trackers.py)
+    wandb_mode: str = "offline"          # "offline": written to model_path/wandb only (wandb sync uploads); "online"
     tokens_per_mb_per_replica: Optional[int] = None  # micro-batches of this many tokens per replica
 
     # Run.
@@ -567,6 +569,8 @@ def validate(cfg: GPTConfig) -> GPTConfig:
         raise ConfigError(f"model {cfg.model!r} is not known: only 'GPT' is built")
     if cfg.precision not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"precision must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.precision!r}")
+    if cfg.wandb_mode not in ("offline", "online"):
+        raise ConfigError(f"wandb_mode must be 'offline' (nothing leaves the machine) or 'online', got {cfg.wandb_mode!r}")
     if cfg.eval_precision not in ("auto", "float32"):
         raise ConfigError(f"eval_precision must be 'auto' (training's precision on this device) or 'float32', got "
                           f"{cfg.eval_precision!r}")

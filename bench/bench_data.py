@@ -91,6 +91,7 @@ def sequences_per_second(dataset, batch_size: int, seconds: float) -> tuple:
 def training_sequences_per_second(cfg, path: str, model_path: str, steps: int, warmup: int) -> dict:
     """Train ``cfg`` for ``steps`` steps with the project's runner and input pipeline; time the steps after
     ``warmup``."""
+    from execution.callbacks import EachStep
     from train import loop
     from devices.placement import Placement
 
@@ -106,7 +107,7 @@ def training_sequences_per_second(cfg, path: str, model_path: str, steps: int, w
         return train_dataset([DatasetSource(path, use.stitch, use.sampling_mode)], cfg.n_ctx, cfg.train_batch_size,
                              cfg.seed, start_step=start_step, n_vocab=cfg.n_vocab)
 
-    loop.train(cfg, Placement(tuple(DEVICES)), batches, on_step=clock)
+    loop.train(cfg, Placement(tuple(DEVICES)), batches, [EachStep(clock)])
     seconds = times[-1] - times[warmup - 1]
     timed = len(times) - warmup
     return {"steps_per_s": timed / seconds, "sequences_per_s": timed * cfg.train_batch_size / seconds,

@@ -158,6 +158,7 @@ def worker_ours(args, names: list | None = None) -> dict:
         enable_xla_fusion()
     import tensorflow.compat.v1 as tf
     from devices.placement import Placement, configure
+    from execution.callbacks import EachStep
     from train import loop
     from models.flops import training_flops_per_token
 
@@ -181,7 +182,7 @@ def worker_ours(args, names: list | None = None) -> dict:
             cpu_times.append(time.process_time())
             losses.append(float(values["loss"]))
 
-        loop.train(cfg, Placement(tuple(names), kernels=getattr(args, "kernels", "xla")), batches, on_step=clock)
+        loop.train(cfg, Placement(tuple(names), kernels=getattr(args, "kernels", "xla")), batches, [EachStep(clock)])
     seconds = times[-1] - times[args.warmup - 1]
     tokens = args.steps * cfg.train_batch_size * cfg.n_ctx
     return {"tokens_per_s": tokens / seconds, "step_s": seconds / args.steps,

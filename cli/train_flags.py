@@ -48,7 +48,8 @@ def options(args):
     minutes = args.checkpoint_minutes
     if minutes is not None and not 0 < minutes < math.inf:  # NaN fails both
         raise ConfigError(f"--checkpoint_minutes must be more than 0 (a finite number of minutes), got {minutes:g}")
-    return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every, checkpoint_minutes=minutes)
+    return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every, checkpoint_minutes=minutes,
+                        sacred_id=args.sacred_id)
 
 
 def confirm_new(model_path: str, yes: bool) -> bool:

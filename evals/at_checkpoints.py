@@ -1,6 +1,7 @@
 """The evaluations a config asks for at a checkpoint: the validation loss (evals/validation.py), the eval tasks
 (evals/tasks.py) and lm-evaluation-harness tasks (evals/harness.py). A training run gives them to its loop as one
-callback (train/loop.py's Callback), run after each steps_per_checkpoint save; `main.py --eval` runs them once.
+callback (execution/callbacks.py's on_checkpoint), run after each steps_per_checkpoint save; `main.py --eval` runs
+them once.
 
 They all run the model in one precision, resolved here where the placement is known (devices/precision.py's
 `for_inference`): training's (the config training hands them is resolved already, and `--eval` resolves `auto`
@@ -21,9 +22,10 @@ from data.tokenizer import load_for_config
 from evals import harness, tasks, validation
 from devices import precision
 from devices.placement import Placement
+from execution.callbacks import Callback, Run
 
 
-class Evaluations:
+class Evaluations(Callback):
     """The config's evaluations at checkpoints: `validate` (the validation loss; it needs eval_path), eval_tasks,
     and the harness's tasks when `prepared` (evals/harness.py's checked tasks) is given."""
 
@@ -42,9 +44,13 @@ class Evaluations:
     def __bool__(self) -> bool:
         return bool(self.each)
 
-    def on_checkpoint(self, step: int, prefix: str) -> None:
+    def evaluate(self, step: int, prefix: str) -> None:
+        """Every evaluation of the checkpoint `prefix` (of `step`), results printed and appended."""
         for evaluation in self.each:
             evaluation.on_checkpoint(step, prefix)
+
+    def on_checkpoint(self, run: Run, step: int, prefix: str) -> None:
+        self.evaluate(step, prefix)
 
     def close(self) -> None:
         for evaluation in self.each:

@@ -27,5 +27,5 @@ def run_evaluation(cfg: GPTConfig, placement: Placement, harness_options: Option
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
     prepared = harness.prepare(harness_options, cfg) if cfg.harness_tasks else None
     with Evaluations(cfg, placement, has_eval_path, harness_options, prepared) as evaluations:
-        evaluations.on_checkpoint(step, checkpoint)
+        evaluations.evaluate(step, checkpoint)
     return 0

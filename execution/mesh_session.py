@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
+import models  # noqa: F401  (mesh-tensorflow's compatibility alias, before mesh_tensorflow)
 import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf

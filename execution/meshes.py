@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import models  # noqa: F401  (mesh-tensorflow's compatibility alias, before mesh_tensorflow)
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 

@@ -1,13 +1,17 @@
 """Where a step's ops ran: the first training step (and --selfcheck's) is run once with its partition graphs
 returned, and the ops placed on a GPU that ran on the CPU (soft placement moves ops without a GPU kernel for
-their type and dtype) are listed in one line (`run_listing_placement`, `describe_placement`)."""
+their type and dtype) are listed in one line (`run_listing_placement`, `describe_placement`); a training run asks
+for it with the `PlacementListing` callback."""
 from __future__ import annotations
 
+import io
 import re
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, Optional
+
+from execution.callbacks import Callback, Run
 
 @dataclass(frozen=True)
 class Fallback:
@@ -83,3 +87,15 @@ def run_listing_placement(session, fetches, feed_dict=None, out=None):
     report = PlacementReport(ops, cpu_fallbacks(ops))
     print(describe_placement(report), file=out or sys.stdout, flush=True)
     return values, report
+
+
+class PlacementListing(Callback):
+    """The run's first step lists the ops that ran elsewhere than placed (from its partition graphs; not on a TPU,
+    whose XLA compiles the whole step): on GPUs the line is printed (`shown`), elsewhere kept quiet (the line speaks
+    of GPUs); `then(report)` gets the PlacementReport after that step (selfcheck/job.py)."""
+
+    def __init__(self, shown: bool, then: Optional[Callable[[PlacementReport], None]] = None):
+        self.shown, self.then = shown, then
+
+    def on_open(self, run: Run) -> None:
+        run.program.list_placement(out=None if self.shown else io.StringIO(), then=self.then)

@@ -21,6 +21,8 @@ import sys
 import threading
 from typing import Optional
 
+from execution.callbacks import Callback, Run
+
 
 def name(signum: int) -> str:
     return signal.Signals(signum).name
@@ -121,11 +123,14 @@ class _SignalHandlers:
         self._previous = {}
 
 
-class StopOnSignal(_SignalHandlers):
+class StopOnSignal(_SignalHandlers, Callback):
     """While open, the first SIGINT or SIGTERM asks the loop to stop after the current step (`requested`, and
     `signum` says which); a second SIGINT stops at once (KeyboardInterrupt), a second SIGTERM too (Terminated).
     The handlers in place before are put back on exit. A subclass may also `poll` for a stop asked for elsewhere
-    (devices/cluster.py: a worker of the cluster that got SIGTERM)."""
+    (devices/cluster.py: a worker of the cluster that got SIGTERM).
+
+    As a callback of the training loop (every run has the placement's: `Placement.stop_watcher`) it is open from
+    the run's on_open to its on_end, and after each step asks the run to stop when a stop was requested."""
 
     signals = (signal.SIGINT, signal.SIGTERM)
 
@@ -133,6 +138,7 @@ class StopOnSignal(_SignalHandlers):
         self._requested = False
         self.signum: Optional[int] = None
         self._say = say
+        self._run: Optional[Run] = None  # the training run this watcher stops, while it is open as its callback
 
     @property
     def requested(self) -> bool:
@@ -155,9 +161,23 @@ class StopOnSignal(_SignalHandlers):
         if self._requested:
             return
         self._requested, self.signum = True, signum
+        if self._run is not None:
+            self._run.stop(signum)
         again = "Ctrl-C again" if signum == signal.SIGINT else f"{name(signum)} again"
         self._say(f"\n{name(signum)}{why}: stopping after this step and saving a checkpoint ({again} to stop at once)",
                   flush=True)
+
+    def on_open(self, run: Run) -> None:
+        self._run = run
+        self.__enter__()
+
+    def on_step(self, run: Run, step: int, values: dict) -> None:
+        if not self._requested:
+            self.poll()  # a stop asked for elsewhere is requested here, which stops the run
+
+    def on_end(self, run: Run, step: int) -> None:
+        self.__exit__(None, None, None)
+        self._run = None
 
 
 class DeferredSignal(_SignalHandlers):

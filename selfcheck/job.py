@@ -11,7 +11,7 @@ reference. The verdict (`judge`, a pure function of both runs) requires:
   far training moved it from the first step to the last, in norm (a wrong or missing gradient or update moves it
   elsewhere, by about as much as training did).
 It also lists the ops of the training step that ran on another device than the one they were placed on (GPUs: no
-kernel for their type and dtype; the devices' first step lists them, train/loop.py's on_placement), measures one
+kernel for their type and dtype; the devices' first step lists them, execution/op_listing.py's PlacementListing), measures one
 device's peak (devices/peaks.py) and the step's MFU, and times start-up (graph, session, initialisation) and the
 first step (compilation, and that listing: lost in it on two CPU devices) apart from the steady steps.
 
@@ -35,8 +35,10 @@ import tensorflow.compat.v1 as tf
 
 from schema import GPTConfig
 from models.flops import training_flops_per_token
-from execution import runner
+from devices import gpus
 from devices.placement import Placement
+from execution import callbacks, runner
+from execution.op_listing import PlacementListing
 from train import loop
 
 STEPS = 6
@@ -85,11 +87,21 @@ def train_and_time(cfg: GPTConfig, placement: Placement, data: np.ndarray, list_
     `list_placement`: the first step also lists where its ops ran (not on a TPU; the Run's placed_ops)."""
     from modelpath import checkpoints
     losses, stamps, opened, listed = [], [], [], []
+
+    class Timing(callbacks.Callback):
+        def on_open(self, run):
+            opened.append(time.monotonic())
+
+        def on_step(self, run, step, values):
+            losses.append(float(values["loss"]))
+            stamps.append(time.monotonic())
+
+    watching = [Timing()]
+    if list_placement:  # printed on GPUs, as training's first step prints it
+        watching.append(PlacementListing(shown=gpus.uses_gpus(placement),
+                                         then=lambda report: listed.append(report.ops)))
     start = time.monotonic()
-    loop.train(cfg, placement, runner.fixed_batches(data, cfg.train_batch_size),
-               on_open=lambda: opened.append(time.monotonic()),
-               on_step=lambda step, values: (losses.append(float(values["loss"])), stamps.append(time.monotonic())),
-               on_placement=(lambda report: listed.append(report.ops)) if list_placement else None)
+    loop.train(cfg, placement, runner.fixed_batches(data, cfg.train_batch_size), watching)
     steps = np.diff([opened[0]] + stamps)
     return Run(losses, _weights(checkpoints.prefix_of(cfg.model_path, 1)),
                _weights(checkpoints.prefix_of(cfg.model_path, len(losses))), opened[0] - start, float(steps[0]),

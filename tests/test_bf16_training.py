@@ -50,6 +50,7 @@ from modelpath import checkpoints
 from devices.placement import Placement
 from tiny import devices_for, fixed_batches, initial_weights, model_weights, tiny_config
 from tools import hf
+from execution.callbacks import EachStep
 from train import loop
 
 torch = pytest.importorskip("torch")
@@ -109,7 +110,7 @@ def train_ours(cfg, start_folder, model_path, rows) -> Run:
         run.grad_norms.append(float(values["grad_norm"]))
         run.learning_rates.append(float(values["learning_rate"]))
     loop.train(cfg, Placement(devices=tuple(devices_for(cfg))), fixed_batches(rows, cfg.train_batch_size),
-               on_step=record)
+               callbacks=[EachStep(record)])
     run.weights = model_weights(model_path)
     return run
 

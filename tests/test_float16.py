@@ -19,6 +19,7 @@ from execution.mesh_session import MeshSession
 from tiny import (compute_logits, devices_for, fixed_batches, placement_for, random_tokens, run_predict,
                   tiny_config)
 from tools import hf
+from execution.callbacks import EachStep
 from train import divergence, loop, loss_scale
 from train.step import training_step
 
@@ -31,7 +32,7 @@ def train_logged(cfg, until):
     """Trains cfg.model_path to step `until` on DATA; returns the scalars of each step it ran."""
     logged = []
     loop.train(cfg, placement_for(cfg), fixed_batches(DATA, cfg.train_batch_size), until=until,
-               on_step=lambda step, values: logged.append(dict(values)))
+               callbacks=[EachStep(lambda step, values: logged.append(dict(values)))])
     return logged
 
 

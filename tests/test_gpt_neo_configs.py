@@ -19,9 +19,11 @@ from data.inputs import DatasetSource
 from models import moe
 from models.activations import ACTIVATIONS
 from plan import model_graph
+from execution.callbacks import EachStep
 from train import loop
 from train.job import dataset_sources
-from train.progress import TrainingLog
+from train import trackers
+from train.progress import Progress
 from tiny import fixed_batches, placement_for, random_tokens, tiny_config
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gpt_neo_configs")
@@ -145,7 +147,7 @@ def test_log_grads_logs_every_variables_gradient_norm(tmp_path):
     cfg = tiny_config(log_grads=True, gradient_clipping=None, model_path=str(tmp_path / "run"), train_steps=1)
     steps = []
     loop.train(cfg, placement_for(cfg), fixed_batches(random_tokens([4, cfg.n_ctx + 1]), 4),
-               on_step=lambda step, values: steps.append(values))
+               callbacks=[EachStep(lambda step, values: steps.append(values))])
     values = steps[0]
     norms = {k: float(v) for k, v in values.items() if k.startswith("grad_norm/")}
     assert "grad_norm/gpt2/wte" in norms and "grad_norm/gpt2/h0/attn/q" in norms and len(norms) > 10
@@ -153,16 +155,15 @@ def test_log_grads_logs_every_variables_gradient_norm(tmp_path):
     assert values["grad_norm"] > 0
     assert math.isclose(math.sqrt(sum(n * n for n in norms.values())), float(values["grad_norm"]), rel_tol=1e-4)
 
-    class Writer:
-        def __init__(self):
-            self.tags = set()
+    class Tags(trackers.Tracker):  # what every tracker (TensorBoard, W&B) records of a step
+        def record(self, step, scalars):
+            self.tags = set(scalars)
 
-        def add_summary(self, summary, step):
-            self.tags.update(value.tag for value in summary.value)
-
-    writer = Writer()
-    TrainingLog(cfg, 1, 0.0, writer, print_fn=lambda *a, **k: None).step(1, values)
-    assert "grad_norm/gpt2/wte" in writer.tags and "grad_norm" in writer.tags
+    progress = Progress(cfg, 1, 0.0, print_fn=lambda *a, **k: None)
+    tags = Tags(progress)
+    progress.step(1, values, 0.0)
+    tags.on_step(None, 1, values)
+    assert "grad_norm/gpt2/wte" in tags.tags and "grad_norm" in tags.tags
 
 
 def test_the_fixtures_are_gpt_neos_whole_configs_folder():

@@ -13,6 +13,7 @@ from conftest import CPU_DEVICES
 from config import replace
 from models.kernels import common
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config
+from execution.callbacks import EachStep
 from train import loop
 from models.optimizers import NO_DECAY, AdamWeightDecay
 
@@ -121,7 +122,7 @@ def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_pa
     cfg = tiny_config(model_path=str(tmp_path / "start"), train_steps=3, steps_per_checkpoint=2, lr=1e-2)
     first = []  # the update that makes step s+1 (global step s before it) runs at the schedule's value at s
     loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=2,
-               on_step=lambda step, values: first.append(float(values["learning_rate"])))
+               callbacks=[EachStep(lambda step, values: first.append(float(values["learning_rate"])))])
     np.testing.assert_allclose(first, [scheduled(cfg.lr, s, 0, 3, "cosine") for s in (0, 1)], rtol=1e-6)
     start = model_weights(cfg.model_path)
     assert all(np.abs(value).max() > 1e-3 for value in start.values())  # no zero bias: a decay would show
@@ -131,7 +132,7 @@ def test_weight_decay_shrinks_matrices_and_embeddings_not_norms_or_biases(tmp_pa
         run = replace(cfg, model_path=str(tmp_path / f"decay_{decay}"), weight_decay=decay)
         shutil.copytree(cfg.model_path, run.model_path)
         loop.train(run, placement_for(run), fixed_batches(data, run.train_batch_size),
-                   on_step=lambda step, values: learning_rates.update({decay: float(values["learning_rate"])}))
+                   callbacks=[EachStep(lambda step, values: learning_rates.update({decay: float(values["learning_rate"])}))])
         after[decay] = model_weights(run.model_path)
     assert learning_rates[0.0] == learning_rates[0.5] == pytest.approx(scheduled(cfg.lr, 2, 0, 3, "cosine"), rel=1e-6)
     shrink = learning_rates[0.5] * 0.5

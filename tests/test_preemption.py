@@ -14,6 +14,8 @@ from config import replace
 from modelpath import checkpoints
 from execution.preemption import StopOnSignal
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
+from execution import callbacks
+from execution.callbacks import EachStep
 from train import loop
 from workspace import make_workspace, start_main, wait_for_line
 
@@ -82,8 +84,7 @@ def test_sigterm_in_the_loop_stops_after_the_step_with_exit_code_143(tmp_path):
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(loop.Interrupted) as stopped:
-        loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), on_step=preempt,
-                   callbacks=[called])
+        loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), callbacks=[EachStep(preempt), called])
     assert stopped.value.step == 2 and stopped.value.exit_code == 143 and "SIGTERM" in str(stopped.value)
     assert checkpoints.steps(cfg.model_path) == [2] and called.checkpoints == []
     assert signal.getsignal(signal.SIGTERM) is before  # the handler was put back
@@ -93,7 +94,7 @@ def test_sigterm_in_the_loop_stops_after_the_step_with_exit_code_143(tmp_path):
     stop = StopOnSignal(say=lambda *a, **k: None)
     stop.request(signal.SIGTERM)
     with pytest.raises(loop.Interrupted) as stopped:
-        loop.train(fresh, placement_for(fresh), fixed_batches(data, cfg.train_batch_size), stop=stop)
+        loop.train(fresh, placement_for(fresh), fixed_batches(data, cfg.train_batch_size), [stop])
     assert stopped.value.step == 0 and "nothing saved" in str(stopped.value)
     assert checkpoints.steps(fresh.model_path) == []
 
@@ -106,25 +107,25 @@ def test_checkpoint_minutes_saves_on_the_clock(tmp_path, monkeypatch):
     data = random_tokens([16, 17], seed=22)
     cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=5, steps_per_checkpoint=100, keep_checkpoint_max=10)
     now = [0.0]
-    monkeypatch.setattr(loop, "clock", lambda: now[0])
+    monkeypatch.setattr(callbacks, "clock", lambda: now[0])
 
     def minutes_pass(step, values):
         now[0] += 60 * (2 if step == 3 else 1)  # step 3 takes two minutes, the others one
 
-    loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), on_step=minutes_pass,
-               checkpoint_minutes=2, callbacks=[called])
+    loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), 
+               [EachStep(minutes_pass), loop.CheckpointOnTheClock(minutes=2), called])
     # saves when two minutes passed since the last save (after steps 2, 3 and 5), and at the end
     assert checkpoints.steps(cfg.model_path) == [2, 3, 5]
     assert called.checkpoints == [(5, checkpoints.prefix_of(cfg.model_path, 5))]
 
 
-class Recorder:
-    """A training loop's callback (train/loop.py's Callback) that notes the checkpoints it is called with."""
+class Recorder(callbacks.Callback):
+    """A training loop's callback (execution/callbacks.py) that notes the checkpoints it is called with."""
 
     def __init__(self):
         self.checkpoints = []
 
-    def on_checkpoint(self, step: int, prefix: str) -> None:
+    def on_checkpoint(self, run, step: int, prefix: str) -> None:
         assert os.path.exists(prefix + ".index")  # written before the callback runs
         self.checkpoints.append((step, prefix))
 

@@ -107,8 +107,8 @@ def test_selfcheck_passes_on_a_two_way_mesh_of_cpu_devices(capsys, monkeypatch, 
     """In float32 the devices' step also has an op that runs off its device (misplaced_read), which the report
     must list as the only one; the others must list none. The devices' first step lists them itself (no third
     training program). Bugs caught: the devices' run not asked to list its placement (selfcheck/job.run's
-    `list_placement=...` False: nothing listed), train/loop.training_program listing only on GPUs (its
-    `elif on_placement` branch gone), off_device comparing the placed device with itself."""
+    `list_placement=...` False: nothing listed), execution/op_listing.PlacementListing listing only when shown
+    (`then` dropped off GPUs), off_device comparing the placed device with itself."""
     if dtype == "float32":
         misplaced_read(monkeypatch)
     code, report, verdict = selfcheck(capsys, dtype, "--gpu_ids", "device:CPU:0", "device:CPU:1")

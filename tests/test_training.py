@@ -12,6 +12,7 @@ import tensorflow.compat.v1 as tf
 from config import replace
 from modelpath import checkpoints
 from execution import runner
+from execution.callbacks import EachStep
 from train import loop
 from train.divergence import Diverged
 from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config, train
@@ -175,7 +176,7 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exa
             os.kill(os.getpid(), signal.SIGINT)  # as a terminal would, between session calls or during one
 
     with pytest.raises(loop.Interrupted) as stopped:
-        loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), on_step=press_ctrl_c)
+        loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), callbacks=[EachStep(press_ctrl_c)])
     assert stopped.value.step == 2 and "saved" in str(stopped.value)
     assert checkpoints.steps(cfg.model_path) == [2]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
@@ -194,7 +195,7 @@ def test_a_non_finite_loss_inside_a_call_of_several_steps_names_its_own_step(tmp
     seen = []
     with pytest.raises(Diverged, match=r"diverged at step 2: loss (nan|inf)"):
         loop.train(cfg, placement_for(cfg), fixed_batches(random_tokens([8, 17], seed=3), cfg.train_batch_size),
-                   on_step=lambda step, values: seen.append(step))
+                   callbacks=[EachStep(lambda step, values: seen.append(step))])
     assert seen == [1, 2] and checkpoints.steps(cfg.model_path) == []
 
 
@@ -216,7 +217,7 @@ def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evalu
     from workspace import make_workspace
 
     built, opened, losses = [], [], {}
-    program_init, program_open, log_step = runner.Program.__init__, runner.Program.open, progress.TrainingLog.step
+    program_init, program_open, log_step = runner.Program.__init__, runner.Program.open, progress.Progress.step
 
     def counted_init(self, cfg, placement, step, inputs, steps_per_call=1, seed=None):
         built.append(type(inputs).__name__)
@@ -224,8 +225,8 @@ def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evalu
 
     monkeypatch.setattr(runner.Program, "__init__", counted_init)
     monkeypatch.setattr(runner.Program, "open", lambda self, *a, **k: opened.append(self) or program_open(self, *a, **k))
-    monkeypatch.setattr(progress.TrainingLog, "step", lambda self, step, values: losses.setdefault(
-        self.cfg.model_path, []).append(float(values["loss"])) or log_step(self, step, values))
+    monkeypatch.setattr(progress.Progress, "step", lambda self, step, values, now: losses.setdefault(
+        self.cfg.model_path, []).append(float(values["loss"])) or log_step(self, step, values, now))
     cfg = load_config(make_workspace(tmp_path, train_steps=3, steps_per_checkpoint=1, eval_steps=2,
                                      precision="float32", mesh_shape="x:2", layout="batch:x"))
     placement = placement_for(cfg)

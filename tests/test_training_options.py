@@ -9,9 +9,10 @@ import tensorflow.compat.v1 as tf
 from data.mlm import mask_dataset, mask_tokens
 from modelpath import checkpoints
 from evals import validation
+from execution import callbacks
 from train import loop
-from modelpath.events import summary_writer
-from train.progress import TrainingLog
+from train.progress import Progress
+from train.trackers import TensorBoard, Tracker
 from schema import ConfigError, num_microbatches
 from config import replace
 from models import flops
@@ -132,8 +133,8 @@ def test_runner_trains_and_evaluates_mlm_with_moe_micro_batches_and_adafactor(tm
     def batches(start_step):  # as main.py wraps its pipeline
         return mask_dataset(fixed_batches(rows, cfg.train_batch_size)(start_step), cfg, first_step=start_step)
 
-    log = TrainingLog(cfg, every=1, peak_flops=0.0, writer=summary_writer(cfg.model_path))
-    assert loop.train(cfg, placement_for(cfg), batches, log=log) == 2
+    progress = Progress(cfg, every=1, peak_flops=0.0)
+    assert loop.train(cfg, placement_for(cfg), batches, [progress, TensorBoard(progress)]) == 2
     checkpoint = checkpoints.latest(cfg.model_path)
     names = {name for name, _ in tf.train.list_variables(checkpoint)}
     assert {"gpt2/h1/wi/kernel", "gpt2/h1/wo/kernel", "gpt2/h1/top_2_gating/kernel"} <= names
@@ -182,28 +183,27 @@ def test_invalid_option_combinations_are_one_line_errors(changes, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-class ScalarWriter:
-    """A stand-in summary writer that keeps the scalars TrainingLog writes."""
+class Scalars(Tracker):
+    """A stand-in tracker that keeps the scalars the trackers record."""
 
-    def __init__(self):
+    def __init__(self, progress):
+        super().__init__(progress)
         self.scalars = {}
 
-    def add_summary(self, summary, step):
-        self.scalars.update({value.tag: value.simple_value for value in summary.value})
-
-    def flush(self):
-        pass
+    def record(self, step, scalars):
+        self.scalars.update(scalars)
 
 
 def logged_speed(cfg, peak_flops, seconds_per_step, monkeypatch):
     """The progress line and scalars of step 2, one step of `seconds_per_step` after an untimed step 1."""
-    clock = iter([100.0, 100.0 + seconds_per_step])
-    monkeypatch.setattr("train.progress.time.time", lambda: next(clock))
-    lines, writer = [], ScalarWriter()
-    log = TrainingLog(cfg, every=1, peak_flops=peak_flops, writer=writer, print_fn=lambda line, **_: lines.append(line))
-    for step in (1, 2):
-        log.step(step, {"loss": 1.0, "learning_rate": 1e-3})
-    return lines[-1], writer.scalars
+    lines = []
+    progress = Progress(cfg, every=1, peak_flops=peak_flops, print_fn=lambda line, **_: lines.append(line))
+    tracker = Scalars(progress)
+    for step, now in ((1, 100.0), (2, 100.0 + seconds_per_step)):
+        values = {"loss": 1.0, "learning_rate": 1e-3}
+        progress.step(step, values, now)
+        tracker.on_step(None, step, values)
+    return lines[-1], tracker.scalars
 
 
 def test_mfu_divides_the_meshs_flops_per_device_by_one_devices_peak(monkeypatch):
@@ -226,17 +226,20 @@ def test_mfu_divides_the_meshs_flops_per_device_by_one_devices_peak(monkeypatch)
 
 
 def test_the_rate_leaves_out_the_time_of_an_evaluation_at_a_checkpoint(monkeypatch):
-    """Steps 1 to 3 at 1 s each with a 10 s evaluation after step 2 (train/loop.py runs the callbacks inside
-    TrainingLog.paused): the line at step 3 shows 1 step/s, not 2 steps in 12 s. (Bug: paused() not moving the
-    last line's time by the pause.)"""
-    clock = iter([100.0, 101.0, 101.0, 111.0, 112.0])  # step 1, step 2, pause begins, pause ends, step 3
-    monkeypatch.setattr("train.progress.time.time", lambda: next(clock))
-    lines, writer = [], ScalarWriter()
-    log = TrainingLog(tiny_config(train_steps=10), every=1, peak_flops=0.0, writer=writer,
-                      print_fn=lambda line, **_: lines.append(line))
-    log.step(1, {"loss": 1.0, "learning_rate": 1e-3})
-    log.step(2, {"loss": 1.0, "learning_rate": 1e-3})
-    with log.paused():
-        pass
-    log.step(3, {"loss": 1.0, "learning_rate": 1e-3})
+    """Steps 1 to 3 at 1 s each with a 10 s evaluation after step 2 (train/loop.py runs the on_checkpoint hooks
+    inside Run.paused): the line at step 3 shows 1 step/s, not 2 steps in 12 s. (Bug: Run.training_seconds not
+    leaving out the paused time.)"""
+    now = [100.0]
+    monkeypatch.setattr(callbacks, "clock", lambda: now[0])
+    cfg = tiny_config(train_steps=10)
+    run = callbacks.Run(cfg, placement=None, program=None, session=None, start=0, until=10)
+    lines = []
+    progress = Progress(cfg, every=1, peak_flops=0.0, print_fn=lambda line, **_: lines.append(line))
+    progress.on_open(run)
+    for step in (1, 2, 3):
+        now[0] += 1.0
+        progress.on_step(run, step, {"loss": 1.0, "learning_rate": 1e-3})
+        if step == 2:
+            with run.paused():  # the evaluation at step 2's checkpoint
+                now[0] += 10.0
     assert "| 1.00 steps/s |" in lines[1] and "| 1.00 steps/s |" in lines[2]

@@ -18,6 +18,7 @@ from execution import meshes, runner
 from devices.placement import Placement
 from execution.runner import fixed_batches  # noqa: F401  (the tests' batches: tiny.fixed_batches)
 from execution.mesh_session import MeshSession
+from execution.callbacks import EachStep
 from train import loop, objective
 from models.optimizers import slot_patterns
 
@@ -50,7 +51,7 @@ def train(cfg: GPTConfig, data: np.ndarray, steps: int | None = None) -> list[fl
     of `data`; returns the losses of the steps it ran."""
     losses = []
     loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), until=steps,
-               on_step=lambda step, values: losses.append(float(values["loss"])))
+               callbacks=[EachStep(lambda step, values: losses.append(float(values["loss"])))])
     return losses
 
 
@@ -94,7 +95,7 @@ def run_training(cfg: GPTConfig, batches: list, devices: list[str], steps: int) 
 
     with tempfile.TemporaryDirectory() as folder:
         cfg = replace(cfg, model_path=folder, train_steps=steps, steps_per_checkpoint=steps)
-        loop.train(cfg, Placement(devices=tuple(devices)), dataset, on_step=record)
+        loop.train(cfg, Placement(devices=tuple(devices)), dataset, callbacks=[EachStep(record)])
         checkpoint = checkpoints.latest(folder)
         names = [name for name, _ in tf.train.list_variables(checkpoint)]
         run.weights = {name: tf.train.load_variable(checkpoint, name) for name in names

@@ -4,7 +4,7 @@ checkpoint when the config asks for them (eval_steps, eval_tasks, harness_tasks)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from schema import ConfigError, GPTConfig
 from data.inputs import DatasetSource, check_train_sources, train_dataset
@@ -12,15 +12,17 @@ from data.mlm import mask_dataset
 from evals import harness
 from evals.at_checkpoints import Evaluations
 from models import flops, gpt
-from modelpath import checkpoints
-from devices.placement import Placement
-from modelpath.lock import TrainerLock
+from devices import gpus, precision
 from devices.peaks import Peak
-from devices import precision
-from train import loop
+from devices.placement import Placement
+from execution.callbacks import Callback, Run
+from execution.op_listing import PlacementListing
+from modelpath import checkpoints, run_info, tokenizer_record
+from modelpath.lock import TrainerLock
 from models.optimizers import slot_patterns
-from modelpath.events import summary_writer
-from train.progress import TrainingLog
+from train import loop
+from train.progress import Progress
+from train.trackers import TensorBoard, WandB, check_wandb
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class TrainOptions:
     peak_tflops: Optional[float] = None  # one device's peak for MFU; default: datasheet or measured (devices/peaks)
     log_every: Optional[int] = None      # progress line every N steps; default: min(iterations, 50)
     checkpoint_minutes: Optional[float] = None  # also save whenever this many minutes passed since the last save
+    sacred_id: Optional[str] = None      # the Sacred run training for run_experiment.py, recorded in run_info.json
 
 
 def run_description(cfg: GPTConfig) -> dict:
@@ -65,34 +68,46 @@ def check_training(cfg: GPTConfig, harness_options: Optional[harness.HarnessOpti
     harness's tasks (known, their local data there). main.py runs it before --new deletes model_path; training
     itself meets the data's when it builds its input pipeline."""
     _check_datasets_and_writable(cfg)
+    check_wandb(cfg)
     check_train_sources(dataset_sources(cfg), cfg.n_ctx, cfg.train_batch_size, cfg.seed, n_vocab=cfg.n_vocab)
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
     if harness_options.tasks:
         harness.prepare(harness_options, cfg)
 
 
+class RunRecord(Callback):
+    """What later jobs and tools read of the run, written once the checkpoint is found to fit the config (nothing of
+    another model's model_path is touched): the data's tokenizer (modelpath/tokenizer_record.py, which later jobs
+    on model_path are checked against) and run_info.json's start (tokens/step and FLOPs/token for
+    tools/plot_runs.py, the Sacred run that trained it)."""
+
+    def __init__(self, sacred_id: Optional[int] = None):
+        self.sacred_id = sacred_id
+
+    def on_open(self, run: Run) -> None:
+        tokenizer_record.record(run.cfg)
+        run_info.write(run.cfg.model_path, run_description(run.cfg), run.start, self.sacred_id)
+
+
 def run_training(cfg: GPTConfig, placement: Placement, options: TrainOptions = TrainOptions(),
-                 on_start: Optional[Callable[[int, GPTConfig], None]] = None,
                  harness_options: Optional[harness.HarnessOptions] = None) -> int:
     """Trains model_path to train_steps (resuming at its latest checkpoint) in one session, with the validation
     loss, eval tasks and harness tasks after each steps_per_checkpoint checkpoint when the config asks for them.
-    `on_start(step, cfg)` runs once training is about to start at `step`, given the config as trained (precision
-    "auto" resolved): after the checkpoint was restored and found to fit the config, before anything is written
-    into model_path (a checkpoint of another model leaves it untouched). Returns the step reached.
+    Returns the step reached.
 
     Which checkpoint training starts from is decided here, once (the newest that can be read). SIGINT or SIGTERM
     (on a multi-host run: to any of its tasks) stops after the current step with a checkpoint (loop.Interrupted)."""
     _check_datasets_and_writable(cfg)
+    check_wandb(cfg)
     # The harness's tasks are checked before the first step, not found wrong after the first checkpoint.
     harness_options = harness_options or harness.HarnessOptions.from_config(cfg)
     prepared = harness.prepare(harness_options, cfg) if cfg.harness_tasks else None
     with TrainerLock(cfg.model_path):  # one trainer per model_path (modelpath/lock.py)
-        return _train_locked(cfg, placement, options, on_start, harness_options, prepared)
+        return _train_locked(cfg, placement, options, harness_options, prepared)
 
 
 def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
-                  on_start: Optional[Callable[[int, GPTConfig], None]], harness_options: harness.HarnessOptions,
-                  prepared: Optional[harness.Prepared]) -> int:
+                  harness_options: harness.HarnessOptions, prepared: Optional[harness.Prepared]) -> int:
     restored = checkpoints.restorable(cfg.model_path)
     start = checkpoints.step_of(restored) if restored else 0
     if start >= cfg.train_steps:
@@ -119,12 +134,6 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
         print(f"MFU against {peak.flops / 1e12:.3g} TFLOP/s per device ({peak.source})", flush=True)
     else:
         print(f"MFU not shown: one device's peak is {peak.source}", flush=True)
-    log = TrainingLog(cfg, log_every, peak.flops, None)
-
-    def opened() -> None:  # the checkpoint fits the config (loop.train checked): writing starts
-        if on_start:
-            on_start(start, cfg)
-        log.writer = summary_writer(cfg.model_path)
 
     def batches(first: int):  # the stream from step `first` on: exactly what an uninterrupted run reads there
         stream = train_dataset(sources, cfg.n_ctx, cfg.train_batch_size, cfg.seed, start_step=first,
@@ -132,9 +141,28 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
         return mask_dataset(stream, cfg, first_step=first)  # MLM masking; unchanged for language modelling
 
     validate = bool(cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
-    # One program and one session train to train_steps; the evaluations run after each steps_per_checkpoint save
-    # (train/loop.py's callbacks), their programs built at the first and kept (evals/at_checkpoints.py).
+    # One program and one session train to train_steps; the evaluations run after each steps_per_checkpoint save,
+    # their programs built at the first and kept (evals/at_checkpoints.py).
     with Evaluations(cfg, placement, validate, harness_options, prepared) as evaluations:
-        # The placement's stop watcher: a multi-host chief also stops when one of its workers got SIGTERM.
-        return loop.train(cfg, placement, batches, log=log, on_open=opened, checkpoint=restored,
-                          checkpoint_minutes=options.checkpoint_minutes, callbacks=[evaluations] if evaluations else [])
+        return loop.train(cfg, placement, batches, training_callbacks(cfg, placement, options, log_every, peak,
+                                                                      evaluations), checkpoint=restored)
+
+
+def training_callbacks(cfg: GPTConfig, placement: Placement, options: TrainOptions, log_every: int, peak: Peak,
+                       evaluations: Optional[Callback] = None) -> list[Callback]:
+    """A training run's callbacks, in the order they run (train/loop.py adds the placement's signal watcher
+    first): the run's record, the placement listing on GPUs, the progress line, the evaluations at checkpoints
+    (before the trackers, which log their results), the trackers, the clock's checkpoints."""
+    progress = Progress(cfg, log_every, peak.flops)
+    callbacks: list[Callback] = [RunRecord(options.sacred_id)]
+    if gpus.uses_gpus(placement):
+        callbacks.append(PlacementListing(shown=True))
+    callbacks.append(progress)
+    if evaluations:
+        callbacks.append(evaluations)
+    callbacks.append(TensorBoard(progress))
+    if cfg.wandb_project:
+        callbacks.append(WandB(progress, run_description(cfg)))
+    if options.checkpoint_minutes:
+        callbacks.append(loop.CheckpointOnTheClock(options.checkpoint_minutes))
+    return callbacks
