@@ -10,7 +10,7 @@ from data.errors import DataError
 from data.tokenizer import load_tokenizer
 from data.train_tokenizer import DEFAULT_SPECIAL_TOKENS, main as train_main, train_tokenizer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STDLIB_TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 TRICKY_SOURCE = 'def f(x):\n\tif x:\r\n        return  "ü 漢字 \\n"  # tail   \n\n\n    \n'
 

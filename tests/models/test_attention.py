@@ -14,7 +14,7 @@ from models import flops
 from models.attention import ATTENTION, register
 from models.layout import tensor_dim_sizes
 from models.sampling import incremental_unsupported
-from test_sampling import new_tokens, prompts, sample
+from tests.models.test_sampling import new_tokens, prompts, sample
 from tiny import random_tokens, tiny_config, train
 
 WINDOW = 2  # the toy type: each position sees itself and the one before

@@ -196,7 +196,7 @@ def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(traine
     if refusal == "lock":  # this process, alive, holds the lock
         with open(os.path.join(model_path, ".trainer.lock"), "w") as f:
             json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}, f)
-    tasks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "evals", "harness_tasks")
+    tasks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "harness_tasks")
     flags = ["--harness_tasks", "tiny_lambda", "--harness_include_path", tasks] if refusal == "harness" else []
     before = snapshot(model_path)
     code, out, err = run(capsys, config, "--new", "--yes", *flags)

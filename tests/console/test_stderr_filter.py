@@ -7,7 +7,7 @@ import pytest
 
 from console.stderr_filter import CHATTER
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # What TF 2.21 and its CUDA/XLA plug-ins write to descriptor 2 at start-up, as they write it.
 CHATTER_LINES = [

@@ -19,7 +19,7 @@ from evals import harness  # noqa: E402
 from tiny import checkpoint_of_order_one_weights, placement_for  # noqa: E402
 from workspace import REPO, make_workspace  # noqa: E402
 
-TASKS = os.path.join(REPO, "evals", "harness_tasks")
+TASKS = os.path.join(REPO, "tests", "fixtures", "harness_tasks")
 TINY_TASKS = ("tiny_choice", "tiny_lambada", "tiny_rolling", "tiny_generate")
 
 

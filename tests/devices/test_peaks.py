@@ -6,7 +6,7 @@ import tensorflow as tf
 from conftest import CPU_DEVICES
 from devices import peaks
 from devices.placement import Placement
-from test_tpu import fake_placement
+from tests.devices.test_tpu import fake_placement
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -11,7 +11,7 @@ from data import create_tfrecords as ct
 from data.errors import DataError
 from data.tokenizer import load_tokenizer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER_PATH = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 TOKENIZER = load_tokenizer(TOKENIZER_PATH)
 

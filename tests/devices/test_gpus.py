@@ -346,7 +346,7 @@ def test_torch_and_driver_lines_say_which_cuda_and_which_driver(tmp_path):
 
 
 def test_gpu_tests_skip_with_the_driver_and_tensorflows_cuda():
-    import test_gpu
+    from tests.hardware import test_on_gpu as test_gpu
     if not test_gpu.GPUS:
         assert "NVIDIA driver" in test_gpu.REASON and "TensorFlow built for CUDA" in test_gpu.REASON
 

@@ -153,7 +153,7 @@ def test_eval_gives_the_numbers_the_evaluation_during_training_gave(tmp_path, mo
         "import os and then import sys", "def read(self, name): return self.name", "class Foo(object): pass")))
     config = make_workspace(tmp_path, train_steps=1, steps_per_checkpoint=1, eval_steps=2, eval_tasks=["lambada"],
                             lambada_path=str(tmp_path / "lambada.jsonl"), harness_tasks=["tiny_lambada"],
-                            harness_include_path=os.path.join(REPO, "evals", "harness_tasks"), harness_limit=3)
+                            harness_include_path=os.path.join(REPO, "tests/fixtures/harness_tasks"), harness_limit=3)
     training = run_main_in_process("--model", config)
     assert training.returncode == 0, training.stderr[-3000:]
     assert f") in {trained}, steps 0 -> 1" in training.stdout

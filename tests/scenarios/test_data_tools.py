@@ -11,7 +11,7 @@ from data import create_tfrecords as ct
 from data.create_tfrecords import output_file_name
 from workspace import run_main_in_process
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 
 

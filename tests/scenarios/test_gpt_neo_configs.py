@@ -24,7 +24,7 @@ from train.job import dataset_sources
 from train.progress import TrainingLog
 from tiny import fixed_batches, placement_for, random_tokens, tiny_config
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gpt_neo_configs")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "gpt_neo_configs")
 GPT_NEO_CONFIGS = sorted(glob.glob(os.path.join(FIXTURES, "*.json")))
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=16)
 

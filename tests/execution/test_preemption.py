@@ -170,7 +170,7 @@ def test_sigterm_to_a_worker_of_two_hosts_makes_the_chief_save_and_both_resume_e
     """A scheduler preempting one host of a multi-host run: the worker keeps serving, asks the chief to stop, the
     chief saves (through the worker: each host saves its variables) and releases it; both exit 143. The run
     resumed (here on one process with two devices) continues as an uninterrupted one."""
-    from test_multihost import free_ports
+    from tests.scenarios.test_multihost import free_ports
     # Nothing split (each host computes the whole step): a resume on one process continues the two-host run's
     # losses; with the batch split over the hosts they drift apart in the last bits over a hundred steps.
     # Longer steps (n_ctx 128, batch 8): the stop comes within some ten steps (the worker looks at its signals every

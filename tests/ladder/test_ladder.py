@@ -470,7 +470,7 @@ def test_fit_needs_no_tensorflow(tmp_path):
     spec = synthetic_ladder(tmp_path, ["6.6K", "22K", "51K"], np.random.default_rng(0), point_noise=0.003)
     done = subprocess.run([sys.executable, "-c", WITHOUT_TENSORFLOW, "fit", spec.path, "--hold_out", "n51K",
                            "--budget", "1e15", "--bootstrap", "3"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "held out n51K" in done.stdout and "compute-optimal N" in done.stdout
 

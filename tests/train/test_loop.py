@@ -104,7 +104,7 @@ def test_training_reduces_loss_on_learnable_data(tmp_path):
 
 # The checkpoint the Estimator wrote on TensorFlow 2.15 (tests/fixtures/make_tf215_checkpoint.py): this config
 # and data, stopped at step 2 of 4.
-ESTIMATOR_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tf215_estimator")
+ESTIMATOR_FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "tf215_estimator")
 
 
 def test_a_checkpoint_the_tf215_estimator_wrote_resumes_here(straight, tmp_path):
