@@ -1,6 +1,6 @@
 """devices/gpus.py on CPU: the start-up decisions over fake facts (what is missing, how to fix it), the start-up
 line, memory settings, the sessions' options, the fused kernels' path, and the placement listing (a real session:
-ops requested on a GPU that ran on the CPU). tests/test_gpu.py runs the GPU paths where a GPU is visible."""
+ops requested on a GPU that ran on the CPU). tests/hardware/test_on_gpu.py runs the GPU paths where a GPU is visible."""
 import dataclasses
 import json
 

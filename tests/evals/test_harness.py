@@ -2,7 +2,7 @@
 harness's own `hf` backend on the to_hf folder of the same checkpoint (weights of order one, where a wrong
 position, span or truncation moves a log-likelihood by far more than float32 rounding does).
 
-The shipped tiny tasks (evals/harness_tasks/) run through the harness's own evaluator with each backend; every
+The shipped tiny tasks (tests/fixtures/harness_tasks/) run through the harness's own evaluator with each backend; every
 request's answer and every metric must agree."""
 import contextlib
 import json

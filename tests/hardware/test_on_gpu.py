@@ -4,7 +4,7 @@ float32 and bfloat16), every op of its training step placed on the GPU runs ther
 samples with --gpu_ids device:GPU:0, printing the start-up and placement lines.
 
 Written without a GPU (none was lent to the session that wrote it): run it first on one with
-`python -m pytest -q tests/test_gpu.py`."""
+`python -m pytest -q tests/hardware/test_on_gpu.py`."""
 
 import pytest
 import tensorflow.compat.v1 as tf
@@ -59,7 +59,7 @@ def test_tiny_model_trains_on_the_gpu_as_on_the_cpu(tmp_path, gpu_placement, pre
     """--selfcheck's comparison (selfcheck/job.py): from the same seeded weights, six steps on learnable data
     on the GPU and on the CPU; the CPU's loss must fall, every step's loss must match within the dtype's
     tolerance, and every weight after the first and the last step within a share of how far training moved
-    it. tests/test_selfcheck.py shows on the CPU that this fails when the update is removed (in bfloat16)."""
+    it. tests/selfcheck/test_selfcheck.py shows on the CPU that this fails when the update is removed (in bfloat16)."""
     import dataclasses
     from config import config_from_dict
     from selfcheck import job

@@ -13,7 +13,7 @@ MLM = dict(mlm_training=True, mlm_mask_id=63, padding_id=0, mlm_mask_ignore_ids=
 
 # option -> (config overrides, model-parallel layout on mesh x:2,y:2, variables the option adds). Options
 # that do not change the forward pass (Adafactor, recompute_grad) have no layout here: they train on a
-# 2x2 mesh in test_training_options.py, all options together.
+# 2x2 mesh in tests/train/test_training_options.py, all options together.
 OPTIONS = {
     "linear": (dict(attention_types=[[["global", "linear"], 1]]), "batch:x,heads:y", []),
     "linear_only": (dict(attention_types=[[["linear"], 2]]), "batch:x,embd:y", []),

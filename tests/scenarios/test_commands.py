@@ -1,5 +1,6 @@
 """main.py end to end, as a user runs it: train, resume, eval, predict, check a dataset, and each error. main()
-runs in this process (TensorFlow starts once); test_console.py runs main.py as a process of its own."""
+runs in this process (TensorFlow starts once); tests/console/test_stderr_filter.py runs main.py as a process of its
+own."""
 import json
 import os
 

@@ -140,8 +140,8 @@ def wrong_gradient(monkeypatch):
 
 def no_update(monkeypatch):
     """The devices' mesh applies no update (a broken backward pass or optimizer): the weights stay as initialised.
-    tests/test_gpu.py's GPU-against-CPU comparison is this check; here it is shown to catch that in bfloat16,
-    whose loss tolerance such a run used to pass (4.6e-3 < 3e-2)."""
+    tests/hardware/test_on_gpu.py's GPU-against-CPU comparison is this check; here it is shown to catch that in
+    bfloat16, whose loss tolerance such a run used to pass (4.6e-3 < 3e-2)."""
     right = step.apply_gradients
 
     def nothing_on_the_mesh(grads, variables, cfg, *args, **kwargs):

@@ -236,7 +236,7 @@ def test_imported_checkpoint_holds_exactly_the_variables_a_training_checkpoint_h
     """write_checkpoint against the checkpoint one training step saves for the same config: the same variable
     names, shapes and dtypes (float32 masters under bfloat16 and float16, the optimizer's slots, global_step,
     float16's loss-scale state), the weights given, every other variable at its initial value. (Training resumes
-    from it: test_hf_folder_becomes_a_checkpoint_that_main_trains_and_predicts_from, tests/test_finetune.py.)
+    from it: test_hf_folder_becomes_a_checkpoint_that_main_trains_and_predicts_from, tests/scenarios/test_finetune.py.)
     Bugs caught: write_checkpoint saving tf.trainable_variables() instead of tf.global_variables() (no slots,
     no global_step), or building the step at float32 whatever the config's precision (float16's loss-scale state
     missing)."""
