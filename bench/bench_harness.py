@@ -5,8 +5,9 @@ harness's own `hf` backend (PyTorch) on the to_hf folder of the same checkpoint,
     .venv/bin/python bench/bench_harness.py --examples 40     # a quick check
 
 The model (default: 4 layers, 256 wide, 8 heads, context 256, global/local with a 64-token window, the committed
-4096-token tokenizer) gets a checkpoint of random weights. The tasks are evals/harness_tasks/'s tiny tasks
-with more examples, generated the same way (make_tiny_tasks.py's word lists and stream): multiple choice
+4096-token tokenizer) gets a checkpoint of random weights. The tasks are the tests' tiny tasks
+(tests/fixtures/harness_tasks/) with more examples, generated here from the same word lists and integer stream
+(tests/corpus.py's: the same bytes on every machine; bench/ imports nothing of tests/): multiple choice
 (3 choices), LAMBADA-style last word, rolling perplexity over texts of ~1-3 contexts, and generation of up to
 16 tokens. Each side runs each task through the harness's evaluator (simple_evaluate) in its own process, both
 with batch size 16; the time is the evaluator's (requests built, run and scored; our graph builds and session
@@ -24,7 +25,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 if __name__ == "__main__":
     from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()
@@ -34,13 +34,74 @@ TASKS = ("tiny_choice", "tiny_lambada", "tiny_rolling", "tiny_generate")
 TOKENIZER = os.path.join(ROOT, "data", "tokenizers", "stdlib-bpe-4096.json")
 
 
+# The words the examples are drawn from, and the stream that draws them: tests/corpus.py's, so the examples are
+# the tests' tiny tasks' kind of text (Python-like words the committed tokenizer encodes as real source).
+VERBS = ["get", "set", "read", "write", "parse", "load", "dump", "make", "find", "check", "update", "encode",
+         "decode", "split", "join", "format", "close", "open", "add", "remove", "copy", "convert", "build", "scan"]
+NOUNS = ["name", "value", "header", "line", "item", "key", "path", "data", "buffer", "token", "message", "part",
+         "address", "charset", "payload", "object", "field", "number", "string", "list", "index", "result", "text"]
+WORDS = ["the", "a", "of", "to", "is", "and", "in", "for", "if", "this", "that", "be", "not", "it", "with", "as",
+         "an", "value", "return", "object", "string", "list", "header", "message", "should", "must", "will",
+         "when", "each", "first", "default", "given", "new", "used", "encoded", "decoded", "empty", "none"]
+
+
+class Stream:
+    """A 64-bit linear congruential generator (Knuth's MMIX constants): plain integer arithmetic."""
+
+    def __init__(self, seed: int):
+        self.state = seed * 0x9E3779B97F4A7C15 % 2 ** 64
+
+    def below(self, n: int) -> int:
+        self.state = (self.state * 6364136223846793005 + 1442695040888963407) % 2 ** 64
+        return (self.state >> 33) % n
+
+    def pick(self, options: list):
+        return options[self.below(len(options))]
+
+
+# The tasks' YAML, as tests/fixtures/harness_tasks/ has it (one kind of request each), with longer generations
+# than the tests' 6 tokens: the sampler's per-token speed shows.
+TASK_YAML = {
+    "tiny_choice": """output_type: multiple_choice
+doc_to_text: "{{question}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: label
+metric_list:
+  - {metric: acc, aggregation: mean, higher_is_better: true}
+  - {metric: acc_norm, aggregation: mean, higher_is_better: true}
+""",
+    "tiny_lambada": """output_type: loglikelihood
+doc_to_text: "{{text.split(' ')[:-1]|join(' ')}}"
+doc_to_target: "{{' '+text.split(' ')[-1]}}"
+metric_list:
+  - {metric: perplexity, aggregation: perplexity, higher_is_better: false}
+  - {metric: acc, aggregation: mean, higher_is_better: true}
+""",
+    "tiny_rolling": """output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - {metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}
+  - {metric: byte_perplexity, aggregation: weighted_perplexity, higher_is_better: false}
+  - {metric: bits_per_byte, aggregation: bits_per_byte, higher_is_better: false}
+""",
+    "tiny_generate": """output_type: generate_until
+doc_to_text: "{{prompt}}"
+doc_to_target: "{{answer}}"
+generation_kwargs:
+  until: [")", "\\n"]
+  max_gen_toks: 16
+  do_sample: false
+metric_list:
+  - {metric: exact_match, aggregation: mean, higher_is_better: true}
+""",
+}
+
+
 def write_tasks(folder: str, examples: int) -> None:
     """The tiny tasks' YAML files with `examples` generated examples each (a quarter for rolling and generation,
     whose examples are longer or slower)."""
-    import shutil
-    from corpus import NOUNS, VERBS, WORDS, _Stream
-
-    s = _Stream(11)
+    s = Stream(11)
 
     def words(n):
         return " ".join(s.pick(WORDS + NOUNS) for _ in range(n))
@@ -56,13 +117,11 @@ def write_tasks(folder: str, examples: int) -> None:
                           for _ in range(max(1, examples // 4))],
     }
     for task, records in data.items():
-        shutil.copy(os.path.join(ROOT, "evals", "harness_tasks", task + ".yaml"), folder)
+        with open(os.path.join(folder, task + ".yaml"), "w") as f:
+            f.write(f"task: {task}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {task}.jsonl\n"
+                    f"test_split: test\n{TASK_YAML[task]}metadata:\n  version: 1.0\n")
         with open(os.path.join(folder, task + ".jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-    # Longer generations than the tests' 6 tokens: the sampler's per-token speed shows.
-    path = os.path.join(folder, "tiny_generate.yaml")
-    text = open(path).read().replace("max_gen_toks: 6", "max_gen_toks: 16")
-    open(path, "w").write(text)
 
 
 def prepare(args, folder: str) -> None:

@@ -11,7 +11,7 @@ def add_arguments(p) -> None:
     p.add_argument("--harness_tasks", help="lm-eval tasks to run with --eval (and after each checkpoint when "
                    "training), comma-separated, e.g. lambada_openai,hellaswag (overrides the config's harness_tasks)")
     p.add_argument("--harness_include_path", help="a folder of task YAML files reading local data (e.g. "
-                   "evals/harness_tasks); overrides harness_include_path")
+                   "tests/fixtures/harness_tasks); overrides harness_include_path")
     p.add_argument("--num_fewshot", type=whole_number(0), default=None, help="few-shot examples per request "
                    "(default: each task's own)")
     p.add_argument("--limit", type=float, default=None, help="examples per harness task (a fraction when below 1)")

@@ -16,8 +16,8 @@ how much of their memory, and whether XLA:GPU compiles the fused kernels.
 * Soft placement stays on (some ops have no GPU kernel); the first training step lists, once, the ops that were
   placed on a GPU but ran on the CPU (execution/op_listing.py).
 
-Written without a GPU: the decisions are pure functions unit-tested on CPU (tests/test_gpus.py); the paths that
-need one are in tests/test_gpu.py and bench/bench_gpu.py, run where a GPU is visible.
+Written without a GPU: the decisions are pure functions unit-tested on CPU (tests/devices/test_gpus.py); the paths that
+need one are in tests/hardware/test_on_gpu.py and bench/bench_gpu.py, run where a GPU is visible.
 """
 from __future__ import annotations
 

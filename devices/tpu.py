@@ -1,7 +1,7 @@
 """--tpu NAME (or --tpu colab): mesh-tensorflow's SIMD mesh run on a TPU through `tf.compat.v1.tpu` directly.
 
 What the TPUEstimator did for GPT-Neo, in the pieces this project needs, each buildable without a TPU
-(tests/test_tpu.py builds every graph below on fake v3-8, v3-32 and v3-512 topologies):
+(tests/devices/test_tpu.py builds every graph below on fake v3-8, v3-32 and v3-512 topologies):
 
 * `connect`: the TPU is checked for (devices/tpu_access.py: one line on what is missing), found with
   TPUClusterResolver, its system initialised once, and its topology read back: a `TpuSystem` (hosts, cores,

@@ -4,7 +4,7 @@ that says what is missing when it cannot.
 Reaching a TPU takes several things that fail far apart and late in TensorFlow (a segfault, a `ValueError`
 traceback, a session that waits for minutes on an address nobody answers). Here they are gathered first as
 `TpuFacts` (`gather_facts`, bounded by --tpu_timeout) and judged by pure functions (`target`, `tpu_problem`,
-`generation_problem`), tested on the CPU (tests/test_tpu_access.py):
+`generation_problem`), tested on the CPU (tests/devices/test_tpu_access.py):
 
 * `local`: the TPU attached to this VM (a Cloud TPU VM). Needs TensorFlow's TPU build (`tensorflow-tpu`, which
   loads libtpu; the plain `tensorflow` wheel cannot) and the TPU's device files; its hosts' job is `localhost`.

@@ -5,7 +5,7 @@ The model is evals/harness_model.py's CheckpointLM; the harness (lm-eval, requir
 requests, runs its own evaluator and computes its own metrics. Nothing is downloaded: the harness and `datasets`
 run offline (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE), so a task reads local files, as a custom task YAML with
 `dataset_path: json` and `dataset_kwargs: {data_files: ...}` in a folder named by harness_include_path; a
-relative data file is read from beside its YAML. evals/harness_tasks/ holds tiny such tasks.
+relative data file is read from beside its YAML. tests/fixtures/harness_tasks/ holds tiny such tasks.
 
 Each run writes the harness's results JSON (model_path/harness/results_STEP.json, or --harness_output; with
 --log_samples each request's samples too), appends one line per task to the eval results file (the task as
@@ -87,7 +87,7 @@ def task_manager(include_path: Optional[str], names: tuple):
     from lm_eval.tasks import TaskManager
     if include_path and not os.path.isdir(include_path):
         raise ConfigError(f"harness_include_path {include_path} is not a folder: point it at a folder of task YAML "
-                          f"files (evals/harness_tasks/ holds examples)")
+                          f"files (tests/fixtures/harness_tasks/ holds examples)")
     if include_path:
         manager = TaskManager(include_path=include_path, include_defaults=False)
         if all(name in manager.all_tasks for name in names):

@@ -83,7 +83,7 @@ def master_value(var: mtf.Variable) -> mtf.Tensor:
 
 class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
     """mesh-tensorflow's Adam with decoupled weight decay (same slots, names and formula: m, v, m / (sqrt(v) +
-    eps) + decay * w, times lr; tests/test_optimizer.py compares the two), computed for each variable in one
+    eps) + decay * w, times lr; tests/models/test_optimizers.py compares the two), computed for each variable in one
     XLA-fused pass that reads the gradient, the weight and the slots once and yields the new weight, m and v,
     instead of a dozen element-wise ops over every parameter. It takes the gradient clipping's factor
     (`gradient_scale`, a scalar set by train/optimizer.py) into the same pass. The weight is read from and

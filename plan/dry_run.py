@@ -209,7 +209,7 @@ def by_layer_kind(cfg: GPTConfig, recompute_flags: tuple = (False, True)) -> Gra
     """collect's facts for cfg, from graphs of a few layers whatever n_layer is: one layer of each kind (the
     kinds in the order they first appear, so the model's first layer is first), and for each kind the same
     with one more layer of it. What one more layer adds, times the model's further layers of that kind, plus
-    the first graph, is the whole model: the same counts collect reads from its graph (tests/test_plan.py
+    the first graph, is the whole model: the same counts collect reads from its graph (tests/plan/test_dry_run.py
     compares them). 3000 layers answer in seconds instead of minutes. Falls back to collect when the model is
     that shallow anyway, or when its layers turn out not to be alike."""
     kinds = layer_kinds(cfg)

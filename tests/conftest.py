@@ -17,7 +17,14 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# pytest.ini's --import-mode=importlib puts no test folder on sys.path and names each test file by its path
+# (tests.models.test_sampling): the project's packages come from the repository root, the helpers beside this file
+# (tiny.py, workspace.py, corpus.py, ...) from tests/, and a test file takes another's helpers by that dotted name.
+# tests/data/, tests/models/, ... have no __init__.py, so they never shadow the packages they mirror.
+sys.path[:0] = [os.path.dirname(TESTS), TESTS]
+# `from conftest import CPU_DEVICES` (tiny.py, ...) gets this module, not a second one that would split the CPU again
+sys.modules.setdefault("conftest", sys.modules[__name__])
 
 # A suite started in the background by a script (`pytest &`, nohup) inherits SIGINT ignored, and so would every
 # process it starts; the Ctrl-C tests check what a user at a terminal gets, so Python's own handler comes back.
@@ -38,16 +45,17 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 tf.get_logger().setLevel("ERROR")
 
 
-# Files that run first, in this order: the largest (GPT-Neo 125M's real shape peaks at ~8 GB) while both workers
-# of `pytest -n 2` are fresh (a long-lived worker holds GBs of graphs the other's big test would find missing),
-# and the longest, so that no long file starts last and runs alone. `--no-loadscope-reorder` keeps this order.
-FIRST_FILES = ("test_finetune.py", "test_ladder.py", "test_multihost.py", "test_preemption.py",
-               "test_hf_interop.py", "test_training.py")
+# Files that run first, in this order (their paths under tests/): the largest (GPT-Neo 125M's real shape peaks at
+# ~8 GB) while both workers of `pytest -n 2` are fresh (a long-lived worker holds GBs of graphs the other's big test
+# would find missing), and the longest, so that no long file starts last and runs alone (the bf16 training: three
+# 100-step trainings and PyTorch's). `--no-loadscope-reorder` keeps this order.
+FIRST_FILES = ("scenarios/test_finetune.py", "ladder/test_ladder.py", "scenarios/test_multihost.py",
+               "execution/test_preemption.py", "tools/test_hf.py", "train/test_bf16_training.py", "train/test_loop.py")
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(FIRST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST_FILES)))  # stable: the rest keep their order
+    items.sort(key=lambda item: rank.get(os.path.relpath(item.path, TESTS), len(FIRST_FILES)))  # stable
 
 
 @pytest.fixture(scope="session")

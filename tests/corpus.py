@@ -5,7 +5,7 @@ interpreter's standard library, which do), and close enough to what the committe
 to ~4 characters a token, as real source does.
 
     train: 5 documents of ~10 KB; eval: 3 of ~14 KB; eval_large: 5 of ~30 KB (the sizes of the standard
-    library files the tests read before); ladder: 20 of ~30 KB (tests/test_ladder.py's sizes train on it without
+    library files the tests read before); ladder: 20 of ~30 KB (tests/ladder/test_ladder.py's sizes train on it without
     repeating it much)."""
 from __future__ import annotations
 

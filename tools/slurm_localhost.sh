@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-node SLURM on this machine, for tests/test_cluster_launchers.py's srun test (and for trying sbatch/srun
+# A one-node SLURM on this machine, for tests/devices/test_cluster.py's srun test (and for trying sbatch/srun
 # launches by hand): Debian's/Ubuntu's slurm-wlm and munge, one partition "debug" holding this host, daemons
 # started without systemd (containers have none). Needs root. Run it again to restart the daemons.
 #

@@ -1,0 +1,91 @@
+"""One device's peak FLOP/s for MFU (devices/peaks.py): the measured matmul chain (its dtype, its device, a
+plausible rate on this CPU), the datasheet table by the name TensorFlow reports, and which one a placement gets."""
+import pytest
+import tensorflow as tf
+
+from conftest import CPU_DEVICES
+from devices import peaks
+from devices.placement import Placement
+from tests.devices.test_tpu import fake_placement
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_matmul_chain_runs_in_the_dtype_asked_for_on_the_device_asked_for(dtype):
+    graph, fetch, _ = peaks.matmul_chain("/device:GPU:3", dtype, size=64, chain=5)
+    matmuls = [op for op in graph.get_operations() if op.type == "MatMul"]
+    assert len(matmuls) == 5
+    assert all(op.get_attr("T") == tf.as_dtype(dtype) for op in matmuls)
+    assert all(op.device == "/device:GPU:3" for op in matmuls + [fetch.op])
+    assert fetch.shape.rank == 0 and fetch.dtype == tf.float32  # one scalar comes back, not the product
+    # Each matmul takes the previous one's product: the chain runs in sequence, all inside one session call.
+    for first, second in zip(matmuls, matmuls[1:]):
+        assert second.inputs[0].op is first
+
+
+def test_the_measured_peak_is_a_plausible_rate_on_this_cpu():
+    rate = peaks.measure_matmul_peak("float32", "/device:CPU:0", size=128, chain=2, seconds=0.05)
+    assert 1e8 < rate < 1e14  # between 0.1 GFLOP/s and 100 TFLOP/s
+    assert peaks.measure_matmul_peak("bfloat16", "/device:CPU:0", size=64, chain=2, seconds=0.02) > 1e7
+
+
+@pytest.mark.parametrize("name,dtype,tf32,tflops", [
+    ("NVIDIA A100-SXM4-80GB", "bfloat16", True, 312),
+    ("NVIDIA A100-PCIE-40GB", "float16", True, 312),
+    ("NVIDIA A100-SXM4-40GB", "float32", True, 156),     # float32 matmuls run as TF32 (TensorFlow's default)
+    ("NVIDIA A100-SXM4-40GB", "float32", False, 19.5),
+    ("NVIDIA H100 80GB HBM3", "bfloat16", True, 989.4),  # H100 SXM
+    ("NVIDIA H100 PCIe", "bfloat16", True, 756),
+    ("NVIDIA H200", "bfloat16", True, 989.4),
+    ("Tesla V100-SXM2-16GB", "float16", True, 125),
+    ("Tesla V100-SXM2-32GB", "float32", True, 15.7),     # no TF32 on Volta
+    ("Tesla V100-PCIE-16GB", "float16", True, 112),
+    ("Tesla T4", "float16", True, 65),
+    ("Tesla T4", "float32", True, 8.1),
+    ("NVIDIA A10", "bfloat16", True, 125),
+    ("NVIDIA L4", "bfloat16", True, 121),
+])
+def test_known_gpu_peaks_by_the_name_tensorflow_reports(name, dtype, tf32, tflops):
+    assert peaks.known_gpu_peak(name, dtype, tf32) == pytest.approx(tflops * 1e12)
+
+
+@pytest.mark.parametrize("name,dtype", [
+    ("Tesla T4", "bfloat16"),              # no bf16 tensor cores: measured instead
+    ("Tesla V100-SXM2-16GB", "bfloat16"),
+    ("NVIDIA A10G", "bfloat16"),           # not an A10 (nor an A100)
+    ("NVIDIA L40S", "bfloat16"),           # not an L4
+    ("NVIDIA GeForce RTX 4090", "float32"),
+])
+def test_gpus_or_dtypes_the_table_does_not_know_are_measured(name, dtype):
+    assert peaks.known_gpu_peak(name, dtype) is None
+
+
+def test_a_placement_gets_its_first_devices_peak(monkeypatch):
+    measured = []
+
+    def fake_measure(dtype, device, **kwargs):
+        measured.append((dtype, device))
+        return 4e11
+
+    monkeypatch.setattr(peaks, "measure_matmul_peak", fake_measure)
+    # CPU devices share the host's cores: each gets its share of the CPU's rate.
+    assert peaks.device_peak(Placement(devices=tuple(CPU_DEVICES[:1])), "float32").flops == 4e11
+    four = peaks.device_peak(Placement(devices=tuple(CPU_DEVICES[:4])), "bfloat16")
+    assert four.flops == 1e11 and "shared by 4" in four.source
+    assert measured == [("float32", "/device:CPU:0"), ("bfloat16", "/device:CPU:0")]
+    # A GPU the table knows: the datasheet, nothing measured; one it does not know: measured on that GPU.
+    gpus = Placement(devices=("/device:GPU:1", "/device:GPU:0"))
+    monkeypatch.setattr(peaks, "gpu_name", lambda index: "NVIDIA A100-SXM4-80GB")
+    known = peaks.device_peak(gpus, "bfloat16")
+    assert known.flops == 312e12 and "A100" in known.source and "datasheet" in known.source
+    monkeypatch.setattr(peaks, "gpu_name", lambda index: "NVIDIA GeForce RTX 4090")
+    assert peaks.device_peak(gpus, "bfloat16").flops == 4e11
+    assert measured[-1] == ("bfloat16", "/device:GPU:1")
+    # TPUs: no peak (--peak_tflops gives one); a failed measurement: no MFU, with the reason.
+    assert fake_placement("v3-8").peak("bfloat16").flops == 0
+
+    def failing(*args, **kwargs):
+        raise tf.errors.InvalidArgumentError(None, None, "no bfloat16 MatMul kernel on GPU\nmore")
+
+    monkeypatch.setattr(peaks, "measure_matmul_peak", failing)
+    failed = peaks.device_peak(gpus, "bfloat16")
+    assert failed.flops == 0 and "no bfloat16 MatMul kernel on GPU" in failed.source and "--peak_tflops" in failed.source
