@@ -10,6 +10,7 @@ and docs/devices.md configs, datasets and meshes.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -88,68 +89,93 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    """The switchboard: the config read once, then the one job the flags ask for, each given its typed options."""
-    from cli import device_flags, eval_flags, plan_flags, predict_flags, train_flags
-    from schema import warn_unrecorded_tokenizers
+    """The switchboard: the config read once, the one job the flags ask for (jobs.py), its devices started, every
+    check it makes, --new's question, then the job."""
+    import jobs
+    from cli import device_flags
     from config import load_config
-    from data import check as data_check
-    from evals.job import run_evaluation
-    from infer.job import run_export, run_prediction
-    from modelpath import checkpoints, tokenizer_record
-    from train.job import check_training, run_training
+    from devices import kinds
 
     if args.selfcheck:  # the device check (selfcheck/job.py): no config or model_path of the user's is used
-        return device_flags.selfcheck(args)
+        return jobs.SelfCheck(device_flags.request(args), args.selfcheck).run(None)
+    cfg = load_config(args.model, config_overrides(args))
+    job = job_for(args, cfg)
+    if args.new:
+        jobs.refuse_new_with(job)
+    # A TPU, the hosts of a multi-host cluster (whose workers serve here until released), or this machine's GPUs
+    # or CPU; the fused kernels' path; on GPUs the start-up line and the XLA:GPU check
+    placement = kinds.start(device_flags.request(args), cfg) if job.uses_devices else None
+    job.check(placement)  # every refusal, before anything is deleted or written
+    if args.new and not confirm_new(cfg.model_path, args.yes):
+        return 1
+    return job.run(placement)
+
+
+def confirm_new(model_path: str, yes: bool) -> bool:
+    """--new's question, after the job's checks: whether model_path may be deleted (asked on a terminal, --yes
+    without one); False when the user keeps it. A trainer running on it is refused here (modelpath/lock.py).
+    Nothing is deleted yet: the training job deletes it when it runs (jobs.py)."""
+    if not os.path.exists(model_path):
+        return True
+    from modelpath.lock import check_free  # here: the parser reads this module before TensorFlow loads
+    check_free(model_path)
+    if not yes:
+        if not sys.stdin.isatty():
+            print(f"error: --new would delete {model_path}; pass --yes to confirm without a prompt", file=sys.stderr)
+            return False
+        answer = input(f"--new deletes {model_path} and everything in it. Continue? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("kept it; nothing was deleted")
+            return False
+    return True
+
+
+def config_overrides(args) -> dict:
+    """The config keys this run's flags override."""
+    from cli import eval_flags, plan_flags, predict_flags, train_flags
     overrides = {"mesh_shape": args.mesh_shape, "steps_per_checkpoint": args.steps_per_checkpoint}
     if args.layout is not None:
         overrides["layout"] = args.layout
-    overrides.update(train_flags.config_overrides(args))
-    overrides.update(predict_flags.config_overrides(args))
-    overrides.update(eval_flags.config_overrides(args))
-    overrides.update(plan_flags.config_overrides(args))
-    cfg = load_config(args.model, overrides)
+    for flags in (train_flags, predict_flags, eval_flags, plan_flags):
+        overrides.update(flags.config_overrides(args))
+    return overrides
 
+
+def job_for(args, cfg):
+    """The job the flags ask for (jobs.py), with its options as the flag modules parse them; training when no
+    other is asked for."""
+    import jobs
+    from cli import eval_flags, plan_flags, predict_flags, train_flags
+    planning = plan_flags.planning(args)  # which of --dry_run, --auto_layout*, checked to go together
     if args.check_dataset:
-        tokenizer_record.check(cfg)  # the tokenizer model_path's checkpoints were trained on
-        return data_check.run(cfg)
-    train_options = train_flags.options(args)  # checked here, before anything runs
-    handled = plan_flags.dispatch(args, cfg)  # --dry_run, --auto_layout*: they read nothing in model_path
-    if handled is not None:
-        return handled
-    if not (args.export or args.new):  # the tokenizer model_path's checkpoints were trained on (--new deletes them)
-        tokenizer_record.check(cfg)
-    if not args.export:  # training, --eval and --predict read the data's tokens (--check_dataset warns itself)
-        warn_unrecorded_tokenizers(cfg)
-    # A TPU, the hosts of a multi-host cluster (whose workers serve here until released), or this machine's GPUs
-    # or CPU; the fused kernels' path; on GPUs the start-up line and the XLA:GPU check
-    placement = device_flags.placement(device_flags.request(args), cfg)
-    # Every refusal comes before anything is deleted or written: --new deletes model_path last, once the
-    # question is answered and every check has passed (the memory check, training's data).
-    checkpoints.check_model_path(cfg.model_path)
-    if args.new and not train_flags.confirm_new(cfg.model_path, args.yes):  # a running trainer is refused here
-        return 1
-    if not args.export:
-        plan_flags.check_memory(args, cfg, placement)  # the dry run's estimate against host RAM and GPUs' memory
-    training = not (args.export or args.predict or args.eval)
-    if training:
-        # no datasets, a model_path that cannot be written, data that cannot give windows, unknown harness tasks
-        check_training(cfg, eval_flags.options(args, cfg))
-    if args.new:
-        train_flags.delete_model_path(cfg.model_path)
+        return jobs.DatasetCheck(cfg)
+    if planning == "dry_run":
+        return jobs.DryRun(cfg, args.model, args.device_memory)
+    if planning:
+        return jobs.AutoLayout(cfg, args.model, plan_flags.layout_devices(args, cfg), args.write_config)
+    memory_check = not args.ignore_memory_check
     if args.export:
-        return run_export(cfg, placement, predict_flags.export_options(args))
+        return jobs.Export(cfg, args.model, memory_check, predict_flags.export_options(args))
     if args.predict:
-        return run_prediction(cfg, placement, predict_flags.predict_options(args))
+        return jobs.Prediction(cfg, args.model, memory_check, predict_flags.predict_options(args))
     if args.eval:
-        return run_evaluation(cfg, placement, eval_flags.options(args, cfg))
+        return jobs.Evaluation(cfg, args.model, memory_check, eval_flags.options(args, cfg))
+    return jobs.Training(cfg, args.model, memory_check, train_flags.options(args), eval_flags.options(args, cfg),
+                         new=args.new)
 
-    run_training(cfg, placement, train_options, harness_options=eval_flags.options(args, cfg))
-    return 0
+
+def leave(code: int) -> None:
+    """Ends main.py with `code`. A multi-host chief first releases its workers, then leaves by
+    devices/cluster.exit_process: the process holds a TF gRPC server, and a chief that could not release a worker
+    (gone, or unreachable) was seen blocked in interpreter shutdown instead of exiting."""
+    cluster = sys.modules.get("devices.cluster")  # imported only by multi-host runs
+    if cluster is not None and cluster.release_held_workers():
+        cluster.exit_process(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
     from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()  # before TensorFlow is imported: its C++ start-up chatter stays off the console
     code = main()
-    from cli.device_flags import leave
     leave(code)  # a multi-host chief releases its workers and leaves with os._exit

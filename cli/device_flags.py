@@ -1,16 +1,13 @@
 """main.py's device flags and the one device request made of them: which devices (--gpu_ids, --tpu, a multi-host
 run's --cluster/--workers/--task_index or the launcher's environment), how (--gpu_memory, --plain_kernels, --xla,
 --tpu_timeout, --cluster_port, --worker_timeout), and --selfcheck, which checks them. `request` reads them once into
-devices/placement.py's DeviceRequest; devices/kinds.py's `place` turns it and the config into the placement."""
+devices/placement.py's DeviceRequest; devices/kinds.py's `start` turns it and the config into the placement."""
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-import tempfile
 
 from console.arguments import number_above, whole_number
-from console.stderr_filter import restore
 from devices.tpu_access import DEFAULT_TIMEOUT as DEFAULT_TPU_TIMEOUT
 
 PLAIN_KERNELS_ENV = "GPT_NEO_PLAIN_KERNELS"  # the environment's way to say --plain_kernels (read here only)
@@ -82,49 +79,3 @@ def request(args, environ=os.environ):
     return DeviceRequest(gpu_ids=tuple(args.gpu_ids or ()), gpu_memory=args.gpu_memory, tpu=args.tpu,
                          tpu_timeout=args.tpu_timeout, plain_kernels=plain_kernels(args, environ), xla=args.xla,
                          cluster=found, worker_timeout=args.worker_timeout)
-
-
-def placement(request, cfg):
-    """The job's placement (devices/kinds.py). On a multi-host run first the line saying where the cluster
-    came from and which task this is; a worker (not the chief) serves its devices here until the chief releases
-    it, and exits."""
-    from devices import cluster, kinds
-    if request.cluster is not None:
-        print(cluster.describe(request.cluster), flush=True)
-        if not request.cluster.is_chief:
-            exit_process(cluster.serve_worker(request, cfg))
-    return kinds.place(request, cfg)
-
-
-def leave(code: int) -> None:
-    """Ends main.py with `code`. A multi-host chief first releases its workers, then leaves by `exit_process`: the
-    process holds a TF gRPC server, and a chief that could not release a worker (gone, or unreachable) was seen
-    blocked in interpreter shutdown instead of exiting."""
-    cluster = sys.modules.get("devices.cluster")  # imported only by multi-host runs
-    if cluster is not None and cluster.release_held_workers():
-        exit_process(code)
-    sys.exit(code)
-
-
-def exit_process(code: int) -> None:
-    """Ends this process now. A TF gRPC server cannot be shut down cleanly, and interpreter shutdown can
-    block on its threads, so a process that started one leaves with os._exit after flushing its output."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    restore()  # the console filter passes on what it holds
-    os._exit(code)
-
-
-def selfcheck(args) -> int:
-    """--selfcheck: the placement the device flags ask for (one CPU device by default), then the check
-    (selfcheck/job.py) in a temporary folder, against the CPU with the same kernels' path."""
-    from config import config_from_dict
-    from devices import kinds
-    from selfcheck import job
-    asked = request(args)
-    placement = kinds.place(asked, precision=args.selfcheck)
-    reference = job.REFERENCE.start_up(asked.plain_kernels, asked.xla)
-    with tempfile.TemporaryDirectory(prefix="gpt-neo-selfcheck-") as root:
-        on_devices, on_cpu = job.model_settings(placement.n_devices, args.selfcheck, root)
-        return job.run(config_from_dict(on_devices, "the selfcheck model"),
-                       config_from_dict(on_cpu, "the selfcheck model"), placement, reference)

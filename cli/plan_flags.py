@@ -1,9 +1,9 @@
-"""main.py's planning flags and what they do: --dry_run, --auto_layout, --auto_layout_and_mesh_shape (which
-print a plan and exit, `dispatch`), and the memory check before a job (`check_memory`, --ignore_memory_check).
+"""main.py's planning flags: --dry_run, --auto_layout, --auto_layout_and_mesh_shape (jobs.py's DryRun and
+AutoLayout, which print a plan and exit; `planning` says which), and --ignore_memory_check (the jobs' memory
+check, plan/memory_check.py).
 """
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 from console.arguments import whole_number
@@ -36,15 +36,14 @@ def config_overrides(args) -> dict:
     return {}
 
 
-def _config_path(args) -> str:
-    from schema import resolve_config_path
-    return resolve_config_path(args.model)
+PLANNING = ("dry_run", "auto_layout", "auto_layout_and_mesh_shape")
 
 
-def dispatch(args, cfg) -> Optional[int]:
-    """Runs the planning commands; returns their exit code, or None to go on."""
+def planning(args) -> Optional[str]:
+    """Which planning job the flags ask for (a PLANNING name), or None; a ConfigError for flags that do not go
+    together."""
     from schema import ConfigError
-    chosen = [flag for flag in ("dry_run", "auto_layout", "auto_layout_and_mesh_shape") if getattr(args, flag)]
+    chosen = [flag for flag in PLANNING if getattr(args, flag)]
     if len(chosen) > 1:
         raise ConfigError(f"pass one of --dry_run, --auto_layout, --auto_layout_and_mesh_shape, not "
                           f"{' and '.join('--' + c for c in chosen)}")
@@ -52,43 +51,12 @@ def dispatch(args, cfg) -> Optional[int]:
         raise ConfigError("--device_memory goes with --dry_run")
     if args.write_config and not (args.auto_layout or args.auto_layout_and_mesh_shape):
         raise ConfigError("--write_config goes with --auto_layout or --auto_layout_and_mesh_shape")
-    if args.dry_run:
-        return dry_run(args, cfg)
-    if args.auto_layout or args.auto_layout_and_mesh_shape:
-        return auto_layout(args, cfg)
-    return None
+    return chosen[0] if chosen else None
 
 
-def check_memory(args, cfg, placement) -> None:
-    """Before training, --eval or --predict: refuses in one line when the dry run's estimate exceeds the host RAM
-    available (or a GPU's free memory), unless --ignore_memory_check."""
-    if args.ignore_memory_check:
-        return
-    from plan import memory_check
-    if args.predict or args.eval:
-        memory_check.check_inference(cfg, placement, args.model, "predict" if args.predict else "eval")
-    else:
-        memory_check.check_training(cfg, placement, args.model)
-
-
-def dry_run(args, cfg) -> int:
-    from plan import dry_run as plan
-    start = time.perf_counter()
-    result = plan.make_plan(cfg, args.device_memory)
-    print(plan.describe(result, args.model))
-    print(f"(planned in {time.perf_counter() - start:.1f} s)")
-    return 0
-
-
-def auto_layout(args, cfg) -> int:
-    from plan import auto_layout as layout_planner
-    if args.auto_layout:
-        result = layout_planner.auto_layout(cfg)
-    else:
-        n = args.num_devices or (len(args.gpu_ids) if args.gpu_ids else cfg.n_devices)
-        result = layout_planner.auto_layout_and_mesh_shape(cfg, n)
-    print(layout_planner.describe(result, args.model, with_mesh=args.auto_layout_and_mesh_shape))
-    if args.write_config:
-        path = layout_planner.write_config(_config_path(args), result, args.write_config)
-        print(f"wrote {path}: train with python main.py --model {path}")
-    return 0
+def layout_devices(args, cfg) -> Optional[int]:
+    """--auto_layout_and_mesh_shape's device count (--num_devices, else --gpu_ids', else the config's mesh);
+    None for --auto_layout, which keeps the config's mesh."""
+    if not args.auto_layout_and_mesh_shape:
+        return None
+    return args.num_devices or (len(args.gpu_ids) if args.gpu_ids else cfg.n_devices)

@@ -1,13 +1,10 @@
 """main.py's training flags (--new, --yes, --log_every, --peak_tflops, --checkpoint_minutes, --sacred_id;
---train_steps, --lr, --warmup_steps) and what they do: the options of train/job.py, the config keys a run overrides
-(a fine-tune's everyday changes, recorded in run_info.json), and --new's question and deletion (main.py deletes
-last, after every check)."""
+--train_steps, --lr, --warmup_steps), parsed into the options of train/job.py and the config keys a run overrides
+(a fine-tune's everyday changes, recorded in run_info.json). --new's question is main.py's, its deletion the
+training job's (jobs.py), after every check."""
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import sys
 
 from console.arguments import number_above, whole_number
 
@@ -50,33 +47,3 @@ def options(args):
         raise ConfigError(f"--checkpoint_minutes must be more than 0 (a finite number of minutes), got {minutes:g}")
     return TrainOptions(peak_tflops=args.peak_tflops, log_every=args.log_every, checkpoint_minutes=minutes,
                         sacred_id=args.sacred_id)
-
-
-def confirm_new(model_path: str, yes: bool) -> bool:
-    """--new's question, before the job's checks: whether model_path may be deleted (asked on a terminal, --yes
-    without one); False when the user keeps it. A trainer running on it is refused here (modelpath/lock.py).
-    Nothing is deleted yet: main.py calls delete_model_path once every check has passed."""
-    if not os.path.exists(model_path):
-        return True
-    from modelpath.lock import check_free  # here: the parser reads this module before TensorFlow loads
-    check_free(model_path)
-    if not yes:
-        if not sys.stdin.isatty():
-            print(f"error: --new would delete {model_path}; pass --yes to confirm without a prompt", file=sys.stderr)
-            return False
-        answer = input(f"--new deletes {model_path} and everything in it. Continue? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("kept it; nothing was deleted")
-            return False
-    return True
-
-
-def delete_model_path(model_path: str) -> None:
-    """--new, confirmed and every check passed: deletes model_path, holding its lock meanwhile (a trainer that
-    started since the question is refused in one error line naming it)."""
-    if not os.path.exists(model_path):
-        return
-    from modelpath.lock import TrainerLock
-    with TrainerLock(model_path):
-        shutil.rmtree(model_path)
-    print(f"deleted {model_path}")

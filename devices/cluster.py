@@ -464,7 +464,7 @@ _held: list = []
 def release_held_workers() -> bool:
     """Releases the workers this process holds as a chief (each cluster once: at `leave` or, failing that, at
     exit). True when this process started a chief's server: a TF gRPC server cannot be shut down, and interpreter
-    shutdown can block on its threads, so such a process leaves with os._exit (cli/device_flags.leave)."""
+    shutdown can block on its threads, so such a process leaves with os._exit (main.leave)."""
     held = bool(_held)
     while _held:
         release_workers(*_held.pop())
@@ -485,3 +485,13 @@ def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected
     _held.append((cluster, server))
     return ClusterPlacement(devices=tuple(mesh_devices), master=server.target, hosts=tuple(cluster.host_devices()),
                             default_device=cluster.task_device(0)), server
+
+
+def exit_process(code: int) -> None:
+    """Ends this process now. A TF gRPC server cannot be shut down cleanly, and interpreter shutdown can
+    block on its threads, so a process that started one leaves with os._exit after flushing its output."""
+    from console.stderr_filter import restore
+    sys.stdout.flush()
+    sys.stderr.flush()
+    restore()  # the console filter passes on what it holds
+    os._exit(code)

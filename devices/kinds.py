@@ -26,3 +26,15 @@ def place(request: DeviceRequest, cfg: Optional[GPTConfig] = None, precision: Op
     placement = kind.from_request(request, cfg)
     return placement.start_up(request.plain_kernels, request.xla, precision or (cfg.precision if cfg else "float32"),
                               tf32=bool(cfg and cfg.allow_tf32))
+
+
+def start(request: DeviceRequest, cfg: GPTConfig) -> Placement:
+    """main.py's placement for a job on `cfg` (`place`). On a multi-host run first the line saying where the
+    cluster came from and which task this is; a worker (not the chief) serves its devices here until the chief
+    releases it, and leaves the process (cluster.exit_process)."""
+    from devices import cluster
+    if request.cluster is not None:
+        print(cluster.describe(request.cluster), flush=True)
+        if not request.cluster.is_chief:
+            cluster.exit_process(cluster.serve_worker(request, cfg))
+    return place(request, cfg)

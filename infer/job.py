@@ -22,9 +22,16 @@ class ExportOptions:
     export_dir: Optional[str] = None  # default: model_path/export/STEP
 
 
-def run_prediction(cfg: GPTConfig, placement: Placement, options: PredictOptions) -> int:
-    """Samples every prompt; a bad prompt file is reported before the checkpoint is looked for."""
+def check_prediction(cfg: GPTConfig, options: PredictOptions) -> None:
+    """--predict's refusals, writing nothing: a bad prompt file (reported before the checkpoint is looked for),
+    no checkpoint."""
     read_prompts(options.prompt_files, options.prompt_per_line)
+    checkpoints.require_checkpoint(cfg.model_path)
+
+
+def run_prediction(cfg: GPTConfig, placement: Placement, options: PredictOptions) -> int:
+    """Samples every prompt (check_prediction's refusals first)."""
+    check_prediction(cfg, options)
     step = checkpoints.step_of(checkpoints.require_checkpoint(cfg.model_path))
     return predict(precision.for_inference(cfg, placement), placement, options, step, load_for_config(cfg))
 

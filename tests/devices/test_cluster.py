@@ -117,7 +117,7 @@ LINGERING_THREAD = "import threading\nthreading.Thread(target=threading.Event().
 def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, launcher):
     """Two tasks from the launcher's environment train one step together; the chief, whose process holds a thread
     that never ends, still releases its worker and exits. Bug caught: main.py leaving by sys.exit on a chief
-    (cli/device_flags.leave not called): the chief blocks in interpreter shutdown and the test times out."""
+    (main.leave not called): the chief blocks in interpreter shutdown and the test times out."""
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
                             steps_per_checkpoint=1, mesh_shape="x:2", layout="batch:x")
     port = free_port_pair()

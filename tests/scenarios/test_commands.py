@@ -93,6 +93,7 @@ def test_bad_inputs_exit_non_zero_with_one_line(workspace):
         (["--model", "no_such_config"], "not found"),
         (["--model", config_path(workspace), "--predict", "--prompt", str(workspace / "missing.txt")],
          "prompt file"),
+        (["--model", config_path(workspace), "--eval", "--new", "--yes"], "--new goes with training"),
     ]
     for args, expected in cases:
         result = run_main(*args)
