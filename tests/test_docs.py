@@ -93,3 +93,19 @@ def test_every_prompt_file_the_commands_name_exists_or_is_written_before():
                 if name.endswith(".txt") and not (ROOT / name).is_file() and name not in written:  # not FILE, ...
                     missing.append(f"{page.relative_to(ROOT)}: --prompt {name}")
     assert not missing, "\n".join(missing)
+
+
+def test_every_test_the_docs_name_exists():
+    """docs/testing.md's table of one-line bugs (and every other page) names tests as
+    `tests/<path>.py::test_name`: each file exists and defines that test, so a test moved or renamed keeps its
+    row true. Bug caught: a row left naming a file's old path after the tests moved (tests/test_model.py)."""
+    named = re.compile(r"`(tests/[\w/]+\.py)(?:::(test_\w+))?")
+    missing = []
+    for page in PAGES:
+        for path, test in named.findall(page.read_text()):
+            source = ROOT / path
+            if not source.exists():
+                missing.append(f"{page.name}: {path} (no such file)")
+            elif test and not re.search(rf"^(?:async )?def {test}\b", source.read_text(), re.M):
+                missing.append(f"{page.name}: {path}::{test} (no such test)")
+    assert not missing, "\n".join(missing)
