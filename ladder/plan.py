@@ -387,5 +387,6 @@ def check_data(ladder: Ladder) -> None:
         for what, pattern in (("training files", use.dataset.path), ("eval files", use.dataset.eval_path)):
             if pattern and "://" not in pattern and not glob.glob(pattern):
                 raise LadderError(f"dataset {use.dataset.id!r} has no {what} matching {pattern}: tokenize them first "
-                                  f"(quickstart.sh does it for stdlib; docs/data.md), or fix the dataset config")
+                                  f"(docs/ladder.md gives the commands for the CPU ladder's stdlib512, quickstart.sh "
+                                  f"makes stdlib; docs/data.md), or fix the dataset config")
 
