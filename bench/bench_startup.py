@@ -155,7 +155,7 @@ def summary(runs: list) -> dict:
     return {"runs": len(runs), "first_s": statistics.median(r["first_s"] for r in ok),
             "first_cpu_s": statistics.median(r["first_cpu_s"] for r in ok),
             "total_cpu_s": statistics.median(r["total_cpu_s"] for r in ok),
-            "longest_silence_s": max(r["longest_silence_s"] for r in ok), "lines_before": ok[0]["lines_before"]}
+            "longest_silence_s": max(r["longest_silence_s"] for r in ok), "lines_before": ok[-1]["lines_before"]}
 
 
 def measure(args) -> dict:
@@ -172,7 +172,9 @@ def measure(args) -> dict:
     for _ in range(args.repeats):
         for side in sides:
             with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
-                r = timed_run(commands(args, side, folder), FIRST_RESULT[side])
+                # USE_TF=0: transformers would import TensorFlow too where it is installed (this venv), which an HF
+                # user's would not have
+                r = timed_run(commands(args, side, folder), FIRST_RESULT[side], {"USE_TF": "0"} if side == "hf" else None)
             print(f"  {side}: first result {r['first_s'] if r['first_s'] is None else round(r['first_s'], 2)} s "
                   f"wall, {r['first_cpu_s']} s CPU (load {loadavg()})", flush=True)
             runs[side].append(r)
