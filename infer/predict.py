@@ -118,7 +118,8 @@ def completion(cfg, prompt_length: int, tokens, length: int) -> tuple[list, bool
 def run_rows(cfg, placement, rows: Batch, checkpoint: str) -> dict:
     """Samples every row from the checkpoint, predict_batch_size rows at a time: {"tokens", "lengths"}."""
     features = {"tokens": rows.tokens, "prompt_length": rows.prompt_length, "seed": rows.seed}
-    return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, progress=True)
+    label = f"sampling {len(rows.tokens)} x {cfg.max_new_tokens} new tokens"
+    return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, progress=True, label=label)
 
 
 def unused_prefix(model_path: str, step: int) -> str:

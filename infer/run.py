@@ -2,6 +2,7 @@
 --predict's samples, the eval tasks' scores and tools that need logits; on CPUs and GPUs or on a TPU."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import numpy as np
@@ -55,11 +56,16 @@ class Predictor:
         return self._programs[key]
 
     def predict(self, rows: dict, batch_size: int, options=None, progress: bool = False,
-                on_batch: Optional[Callable[[int], None]] = None) -> dict:
+                on_batch: Optional[Callable[[int], None]] = None, label: Optional[str] = None) -> dict:
         """The outputs for every row of `rows` (see `predict`)."""
         rows = {name: np.asarray(value) for name, value in rows.items()}
         count = len(next(iter(rows.values())))
+        if label:  # the graph's build, the restore and the first call's optimisation: seconds without output
+            where = f"restoring {os.path.basename(self.checkpoint)}" if self.checkpoint else "initialising the weights"
+            print(f"{label}: building the graph, {where} ...", flush=True)
         program, session = self._program(rows, batch_size, options)
+        if label:
+            print(f"{label}: running ...", flush=True)
         batches = range(0, count, batch_size)
         if progress and len(batches) > 1:
             batches = tqdm(batches, unit="batch", desc="predict", dynamic_ncols=True)
@@ -86,10 +92,12 @@ class Predictor:
 
 def predict(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
             checkpoint: Optional[str] = None, options=None, progress: bool = False,
-            on_batch: Optional[Callable[[int], None]] = None) -> dict:
+            on_batch: Optional[Callable[[int], None]] = None, label: Optional[str] = None) -> dict:
     """infer/outputs.py's outputs for every row of `rows` (numpy arrays, one row per example), run
     `batch_size` rows at a time (the last batch padded); from `checkpoint`, a checkpoint prefix or a folder
     (its latest), or from the seeded initial weights when None. `progress` shows a bar of batches;
-    `on_batch(rows)` is called after each batch with its count of rows (a caller's own progress bar)."""
+    `on_batch(rows)` is called after each batch with its count of rows (a caller's own progress bar). `label`: a
+    line "LABEL: building the graph, restoring CHECKPOINT ..." before the program is built and "LABEL: running ..."
+    before its first call, for a console that would otherwise wait seconds without a word."""
     with Predictor(cfg, placement, checkpoint) as predictor:
-        return predictor.predict(rows, batch_size, options, progress, on_batch)
+        return predictor.predict(rows, batch_size, options, progress, on_batch, label)

@@ -19,6 +19,9 @@ puts its LLVM in the global symbol table, and a later `import triton` (which CUD
 their first use, e.g. in tools/hf.py and the HF parity tests) crashes on it (tensorflow/tensorflow#124205).
 Loading triton first, where it is installed, avoids that (0.2 s).
 """
+import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -31,7 +34,85 @@ warnings.filterwarnings("ignore", message="pkg_resources is deprecated", categor
 if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
     import triton  # noqa: F401,E402  (before TensorFlow; see above)
 
-import tensorflow as _tf  # noqa: E402
+
+class _HoldBack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """While TensorFlow's own import runs, `import keras` fails (TensorFlow catches it): see `import_tensorflow`.
+    The spec found is keras's own, so TensorFlow's `find_spec("keras")` still finds its folder for `tf.keras`."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "keras":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None:
+            spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        raise ImportError("keras is not loaded with TensorFlow here (models/compat.py); tf.keras loads it on use")
+
+    def exec_module(self, module):  # never reached: create_module refuses
+        raise ImportError(module.__name__)
+
+
+def import_tensorflow():
+    """`import tensorflow`, without the import of Keras 3 that TensorFlow 2.21 makes eagerly at its end
+    (`keras.src.optimizers`, for Keras' SavedModel registrations; it pulls in scikit-learn among others). That
+    import cost 5.0 of TensorFlow's 12.5 CPU seconds here (2026-11-28, 2-core AMD EPYC): nothing in this
+    project uses Keras, and `tf.keras` (TensorFlow's lazy loader) still imports it on first use. A process
+    that imported TensorFlow already keeps it as it is."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    hold = _HoldBack()
+    sys.meta_path.insert(0, hold)
+    try:
+        import tensorflow
+    finally:
+        sys.meta_path.remove(hold)
+    return tensorflow
+
+
+class _Deferred(types.ModuleType):
+    """Stands in sys.modules for a module until an attribute of it is read; then imports it and hands over."""
+
+    def __getattr__(self, attribute):  # only for attributes the stand-in lacks (its __spec__ it has)
+        module = sys.modules.get(self.__name__)
+        if module is self or module is None:
+            del sys.modules[self.__name__]
+            parent = sys.modules.get(self.__name__.rpartition(".")[0])
+            if parent is not None and getattr(parent, self.__name__.rpartition(".")[2], None) is self:
+                delattr(parent, self.__name__.rpartition(".")[2])
+            module = importlib.import_module(self.__name__)
+        return getattr(module, attribute)
+
+
+def lazy_module(name: str) -> None:
+    """`name` in sys.modules as a stand-in that imports the module on the first read of an attribute of it:
+    for modules that mesh_tensorflow.transformer imports at its top but uses only in functions this project never
+    calls (tensorflow_datasets, gin.tf with distutils, pkg_resources: 1.5, 0.7 and 0.3 s of the start-up's
+    imports under load). importlib.util.LazyLoader does not serve: Python 3.11's `import` statement reads the
+    module's __spec__, which loads it. A module already imported, or not installed, is left alone."""
+    if name in sys.modules:
+        return
+    parent, _, child = name.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return
+    if spec is None:
+        return
+    module = _Deferred(name)
+    module.__spec__, module.__file__ = spec, spec.origin
+    if spec.submodule_search_locations is not None:
+        module.__path__ = list(spec.submodule_search_locations)
+    sys.modules[name] = module
+    if parent:
+        setattr(sys.modules[parent], child, module)
+
+
+_tf = import_tensorflow()
+for _name in ("tensorflow_datasets", "gin.tf", "pkg_resources"):
+    lazy_module(_name)
+
 from tensorflow.python.framework import ops as _ops  # noqa: E402
 from tensorflow.python.framework import tensor_conversion_registry as _registry  # noqa: E402
 

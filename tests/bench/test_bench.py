@@ -242,3 +242,14 @@ def test_measure_names_the_commit_it_started_on_not_the_one_its_own_plot_dirtied
     out = tmp_path / "measured.md"
     assert measure.main(["--only", "train", "--shapes", "bench", "--out", str(out)]) == 0
     assert "commit abc1234;" in out.read_text()
+
+
+def test_startup_bench_times_the_first_result_line_and_the_lines_before_it():
+    """bench_startup's timed_run: the first line matching the job's pattern is the first result; lines before it
+    are kept, with the longest silence among them."""
+    import bench_startup
+    code = "import time; print('loading ...'); time.sleep(0.3); print('======== sample 0'); print('after')"
+    r = bench_startup.timed_run([sys.executable, "-c", code], bench_startup.FIRST_RESULT["predict"])
+    assert r["returncode"] == 0 and r["first_s"] >= 0.3 and r["first_cpu_s"] is not None
+    assert [line for _, line in r["lines_before"]] == ["loading ..."]
+    assert r["longest_silence_s"] >= 0.3
