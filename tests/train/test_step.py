@@ -2,6 +2,7 @@
 and blocked attention keeps per-row statistics for its backward pass, not its softmax weights."""
 import mesh_tensorflow as mtf
 import numpy as np
+import pytest
 import tensorflow.compat.v1 as tf
 
 from models.kernels import attention
@@ -22,6 +23,7 @@ def allocator_bytes_in_use(session, probe) -> int:
     return min(used)
 
 
+@pytest.mark.slow
 def test_no_copy_of_the_optimizer_state_outlives_initialisation(tmp_path):
     """TF folds a zeros initializer into a constant (compact in the graph, whole in memory) and a session keeps
     the executors it ran, kernels and tensors included: Adam's zero slots stayed held by the initialiser's
@@ -86,6 +88,7 @@ def peak_of(metadata) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_attention_recomputing_its_weights_holds_memory_linear_in_the_context(monkeypatch):
     """Above KEEPS_WEIGHTS_UP_TO the blocked attention keeps nothing but q, k and v for its backward pass and
     recomputes the softmax weights one block at a time: its peak grows about linearly with the context, where
