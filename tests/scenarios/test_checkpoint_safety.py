@@ -320,6 +320,7 @@ def test_an_update_that_makes_the_weights_inf_is_never_saved_and_the_run_resumes
     assert checkpoints.steps(model_path) == [1, 2, 3, 4] and all_finite(checkpoints.prefix_of(model_path, 4))
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_at_its_step_with_nothing_saved_after(trained, tmp_path, capsys):
     """lr 1e30: step 3's update leaves finite weights of order 1e30 (no save: checkpoints every 2 steps), whose
     products overflow in step 4's forward pass. The run stops at step 4 in one line naming it and the loss;
