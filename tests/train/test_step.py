@@ -96,7 +96,7 @@ def test_attention_recomputing_its_weights_holds_memory_linear_in_the_context(mo
     in fp32: 36 MB kept). Bug: the blocks without their order (one_at_a_time: every block's recomputed weights or
     their gradient computed at once, the whole square again, or grappler merging the recomputation with the forward
     pass's, whose weights are then kept)."""
-    kept = {n: attention_step_peak(n, False, monkeypatch) for n in (1024, 2048)}
+    kept = {2048: attention_step_peak(2048, False, monkeypatch)}  # only 2048's is compared (1024's was never read)
     recomputed = {n: attention_step_peak(n, True, monkeypatch) for n in (1024, 2048)}
     square = 4 * 4 * sum(128 * (start + 128) for start in range(0, 2048, 128))  # the weights kept at 2048
     assert kept[2048] > square  # the measure sees them
