@@ -84,6 +84,7 @@ def traced_step(tmp_path_factory):
     return profile_train.timeline_ops(metadata), cfg, variables
 
 
+@pytest.mark.slow
 def test_the_profile_sorts_each_op_of_a_real_training_step_into_its_part_of_the_model(traced_step):
     """The categories are read off the lowered graph's scopes, which move when the model's kernels do. On a real
     step's timeline (not names written for the test): bugs caught, each seen in the script, are the clipping's

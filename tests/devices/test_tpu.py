@@ -97,6 +97,7 @@ def test_device_assignment_gives_every_core_one_replica_on_its_own_host(pod):
     assert system.host_devices() == [f"/job:worker/task:{h}/device:CPU:0" for h in range(cores // per_host)]
 
 
+@pytest.mark.slow
 def test_training_loop_on_a_v3_32_pod():
     placement = fake_placement("v3-32")
     system = placement.system
@@ -172,6 +173,7 @@ def test_a_mesh_that_is_not_the_pod_is_refused_before_building():
         training_loop.training_program(cfg, placement, batches(cfg), start_step=0)
 
 
+@pytest.mark.slow
 def test_evaluation_and_prediction_loops_on_a_two_host_pod():
     system = tpu.TpuSystem(fake_topology([2, 2, 1, 2], cores_per_host=4), job="worker")
     placement = tpu.TpuPlacement(tpu="pod", system=system)

@@ -49,6 +49,7 @@ def answers(results, task):
             for s in results["samples"][task]}
 
 
+@pytest.mark.slow
 def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, monkeypatch):
     """Every request type through the harness's evaluator, offline, ours against lm-eval's `hf` backend (PyTorch)
     on the same weights: per-request log-likelihoods within 1e-4 relative, the same greedy flags and so the same
@@ -144,6 +145,7 @@ def error_lines(capsys):
     return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow
 def test_training_runs_the_harness_after_each_checkpoint_and_checks_tasks_first(tmp_path, capsys):
     """harness_tasks in the config: a task folder that is not there is one error line before any step is trained
     (nothing written); with the right one the task runs after each checkpoint, its metrics appended to
@@ -172,6 +174,7 @@ def test_training_runs_the_harness_after_each_checkpoint_and_checks_tasks_first(
     assert "harness/tiny_lambada/acc" in events.Tags()["scalars"]
 
 
+@pytest.mark.slow
 def test_bad_harness_input_is_one_error_line(checkpoint_run, tmp_path, capsys, monkeypatch):
     """An unknown task (the closest known name suggested), a task whose local data file is missing, a folder of
     tasks that is not there, a checkpoint of another model, and lm-eval not installed: each one `error:` line

@@ -421,6 +421,7 @@ def test_a_degenerate_fit_is_reported_as_such_with_no_interval(tmp_path, capsys)
     assert not re.search(r"bootstrap \d+/\d+ resamples", out)  # nothing resampled
 
 
+@pytest.mark.slow
 def test_hold_out_leaves_out_every_run_of_the_size(tmp_path, capsys):
     """Four sizes on WSD, the biggest also on another data order, results of a known law (0.3% noise): --hold_out n99K
     takes every run of n99K out of the fit (its trunk, its branches and the repeat's), predicts each of their annealed
@@ -464,6 +465,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 def test_fit_needs_no_tensorflow(tmp_path):
     """`python -m ladder fit` with held-out sizes and budgets runs where TensorFlow cannot be imported: it reads what
     plan and run wrote. (Bug: ladder/fit.py importing ladder.plan, which imports TensorFlow, at its top.)"""

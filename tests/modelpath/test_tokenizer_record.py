@@ -42,6 +42,7 @@ def another_tokenizers_dataset(root) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_model_trained_from_scratch_refuses_data_of_another_tokenizer(trained_workspace, tmp_path):
     """Trained from scratch (no tokenizer in its config), the model_path records its data's tokenizer; the config
     pointed at data of another tokenizer is then refused by training, --eval, --predict and --check_dataset in
@@ -84,6 +85,7 @@ def test_a_model_trained_from_scratch_refuses_data_of_another_tokenizer(trained_
     assert sampled.stderr.startswith(f"error: tiny's tokenizer_path {other_path} is tokenizer {other.sha256[:12]}")
 
 
+@pytest.mark.slow
 def test_an_old_model_path_warns_then_training_records_its_tokenizer(trained_workspace, tmp_path, capsys):
     """A model_path trained before the record (a copy of the session's workspace without it) given data that
     records its tokenizer: one warning that it cannot be checked, training resumes and records the tokenizer, and
@@ -186,6 +188,7 @@ def with_datasets(config, path, datasets, **changes) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_hand_written_dataset_configs_record_the_tokenizer_their_files_and_tokenizer_path_name(trained_workspace,
                                                                                               tmp_path):
     """The issue's case: a dataset config in GPT-Neo's format written by hand (no tokenizer_id) over tfrecords that

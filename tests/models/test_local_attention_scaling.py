@@ -56,6 +56,7 @@ def attention_cost(kind: str, n_ctx: int) -> tuple[int, int]:
     return elements, flops
 
 
+@pytest.mark.slow
 def test_a_local_layer_grows_linearly_with_the_context_at_gpt_neos_window():
     costs = np.array([attention_cost("local", n) for n in CONTEXTS])
     steps = np.diff(costs, axis=0)  # what each further 512 positions add: the same, for memory and compute
@@ -63,6 +64,7 @@ def test_a_local_layer_grows_linearly_with_the_context_at_gpt_neos_window():
     assert (costs[-1] / costs[0] < 5).all()  # 4x the context: the window's edge blocks aside, 4x the cost
 
 
+@pytest.mark.slow
 def test_a_global_layer_grows_quadratically_so_the_count_tells_them_apart():
     costs = np.array([attention_cost("global", n) for n in CONTEXTS])
     steps = np.diff(costs, axis=0)

@@ -197,6 +197,7 @@ def test_greedy_decoding_matches_hf_transformers_generate(tmp_path):
             np.testing.assert_array_equal(out[row, :out_lengths[row]], theirs, err_msg=f"row {row}")
 
 
+@pytest.mark.slow
 def test_models_without_an_incremental_path_fall_back_to_full_recompute(cfg, monkeypatch):
     @dataclasses.dataclass(frozen=True)
     class WithExtraOption(type(cfg)):

@@ -16,6 +16,7 @@ from workspace import REPO, make_workspace
 GIB = 2 ** 30
 
 
+@pytest.mark.slow
 def test_gpt3_xl_on_a_16_gib_host_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):
     model = json.loads(open(os.path.join(REPO, "configs", "gpt3_XL.json")).read())
     model.update(model_path=str(tmp_path / "run"), mesh_shape="all:1", layout="")  # one CPU device
@@ -57,6 +58,7 @@ def test_the_advice_is_what_would_make_it_fit():
     assert memory_check.check_training(cfg, cluster, "tiny", available=1.0) is None
 
 
+@pytest.mark.slow
 def test_ignore_memory_check_goes_on(tmp_path, capsys, monkeypatch):
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=1,
                             steps_per_checkpoint=1)

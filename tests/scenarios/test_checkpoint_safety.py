@@ -182,7 +182,7 @@ def test_a_checkpoint_of_another_shape_is_one_line_and_nothing_is_touched(traine
 # 2b. --new deletes last: every refusal comes first
 
 
-@pytest.mark.parametrize("refusal", ["memory", "data", "lock", "harness"])
+@pytest.mark.parametrize("refusal", ["memory", "data", "lock", pytest.param("harness", marks=pytest.mark.slow)])
 def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(trained, tmp_path, capsys, monkeypatch,
                                                                          refusal):
     """`--new --yes` deleted model_path, then the memory check refused the job: the run was gone and nothing
@@ -299,6 +299,7 @@ def all_finite(prefix):
                for name, _ in tf.train.list_variables(prefix) if name != "global_step")
 
 
+@pytest.mark.slow
 def test_an_update_that_makes_the_weights_inf_is_never_saved_and_the_run_resumes(trained, tmp_path, capsys):
     """lr 1e39 is inf in float32: step 3's update (from model.ckpt-2's finite weights, with a finite loss and
     gradient norm) leaves inf and NaN in every weight, and step 3 is a save. One error line names step 3 and
@@ -319,6 +320,7 @@ def test_an_update_that_makes_the_weights_inf_is_never_saved_and_the_run_resumes
     assert checkpoints.steps(model_path) == [1, 2, 3, 4] and all_finite(checkpoints.prefix_of(model_path, 4))
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_at_its_step_with_nothing_saved_after(trained, tmp_path, capsys):
     """lr 1e30: step 3's update leaves finite weights of order 1e30 (no save: checkpoints every 2 steps), whose
     products overflow in step 4's forward pass. The run stops at step 4 in one line naming it and the loss;

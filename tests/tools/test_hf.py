@@ -231,7 +231,10 @@ def stored(checkpoint: str) -> dict:
     return {name: (list(shape), dtypes[name]) for name, shape in reader.get_variable_to_shape_map().items()}
 
 
-@pytest.mark.parametrize("precision,opt_name", [("float32", "adam"), ("float16", "adam"), ("bfloat16", "adafactor")])
+# float16 with Adam (loss-scale state and Adam's slots) stays in the fast tier: it fails with either bug below.
+@pytest.mark.parametrize("precision,opt_name", [pytest.param("float32", "adam", marks=pytest.mark.slow),
+                                                ("float16", "adam"),
+                                                pytest.param("bfloat16", "adafactor", marks=pytest.mark.slow)])
 def test_imported_checkpoint_holds_exactly_the_variables_a_training_checkpoint_holds(tmp_path, precision, opt_name):
     """write_checkpoint against the checkpoint one training step saves for the same config: the same variable
     names, shapes and dtypes (float32 masters under bfloat16 and float16, the optimizer's slots, global_step,

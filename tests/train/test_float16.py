@@ -186,6 +186,7 @@ def test_kernels_compute_float16_in_float32(kernel):
         np.testing.assert_allclose(g, e, rtol=0, atol=0.01 * np.abs(e).max())
 
 
+@pytest.mark.slow
 def test_float16_decodes_like_float32():
     """Greedy kv-cache sampling picks the float32 model's tokens (the decoding step's mask bias is float32: -1e10
     times a float16 mask is -inf * 0 = NaN where visible)."""

@@ -83,6 +83,7 @@ def test_checkpoint_holds_gpt_neo_variables_with_their_shapes(straight):
     assert {n[:-len("/adam_m")] for n in shapes if n.endswith("/adam_m")} == expected_variables(cfg)
 
 
+@pytest.mark.slow
 def test_resume_continues_step_count_and_loss_curve(straight, tmp_path):
     """Bug caught: the input pipeline handed step 0 on a resume (the first batches trained again)."""
     cfg, data, straight_losses, _ = straight
@@ -199,6 +200,7 @@ def test_a_non_finite_loss_inside_a_call_of_several_steps_names_its_own_step(tmp
     assert seen == [1, 2] and checkpoints.steps(cfg.model_path) == []
 
 
+@pytest.mark.slow
 def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evaluates_each_checkpoint(tmp_path,
                                                                                                      monkeypatch):
     """train/job.py with eval_steps and a checkpoint every step: one training program and one evaluation program

@@ -2,6 +2,7 @@
 and blocked attention keeps per-row statistics for its backward pass, not its softmax weights."""
 import mesh_tensorflow as mtf
 import numpy as np
+import pytest
 import tensorflow.compat.v1 as tf
 
 from models.kernels import attention
@@ -22,6 +23,7 @@ def allocator_bytes_in_use(session, probe) -> int:
     return min(used)
 
 
+@pytest.mark.slow
 def test_no_copy_of_the_optimizer_state_outlives_initialisation(tmp_path):
     """TF folds a zeros initializer into a constant (compact in the graph, whole in memory) and a session keeps
     the executors it ran, kernels and tensors included: Adam's zero slots stayed held by the initialiser's
@@ -86,6 +88,7 @@ def peak_of(metadata) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_attention_recomputing_its_weights_holds_memory_linear_in_the_context(monkeypatch):
     """Above KEEPS_WEIGHTS_UP_TO the blocked attention keeps nothing but q, k and v for its backward pass and
     recomputes the softmax weights one block at a time: its peak grows about linearly with the context, where
@@ -93,7 +96,7 @@ def test_attention_recomputing_its_weights_holds_memory_linear_in_the_context(mo
     in fp32: 36 MB kept). Bug: the blocks without their order (one_at_a_time: every block's recomputed weights or
     their gradient computed at once, the whole square again, or grappler merging the recomputation with the forward
     pass's, whose weights are then kept)."""
-    kept = {n: attention_step_peak(n, False, monkeypatch) for n in (1024, 2048)}
+    kept = {2048: attention_step_peak(2048, False, monkeypatch)}  # only 2048's is compared (1024's was never read)
     recomputed = {n: attention_step_peak(n, True, monkeypatch) for n in (1024, 2048)}
     square = 4 * 4 * sum(128 * (start + 128) for start in range(0, 2048, 128))  # the weights kept at 2048
     assert kept[2048] > square  # the measure sees them

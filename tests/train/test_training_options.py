@@ -146,6 +146,7 @@ def test_runner_trains_and_evaluates_mlm_with_moe_micro_batches_and_adafactor(tm
     assert step == 2 and 0 < loss < 2 * np.log(cfg.n_vocab)
 
 
+@pytest.mark.slow
 def test_sampling_runs_on_a_model_with_options_and_refuses_mlm():
     cfg = tiny_config(**EVERYTHING, max_new_tokens=4, temperature=0.0)
     tokens = random_tokens([1, cfg.n_ctx], seed=4)
