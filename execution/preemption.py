@@ -170,6 +170,10 @@ class StopOnSignal(_SignalHandlers, Callback):
     def on_open(self, run: Run) -> None:
         self._run = run
         self.__enter__()
+        if not self._requested:
+            self.poll()
+        if self._requested:  # asked for before the run opened (a worker's SIGTERM, or the caller's `request`)
+            run.stop(self.signum)
 
     def on_step(self, run: Run, step: int, values: dict) -> None:
         if not self._requested:

@@ -10,7 +10,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from config import replace
-from modelpath import checkpoints
+from modelpath import checkpoints, files
 from execution import runner
 from execution.callbacks import EachStep
 from train import loop
@@ -126,17 +126,17 @@ def test_a_checkpoint_the_tf215_estimator_wrote_resumes_here(straight, tmp_path)
 def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(straight, tmp_path, monkeypatch):
     straight_cfg, data, _, straight_weights = straight
     cfg = replace(straight_cfg, model_path=str(tmp_path / "run"))
-    rename = tf.io.gfile.rename
+    rename = files.rename  # every move of a save (modelpath/files.py: os.replace here, gfile for buckets)
 
-    def dies_at_the_index(source, target, overwrite=False):
+    def dies_at_the_index(source, target):
         if source.endswith("model.ckpt-4.index"):
             raise OSError("killed")  # the data shards of step 4 were moved, its index was not
-        return rename(source, target, overwrite)
+        return rename(source, target)
 
-    monkeypatch.setattr(tf.io.gfile, "rename", dies_at_the_index)
+    monkeypatch.setattr(files, "rename", dies_at_the_index)
     with pytest.raises(OSError, match="killed"):
         train(cfg, data)
-    monkeypatch.setattr(tf.io.gfile, "rename", rename)
+    monkeypatch.setattr(files, "rename", rename)
     assert checkpoints.steps(cfg.model_path) == [2]  # step 4 does not exist: its index never arrived
     assert any(name.startswith(checkpoints.STAGING) for name in os.listdir(cfg.model_path))
     assert checkpoints.latest(cfg.model_path).endswith("model.ckpt-2")
