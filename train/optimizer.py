@@ -100,10 +100,20 @@ def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor
             optimizer.gradient_scale = scale
         else:
             grads = [None if g is None else g * scale for g in grads]
+    if apply_if is not None and getattr(optimizer, "takes_condition", False):  # gated in the optimizer's own pass
+        optimizer.condition, apply_if = apply_if, None
     updates = optimizer.apply_grads(grads, variables)
     if apply_if is not None:
         updates = assign_if(updates, apply_if)
     return updates, grad_norm
+
+
+def autostack_allowed(updates: list) -> bool:
+    """Whether the step may be lowered with mesh-tensorflow's autostack, which on meshes of several devices
+    combines small variables of one shape into one and rewrites its own Assign ops to match: only when every
+    update is such an Assign. The fused Adam (models/optimizers.AdamUpdate) and float16's gated updates
+    (AssignIf) name the variables themselves, which would no longer exist at lowering."""
+    return all(isinstance(op, mtf.Assign) for op in updates)
 
 
 def updates_then_step(updates: list, global_step: tf.Variable) -> tf.Operation:
