@@ -57,7 +57,7 @@ def tf_category(op_type: str, name: str) -> str:
     if "wte_final" in lower and op_type in MATMULS:
         return "matmul: output logits (tied embedding)"
     if re.match(r"(adam|assign|square|reduce|global_norm|clip|sum_of_squares)", lower):
-        return "optimizer (Adam, clipping)"  # sum_of_squares: the clipping's norm, one product per gradient
+        return "optimizer (Adam, clipping)"  # sum_of_squares: the clipping's norm, an L2Loss per gradient
     if re.search(r"xentropy|cross_entropy|z_loss|logsumexp", lower):
         return "loss"
     if op_type in MATMULS and "layer_norm" in lower:  # its gradient's sums over the row, as products with ones

@@ -9,6 +9,7 @@ Both registries sit here, below the jobs, because the config check does (config.
 may use); train/optimizer.py applies them in the update (clipping, the gated assignments)."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -16,108 +17,143 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from schema import GPTConfig
-from models.kernels.common import compiled
+from models.kernels.common import xla_kernels
 
 # Norm gains/biases and other biases are not decayed (GPT-2/GPT-Neo practice).
 NO_DECAY = [r"norm", r"ln_f", r"/b$", r"bias", r"o_b"]
 
 
-def _adam_update(m, v, g, scale, beta_1, beta_2, epsilon):
-    g = g * scale  # the gradient clipping's factor, applied here rather than in a pass of its own
-    next_m = beta_1 * m + (1.0 - beta_1) * g
-    next_v = beta_2 * v + (1.0 - beta_2) * (g * g)
-    return next_m, next_v, next_m / (tf.sqrt(next_v) + epsilon)
+def _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays) -> list:
+    """Adam with decoupled weight decay on the slices of every variable of one device, each weight, slot and
+    gradient read once and the weight and slots assigned where they are (the assignments, returned):
+    mesh-tensorflow's formula (next_m = b1 m + (1 - b1) g, next_v = b2 v + (1 - b2) g^2,
+    w -= lr (next_m / (sqrt(next_v) + eps) + decay w)), with g the gradient times the clipping's `scale`.
+    `apply` (a boolean scalar, or None): float16's loss scaling, where a step whose gradients were not finite
+    leaves every variable as it was. The weights are the fp32 slices (the masters), never the activation-dtype
+    copy the model reads."""
+    assigns = []
+    for w, m, v, g, decay in zip(weights, ms, vs, grads, decays):
+        # tf.convert_to_tensor: a read, also of a TPU slice (a ReplicatedVariable, which has no read_value)
+        w_, m_, v_ = (tf.convert_to_tensor(s) for s in (w, m, v))
+        g = tf.cast(g, tf.float32) * scale  # the clipping's factor applied here, not in a pass of its own
+        next_m = beta_1 * m_ + (1.0 - beta_1) * g
+        next_v = beta_2 * v_ + (1.0 - beta_2) * (g * g)
+        update = next_m / (tf.sqrt(next_v) + epsilon)
+        next_w = w_ - lr * (update + decay * w_ if decay else update)
+        if apply is not None:
+            next_w, next_m, next_v = (tf.where(apply, new, old) for new, old in
+                                      ((next_w, w_), (next_m, m_), (next_v, v_)))
+        assigns += [w.assign(next_w, read_value=False), m.assign(next_m, read_value=False),
+                    v.assign(next_v, read_value=False)]
+    return assigns
 
 
 @tf.function(jit_compile=True)
-def _adam_step(m, v, g, w, scale, lr, beta_1, beta_2, epsilon):
-    next_m, next_v, update = _adam_update(m, v, g, scale, beta_1, beta_2, epsilon)
-    return w - lr * update, next_m, next_v
+def _adam_compiled(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays):
+    _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays)
+    return tf.constant(0.0)  # an output for the caller to depend on: the assignments run inside the call
 
 
-@tf.function(jit_compile=True)
-def _adam_step_decayed(m, v, g, w, scale, lr, beta_1, beta_2, epsilon, decay):
-    next_m, next_v, update = _adam_update(m, v, g, scale, beta_1, beta_2, epsilon)
-    return w - lr * (update + decay * w), next_m, next_v
+class AdamUpdate(mtf.Operation):
+    """The Adam step of every variable at once: on each device one pass (`_adam_pass`) over that device's slices
+    of all of them, XLA-compiled where the kernels are (models/kernels/common.xla_kernels), which reads each
+    fp32 slice (the master the checkpoint holds, never the bf16/fp16 copy the model reads), its slots and its
+    gradient once and assigns the weight and slots in place (XLA updates a resource variable in its own
+    buffer). One launch per device and step where a pass per variable made one per variable and new weight and
+    slot buffers (docs/measured.md). On a TPU mesh (SimdMeshImpl) the pass is plain ops inside the replicated
+    program, which XLA compiles whole.
 
+    It names the variables themselves, so mesh-tensorflow's autostack (which combines small variables of one shape
+    on meshes of several devices, rewriting only its own Assign ops) must stay off where it runs
+    (train/optimizer.autostack_allowed)."""
 
-class MasterValue(mtf.Operation):
-    """A variable's value as its slices hold it (float32 here: models/gpt.variable_dtype), where `var.value` is
-    the activation-dtype copy the model reads (bf16 or fp16 under those precisions). An update computed from
-    `var.value` and assigned to the variable rounds the fp32 master to the activation grid every step, so any
-    update below half a bf16 ulp of its weight is lost; updates read this instead.
+    def __init__(self, optimizer: "AdamWeightDecay", variables: list, slots: list, grads: list,
+                 scale: Optional[mtf.Tensor], apply_if: Optional[mtf.Tensor]):
+        extra = [t for t in (scale, apply_if) if t is not None]
+        super().__init__(list(grads) + [optimizer.learning_rate] + extra, variables[0].mesh, name="adam")
+        self._variables, self._slots, self._n = variables, slots, len(variables)
+        self._scaled, self._gated = scale is not None, apply_if is not None
+        self._hyper = (float(optimizer.beta_1), float(optimizer.beta_2), float(optimizer.epsilon))
+        self._decays = tuple(float(optimizer.weight_decay_rate) if optimizer._do_use_weight_decay(v.name) else 0.0
+                             for v in variables)
+        self._outputs = []
 
-    Its input is the variable's output, so it is lowered after the variable, and it follows mesh-tensorflow's
-    autostack: on a mesh of several devices small variables of one shape are combined into a StackedVariable
-    whose unstack op then produces that output, and the value is then the variable's row of the stacked slices."""
-
-    def __init__(self, var: mtf.Variable):
-        super().__init__([var.outputs[0]], var.mesh, name="master_value")
-        self._outputs = [mtf.Tensor(self, var.shape, var.slice_dtype)]
+    @property
+    def variables(self) -> list:
+        """Every variable the op assigns: the weights, then their m and v slots."""
+        return self._variables + [s for pair in self._slots for s in pair]
 
     def gradient(self, grad_ys):
-        raise ValueError("a variable's master value is for updates, not differentiated")
+        raise ValueError("Adam's update is not differentiated")
 
     def lower(self, lowering):
-        value = self.inputs[0]
-        producer = value.operation
-        if isinstance(producer, mtf.Variable):
-            laid_out = lowering.variables[producer].laid_out_tensor
-        elif (isinstance(producer, mtf.UnstackOperation)
-              and isinstance(producer.inputs[0].operation, mtf.StackedVariable)):
-            row = producer.outputs.index(value)
-            stacked = lowering.variables[producer.inputs[0].operation].laid_out_tensor
-            # tf.convert_to_tensor: on TPUs a slice is a ReplicatedVariable, which reads but does not index.
-            laid_out = lowering.mesh_impl(self).slicewise(lambda s: tf.convert_to_tensor(s)[row], stacked)
-        else:
-            raise ValueError(f"master_value of {value}, which no variable produces")
-        # Read the slices as values: the update's own assignment to the same variables comes after it.
-        lowering.set_tensor_lowering(self.outputs[0],
-                                     lowering.mesh_impl(self).slicewise(tf.identity, laid_out))
+        mesh_impl = lowering.mesh_impl(self)
 
+        def slices(t):
+            return lowering.tensors[t].to_laid_out_tensor().all_slices
 
-def master_value(var: mtf.Variable) -> mtf.Tensor:
-    """`var`'s slices' value (fp32), for an optimizer's update: see MasterValue."""
-    return MasterValue(var).outputs[0]
+        def variable_slices(var):
+            if var not in lowering.variables:
+                raise ValueError(f"{var.name} was combined by mesh-tensorflow's autostack, which the fused Adam "
+                                 f"cannot update: lower the step with autostack off (train/optimizer.autostack_allowed)")
+            return lowering.variables[var].laid_out_tensor.all_slices
+
+        n = self._n
+        grads = [slices(g) for g in self.inputs[:n]]
+        lr = slices(self.inputs[n])
+        scale = slices(self.inputs[n + 1]) if self._scaled else None
+        apply = slices(self.inputs[-1]) if self._gated else None
+        weights = [variable_slices(v) for v in self._variables]
+        ms = [variable_slices(m) for m, _ in self._slots]
+        vs = [variable_slices(v) for _, v in self._slots]
+        placed = isinstance(mesh_impl, mtf.placement_mesh_impl.PlacementMeshImpl)
+        ops = []
+        for p in range(len(lr)):
+            args = ([w[p] for w in weights], [m[p] for m in ms], [v[p] for v in vs], [g[p] for g in grads], lr[p],
+                    scale[p] if scale else 1.0, apply[p] if apply else None, *self._hyper, self._decays)
+            with tf.device(mesh_impl.devices[p]) if placed else contextlib.nullcontext():
+                if placed and xla_kernels():
+                    ops.append(_adam_compiled(*args).op)
+                else:
+                    ops.append(tf.group(_adam_pass(*args)))
+        lowering.operations[self] = tf.group(ops)
 
 
 class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
     """mesh-tensorflow's Adam with decoupled weight decay (same slots, names and formula: m, v, m / (sqrt(v) +
-    eps) + decay * w, times lr; tests/models/test_optimizers.py compares the two), computed for each variable in one
-    XLA-fused pass that reads the gradient, the weight and the slots once and yields the new weight, m and v,
-    instead of a dozen element-wise ops over every parameter. It takes the gradient clipping's factor
-    (`gradient_scale`, a scalar set by train/optimizer.py) into the same pass. The weight is read from and
-    written to its float32 slices (master_value): under bf16 or fp16 activations the model reads a rounded copy,
-    but every update, however small against its weight, lands on the fp32 master."""
+    eps) + decay * w, times lr; tests/models/test_optimizers.py compares the two), as one AdamUpdate over every
+    variable: per device one XLA-compiled pass that reads each fp32 weight slice, its slots and its gradient once
+    and assigns the new weight and slots in place, instead of a dozen element-wise ops (or one pass and three
+    new buffers) per variable. It takes the gradient clipping's factor (`gradient_scale`, a scalar set by
+    train/optimizer.py) and float16's gate (`condition`: the step applies only where the gradients were finite)
+    into the same pass. The weight is read from and written to its float32 slices: under bf16 or fp16
+    activations the model reads a rounded copy, but every update, however small against its weight, lands on
+    the fp32 master."""
 
     takes_gradient_scale = True  # train/optimizer.py: the clipping factor goes to `gradient_scale`, not the grads
+    takes_condition = True  # and float16's gate to `condition`, not train/optimizer.AssignIf
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.gradient_scale = None  # an mtf scalar, or None: 1
+        self.condition = None  # a boolean mtf scalar, or None: always applied
+
+    def apply_grads(self, grads, variables) -> list:
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        for g, v in zip(grads, variables):
+            if g is None:
+                tf.logging.warning("Gradient is None for variable %s", v.name)
+        if not pairs:
+            return []
+        # the slots as mesh-tensorflow's optimizer names them (`<var>/adam_m|adam_v`, fp32, zeros)
+        slots = [tuple(mtf.get_variable(v.mesh, v.name + slot, v.shape, initializer=tf.zeros_initializer(),
+                                        trainable=False).operation for slot in ("/adam_m", "/adam_v"))
+                 for _, v in pairs]
+        return [AdamUpdate(self, [v for _, v in pairs], slots, [mtf.to_float(g) for g, _ in pairs],
+                           self.gradient_scale, self.condition)]
 
     def apply_grad(self, grad, var):
-        if grad is None:
-            tf.logging.warning("Gradient is None for variable %s", var.name)
-            return []
-        grad = mtf.to_float(grad)
-        m = mtf.get_variable(var.mesh, var.name + "/adam_m", var.shape, initializer=tf.zeros_initializer(),
-                             trainable=False)
-        v = mtf.get_variable(var.mesh, var.name + "/adam_v", var.shape, initializer=tf.zeros_initializer(),
-                             trainable=False)
-        scale = self.gradient_scale if self.gradient_scale is not None else \
-            mtf.ones(var.mesh, mtf.Shape([]), tf.float32)
-        # The weight from its fp32 slices, not `var.value` (the activation-dtype copy): see MasterValue.
-        inputs = [m, v, grad, master_value(var), scale, self.learning_rate]
-        hyper = [self.beta_1, self.beta_2, self.epsilon]
-        if self._do_use_weight_decay(var.name):
-            fn = lambda *a: compiled(_adam_step_decayed, *a, *hyper, self.weight_decay_rate)  # noqa: E731
-        else:
-            fn = lambda *a: compiled(_adam_step, *a, *hyper)  # noqa: E731
-        next_w, next_m, next_v = mtf.slicewise(fn, inputs, output_shape=[var.shape] * 3,
-                                               output_dtype=[tf.float32] * 3, splittable_dims=var.shape.dims,
-                                               grad_function=0, name="adam")
-        return [mtf.assign(var, next_w), mtf.assign(m, next_m), mtf.assign(v, next_v)]
+        return self.apply_grads([grad], [var])
 
 
 def _adam(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:

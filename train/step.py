@@ -15,7 +15,7 @@ from models import gpt
 from models.optimizers import learning_rate
 from execution import meshes
 from train import loss_scale, objective
-from train.optimizer import apply_gradients, sum_of_squares, updates_then_step
+from train.optimizer import apply_gradients, autostack_allowed, sum_of_squares, updates_then_step
 
 
 @dataclass
@@ -70,10 +70,10 @@ def training_step(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor,
     pass, and a step with non-finite gradients updates no variable). The train op applies the updates, then
     increments the global step."""
     step = build(cfg, mesh, mesh_impl, inputs, labels)
-    # float16's gated updates (train/optimizer.AssignIf) name the variables themselves: mesh-tensorflow's autostack,
-    # which on meshes of several devices combines variables and rewrites only its own Assign ops, would leave them
-    # pointing at variables that no longer exist (a KeyError at lowering).
-    lowering = mtf.Lowering(mesh.graph, {mesh: mesh_impl}, autostack=step.scaling is None)
+    # The fused Adam and float16's gated updates name the variables themselves: mesh-tensorflow's autostack, which
+    # on meshes of several devices combines variables and rewrites only its own Assign ops, would leave them
+    # pointing at variables that no longer exist (train/optimizer.autostack_allowed).
+    lowering = mtf.Lowering(mesh.graph, {mesh: mesh_impl}, autostack=autostack_allowed(step.updates))
     outputs = {name: tf.cast(lowering.export_to_tf_tensor(t), tf.float32) for name, t in step.scalars.items()}
     outputs["learning_rate"] = step.learning_rate
     if "grad_norm" not in outputs:  # clipping off: the norm is not computed

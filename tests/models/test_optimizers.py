@@ -16,6 +16,7 @@ from tiny import fixed_batches, model_weights, placement_for, random_tokens, tin
 from execution.callbacks import EachStep
 from train import loop
 from models.optimizers import NO_DECAY, AdamWeightDecay
+from train.optimizer import autostack_allowed
 
 
 def initial_values(seed=0) -> dict:
@@ -48,7 +49,7 @@ def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, 
         optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=0.1, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
                                     exclude_from_weight_decay=NO_DECAY)
         updates = optimizer.apply_grads(grads, variables)
-        lowering = mtf.Lowering(mtf_graph, {mesh: impl})  # autostack on, as training has it
+        lowering = mtf.Lowering(mtf_graph, {mesh: impl}, autostack=autostack_allowed(updates))  # as training lowers
         step = tf.group([lowering.lowered_operation(op) for op in updates])
         names = [n for name in shapes for n in (name, name + "/adam_m", name + "/adam_v")]
         with tf.Session(config=tf.ConfigProto(device_count={"CPU": 4})) as session:
@@ -93,9 +94,10 @@ def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
 def test_adam_updates_the_fp32_master_whatever_the_model_reads(activation_dtype, mesh_shape, layout):
     """Updates far below half a bf16 (or fp16) ulp of their weights (lr 1e-6 on weights near 1, whose bf16 ulp
     is 2^-7) land on the fp32 masters: three steps move every weight as float64 NumPy's Adam moves it. Bug
-    caught: the fused pass fed `var.value` (the activation-dtype copy the model reads), so every step rounded
-    the master to that grid and only the last step's update survived (at bf16, none of it); also an update
-    that reads the wrong row of autostack's stacked variables (x:4 stacks w and w2)."""
+    caught: the fused pass reading the weight through the activation dtype (as from `var.value`, the copy the
+    model reads), so every step rounds the master to that grid and updates below half its ulp are lost; and
+    (x:4, where autostack would stack w and w2) the step lowered with autostack on
+    (train/optimizer.autostack_allowed returning True: the pass finds no variable w)."""
     lr, steps = 1e-6, 3
     oracle = adam_oracle(lr, steps)
     start = initial_values()
