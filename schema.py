@@ -749,7 +749,7 @@ def batch_split(cfg: GPTConfig) -> int:
 def num_microbatches(cfg: GPTConfig, batch_size: int) -> int:
     """Micro-batches per step: as many as it takes for each to hold at most tokens_per_mb_per_replica tokens
     per replica, in whole sequences, a divisor of the per-replica batch (mesh-tensorflow's
-    serialize_num_microbatches, which tests/test_config.py compares this with); 1 without micro-batching."""
+    serialize_num_microbatches, which tests/test_schema.py compares this with); 1 without micro-batching."""
     if not cfg.tokens_per_mb_per_replica:
         return 1
     per_replica = batch_size // batch_split(cfg)

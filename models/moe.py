@@ -16,7 +16,7 @@ from mesh_tensorflow.transformer import moe as mtf_moe
 from models.activations import activation_for
 from schema import ConfigError, GPTConfig, closest
 
-# mesh-tensorflow MoE1D's default expert count (tests/test_config.py checks it against mesh-tensorflow).
+# mesh-tensorflow MoE1D's default expert count (tests/models/test_moe.py checks it against mesh-tensorflow).
 MOE_DEFAULT_EXPERTS = 16
 
 # Groups of the MoE layers' dimensions that appear together in one tensor (models/layout.py).

@@ -1,6 +1,6 @@
 """Faster formulations of the operations that dominated a training or decoding step after the matmuls
 (profiled with TF's step timelines on the benchmark model, bench/bench_train.py and bench/bench_decode.py).
-Each gives mesh-tensorflow's values (the same formulas; only rounding differs), and tests/models/test_kernels.py checks
+Each gives mesh-tensorflow's values (the same formulas; only rounding differs), and tests/models/kernels/ checks
 values and gradients on split layouts. Callers import the module they use:
 
 * `matmul`      -- einsums that are one matrix product, as tf.matmul on 2-D reshapes (the projections).

@@ -227,7 +227,7 @@ def causal_attention(q, k, v, length_dim, memory_length_dim, key_dim, value_dim,
     (`causal_block_length`), each against only the keys its queries see: the masked half of the square above
     the diagonal is never computed (global, context 2048: 36 of 64 block pairs), nor the window's padding and
     far side (local). The same result as `attention` with the causal bias and as `local_attention_1d`
-    (tests/models/test_kernels.py). Forward and backward (written out, the softmax's fused) are batched matmuls on
+    (tests/models/kernels/). Forward and backward (written out, the softmax's fused) are batched matmuls on
     [..., length, features] slices. The caller makes sure that neither length is split over the mesh and that
     there is no dropout."""
     output_shape = q.shape - key_dim + value_dim
