@@ -1,5 +1,6 @@
-"""Tiny models and data for tests: a config builder, random token batches, and one-call runs through the
-project's runner (train/loop.py): training, logits, and the losses and gradients of one batch."""
+"""Tiny models and data for tests: a config builder, random token batches, one-call runs through the
+project's runner (train/loop.py): training, logits, and the losses and gradients of one batch; and `run_mtf`,
+a mesh-tensorflow function of NumPy inputs run on one device."""
 from __future__ import annotations
 
 import tempfile
@@ -200,3 +201,22 @@ def checkpoint_of_order_one_weights(cfg, prefix, seed=0) -> str:
         with tf.Session(graph=graph) as session:
             session.run(tf.global_variables_initializer())
             return tf.train.Saver().save(session, prefix)
+
+
+def run_mtf(build, arrays: dict, dims: dict):
+    """Builds `build(mesh, **mtf_inputs) -> {name: mtf.Tensor}` on one device and returns NumPy results.
+    dims maps each input's name to its list of mtf.Dimensions."""
+    graph = tf.Graph()
+    with graph.as_default():
+        mtf_graph = mtf.Graph()
+        mesh = mtf.Mesh(mtf_graph, "test_mesh")
+        inputs = {name: mtf.import_tf_tensor(mesh, tf.constant(value), mtf.Shape(dims[name]))
+                  for name, value in arrays.items()}
+        outputs = build(mesh, **inputs)
+        impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape("all:1"), [], ["/cpu:0"])
+        lowering = mtf.Lowering(mtf_graph, {mesh: impl})
+        fetches = {name: lowering.export_to_tf_tensor(t) for name, t in outputs.items()}
+        with tf.Session() as session:
+            session.run(tf.global_variables_initializer())
+            session.run(lowering.copy_masters_to_slices())
+            return session.run(fetches), mtf_graph

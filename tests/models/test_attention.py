@@ -1,5 +1,6 @@
 """An attention type is one registry entry: registered in one place, a toy type is accepted by the config,
-trains, decodes with the kv cache (the same tokens as full recompute) and is counted in the model FLOPs."""
+trains, decodes with the kv cache (the same tokens as full recompute) and is counted in the model FLOPs.
+And linear attention's math against plain NumPy (causal and not, its stability and its memory)."""
 import re
 import tempfile
 
@@ -11,11 +12,11 @@ import tensorflow.compat.v1 as tf
 from schema import ConfigError
 from config import replace
 from models import flops
-from models.attention import ATTENTION, register
+from models.attention import ATTENTION, AttentionContext, linear_attention_chunk, register
 from models.layout import tensor_dim_sizes
 from models.sampling import incremental_unsupported
 from tests.models.test_sampling import new_tokens, prompts, sample
-from tiny import random_tokens, tiny_config, train
+from tiny import random_tokens, run_mtf, tiny_config, train
 
 WINDOW = 2  # the toy type: each position sees itself and the one before
 
@@ -109,3 +110,56 @@ def test_an_attention_types_dimensions_and_layout_checks_come_from_its_entry(toy
         # A config moved to another mesh and layout in code (--auto_layout, --dry_run) is checked the same way.
         with pytest.raises(ConfigError, match=re.escape(message)):
             replace(tiny_config(**types), mesh_shape=mesh_shape, layout=layout)
+
+
+def linear_attention_reference(q, k, v, causal):
+    """GPT-Neo's linear attention formula in float64, stabilised per query position."""
+    q = np.exp(q - q.max(-1, keepdims=True))
+    q /= q.sum(-1, keepdims=True)
+    out = np.zeros_like(v)
+    for t in range(q.shape[1]):
+        seen = slice(0, t + 1) if causal else slice(None)
+        keys = k[:, seen]                                  # [b, s, h, d]
+        e = np.exp(keys - keys.max(1, keepdims=True))
+        normalised = e / e.sum(1, keepdims=True)
+        context = np.einsum("bshd,bshe->bhde", normalised, v[:, seen])
+        out[:, t] = np.einsum("bhd,bhde->bhe", q[:, t], context)
+    return out
+
+
+def run_linear_attention(q, k, v, causal):
+    b, s, h, d = q.shape
+    cfg = tiny_config()
+    dims = [mtf.Dimension("batch", b), mtf.Dimension("sequence", s), mtf.Dimension("heads", h),
+            mtf.Dimension("features_per_head", d)]
+    ctx = AttentionContext(cfg, False, dims[1], mtf.Dimension("memory_length", s), dims[3], causal=causal)
+
+    def build(mesh, q, k, v):
+        return {"out": ATTENTION["linear"].fn(q, k, v, ctx)}
+
+    arrays = {name: a.astype(np.float32) for name, a in (("q", q), ("k", k), ("v", v))}
+    return run_mtf(build, arrays, {"q": dims, "k": dims, "v": dims})
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_linear_attention_matches_the_formula_even_with_extreme_keys(causal):
+    rng = np.random.RandomState(0)
+    b, s, h, d = 2, 16, 2, 4   # chunks of 4: the causal form crosses chunk boundaries
+    assert linear_attention_chunk(s, d) == 4
+    q, k, v = rng.randn(b, s, h, d), 3 * rng.randn(b, s, h, d), rng.randn(b, s, h, d)
+    # exp(120) overflows float32 (GPT-Neo's unstabilised form gives inf); a stabiliser taken over the whole
+    # sequence would instead underflow every earlier key of row 0 to zero. Position 12 starts a chunk.
+    k[0, 12] = 120.0
+    k[1, 5] = -90.0
+    results, _ = run_linear_attention(q, k, v, causal)
+    np.testing.assert_allclose(results["out"], linear_attention_reference(q, k, v, causal), rtol=1e-4, atol=1e-5)
+
+
+def test_causal_linear_attention_never_holds_a_sequence_by_d_by_d_tensor():
+    b, s, h, d = 1, 64, 1, 8
+    rng = np.random.RandomState(1)
+    _, graph = run_linear_attention(*(rng.randn(b, s, h, d) for _ in range(3)), causal=True)
+    largest = max(t.shape.size for op in graph.operations for t in op.outputs)
+    # GPT-Neo's causal form holds running sums of [batch, sequence, heads, d, d] (here 4096 values);
+    # chunked, nothing exceeds the size of q itself.
+    assert largest <= b * s * h * d < b * s * h * d * d

@@ -11,8 +11,8 @@ import tensorflow.compat.v1 as tf
 from config import replace
 from models.entmax import entmax_loss, entmax_mtf, entmax_tf
 from models.sampling import SamplingOptions, choose_tokens_tf
-from tests.models.test_option_numerics import run_mtf
-from tiny import compute_logits, compute_losses, devices_for, random_tokens, run_predict, tiny_config, train
+from tiny import (compute_logits, compute_losses, devices_for, random_tokens, run_mtf, run_predict,
+                  tiny_config, train)
 
 
 def entmax_bisect_np(z, alpha, iterations=200):
