@@ -2,8 +2,8 @@
 nothing written.
 
 Found by a sweep of the command lines: flags of the wrong type, --log_every 0, to_hf's --out on a file and a
-missing checkpoint, an empty prompt file, a checkpoint of another shape with no steps left, create_tfrecords'
-refusals, a text file named .tfrecords; and --predict keeping each run's samples.
+missing checkpoint, an empty prompt file, create_tfrecords' refusals, a text file named .tfrecords; and
+--predict keeping each run's samples. (A checkpoint of another shape with no steps left: tests/train/test_job.py.)
 
 Small bad inputs that each get their own one-line error: a steps_per_checkpoint or n_layer below 1 given to
 main.py, a binary prompt file, a corrupt create_tfrecords manifest, an output folder that is a file, and a
@@ -23,18 +23,16 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
-from config import load_config
 from data import create_tfrecords as ct
 from data.errors import DataError
 from data.inputs import token_stats
 from infer.predict import read_prompts, unused_prefix
 from modelpath import checkpoints, run_info
-from modelpath.checkpoints import CheckpointError
 from modelpath.lock import LOCK
 from modelpath.run_info import RUN_INFO
-from tiny import placement_for, random_tokens, tiny_config, train
+from tiny import tiny_config
 from tools import hf
-from train.job import run_description, run_training
+from train.job import run_description
 from workspace import REPO, TOKENIZER, make_workspace, run_main_in_process, run_main_in_process as run_main
 
 TINY = dict(n_layer=2, n_embd=32, n_head=4, n_vocab=4096, n_ctx=16, attention_types=[[["global", "local"], 1]],
@@ -145,16 +143,6 @@ def test_checkpoint_minutes_must_be_finite(capsys):
     import main
     assert main.main(["--model", "default", "--checkpoint_minutes", "inf"]) == 1
     assert error_line(capsys.readouterr().err).startswith("error: --checkpoint_minutes must be more than 0 (a finite")
-
-
-def test_a_checkpoint_of_another_shape_is_refused_when_nothing_is_left_to_train(tmp_path):
-    trained = load_config(write_config(tmp_path))
-    train(trained, random_tokens([4, trained.n_ctx + 1], vocab=trained.n_vocab))
-    assert tf.train.latest_checkpoint(trained.model_path).endswith("model.ckpt-1")
-    wider = load_config(write_config(tmp_path, "wider", n_embd=64))
-    with pytest.raises(CheckpointError, match="is another model than the config's"):
-        run_training(wider, placement_for(wider))
-    assert run_training(trained, placement_for(trained)) == 1  # the same config: nothing to train, no error
 
 
 def test_create_tfrecords_refusals_leave_no_empty_output_dir(tmp_path):

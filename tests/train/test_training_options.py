@@ -1,5 +1,6 @@
-"""Training-side options: micro-batching, bfloat16, recompute_grad, z_loss, all options together on a 2x2
-mesh, the runner's path (MoE loss logged, MLM input masking, Adafactor), sampling, and invalid combinations."""
+"""Training-side options: bfloat16, recompute_grad, z_loss, all options together on a 2x2 mesh, the runner's path
+(MoE loss logged, MLM input masking, Adafactor), sampling, and invalid combinations. Micro-batching's step is
+train/objective.py's (tests/train/test_objective.py, with this file's helpers)."""
 import glob
 
 import numpy as np
@@ -9,13 +10,11 @@ import tensorflow.compat.v1 as tf
 from data.mlm import mask_dataset, mask_tokens
 from modelpath import checkpoints
 from evals import validation
-from execution import callbacks
 from train import loop
 from train.progress import Progress
-from train.trackers import TensorBoard, Tracker
-from schema import ConfigError, num_microbatches
+from train.trackers import TensorBoard
+from schema import ConfigError
 from config import replace
-from models import flops
 from tiny import (compute_logits, compute_losses, devices_for, fixed_batches, placement_for,
                   random_tokens, run_predict, run_training, tiny_config)
 
@@ -48,23 +47,6 @@ def assert_same_step(a, b, atol):
     for name in a.weights:
         np.testing.assert_allclose(b.gradient_norms[name], a.gradient_norms[name], rtol=1e-5, atol=atol, err_msg=name)
         np.testing.assert_allclose(b.weights[name], a.weights[name], rtol=0, atol=atol, err_msg=name)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("overrides", [{}, dict(MLM, **MOE)], ids=["lm", "mlm_moe"])
-def test_a_step_in_micro_batches_equals_a_step_on_the_whole_batch(overrides):
-    """Losses, objective and gradients (GRADIENT_STEP: the weights after the step) of four micro-batches of one
-    sequence each equal the whole batch's, for the language model and for MLM with MoE (whose loss weights and
-    load-balancing loss are each micro-batch's share). Bugs it guards (train/objective.py, models/moe.py): a
-    micro-batch's objective not divided by their count, the MoE layers not told the count, the gradients taken of
-    another value than the objective's share (its `loss` times 1.5)."""
-    whole = tiny_config(**overrides, **GRADIENT_STEP)
-    split = replace(whole, tokens_per_mb_per_replica=whole.n_ctx)  # one sequence per micro-batch
-    assert num_microbatches(split, split.train_batch_size) == 4
-    batch = (mlm_batch if whole.mlm_training else lm_batch)(whole)
-    a = run_training(whole, [batch], devices_for(whole), steps=1)
-    b = run_training(split, [batch], devices_for(split), steps=1)
-    assert_same_step(a, b, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -182,65 +164,3 @@ def test_invalid_option_combinations_are_one_line_errors(changes, message):
     with pytest.raises(ConfigError) as info:
         tiny_config(**changes)
     assert message in str(info.value) and "\n" not in str(info.value)
-
-
-class Scalars(Tracker):
-    """A stand-in tracker that keeps the scalars the trackers record."""
-
-    def __init__(self, progress):
-        super().__init__(progress)
-        self.scalars = {}
-
-    def record(self, step, scalars):
-        self.scalars.update(scalars)
-
-
-def logged_speed(cfg, peak_flops, seconds_per_step, monkeypatch):
-    """The progress line and scalars of step 2, one step of `seconds_per_step` after an untimed step 1."""
-    lines = []
-    progress = Progress(cfg, every=1, peak_flops=peak_flops, print_fn=lambda line, **_: lines.append(line))
-    tracker = Scalars(progress)
-    for step, now in ((1, 100.0), (2, 100.0 + seconds_per_step)):
-        values = {"loss": 1.0, "learning_rate": 1e-3}
-        progress.step(step, values, now)
-        tracker.on_step(None, step, values)
-    return lines[-1], tracker.scalars
-
-
-def test_mfu_divides_the_meshs_flops_per_device_by_one_devices_peak(monkeypatch):
-    one = tiny_config(train_steps=10)
-    four = replace(one, mesh_shape="x:4", layout="batch:x")
-    flops_per_step = one.train_batch_size * one.n_ctx * flops.training_flops_per_token(one)
-    peak = 2 * flops_per_step  # one device at this peak does a step in 0.5 s: MFU 50% at 1 s per step
-    line_1, scalars_1 = logged_speed(one, peak, 1.0, monkeypatch)
-    line_4, scalars_4 = logged_speed(four, peak, 1.0, monkeypatch)
-    assert scalars_1["model_flops_per_sec"] == scalars_4["model_flops_per_sec"] == pytest.approx(flops_per_step)
-    assert scalars_1["model_flops_per_sec_per_device"] == pytest.approx(flops_per_step)
-    assert scalars_4["model_flops_per_sec_per_device"] == pytest.approx(flops_per_step / 4)
-    assert scalars_1["mfu"] == pytest.approx(0.5)
-    assert scalars_4["mfu"] == pytest.approx(scalars_1["mfu"] / 4)  # same step time on four devices: a quarter
-    assert "| MFU 50.0% |" in line_1 and "| MFU 12.5% |" in line_4
-    assert f"| {flops_per_step / 1e9:.2f} GFLOP/s/device |" in line_1
-    assert f"| {flops_per_step / 4e9:.2f} GFLOP/s/device |" in line_4
-    no_peak, scalars = logged_speed(four, 0.0, 1.0, monkeypatch)
-    assert "MFU" not in no_peak and "mfu" not in scalars
-
-
-def test_the_rate_leaves_out_the_time_of_an_evaluation_at_a_checkpoint(monkeypatch):
-    """Steps 1 to 3 at 1 s each with a 10 s evaluation after step 2 (train/loop.py runs the on_checkpoint hooks
-    inside Run.paused): the line at step 3 shows 1 step/s, not 2 steps in 12 s. (Bug: Run.training_seconds not
-    leaving out the paused time.)"""
-    now = [100.0]
-    monkeypatch.setattr(callbacks, "clock", lambda: now[0])
-    cfg = tiny_config(train_steps=10)
-    run = callbacks.Run(cfg, placement=None, program=None, session=None, start=0, until=10)
-    lines = []
-    progress = Progress(cfg, every=1, peak_flops=0.0, print_fn=lambda line, **_: lines.append(line))
-    progress.on_open(run)
-    for step in (1, 2, 3):
-        now[0] += 1.0
-        progress.on_step(run, step, {"loss": 1.0, "learning_rate": 1e-3})
-        if step == 2:
-            with run.paused():  # the evaluation at step 2's checkpoint
-                now[0] += 10.0
-    assert "| 1.00 steps/s |" in lines[1] and "| 1.00 steps/s |" in lines[2]
