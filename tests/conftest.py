@@ -44,6 +44,8 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 
+pytest_plugins = ["cpu_durations"]  # `--cpu-durations=N`: the tests and files that cost the most CPU seconds
+
 
 # Files that run first, in this order (their paths under tests/): the largest (GPT-Neo 125M's real shape peaks at
 # ~8 GB) while both workers of `pytest -n 2` are fresh (a long-lived worker holds GBs of graphs the other's big test
