@@ -68,6 +68,7 @@ class Training(_OnModelPath):
     options: Any = None           # train/job.TrainOptions
     harness_options: Any = None   # evals/harness.HarnessOptions
     new: bool = False             # --new: delete model_path, then train from step 0
+    checked: Any = None           # train/job.Checked, from check()
 
     def check(self, placement) -> None:
         from modelpath.lock import check_free
@@ -79,13 +80,13 @@ class Training(_OnModelPath):
             from plan import memory_check
             memory_check.check_training(self.cfg, placement, self.name)
         # no datasets, a model_path that cannot be written, data that cannot give windows, unknown harness tasks
-        check_training(self.cfg, self.harness_options)
+        self.checked = check_training(self.cfg, self.harness_options)
 
     def run(self, placement) -> int:
         from train.job import run_training
         if self.new:
             delete_model_path(self.cfg.model_path)
-        run_training(self.cfg, placement, self.options, harness_options=self.harness_options)
+        run_training(self.cfg, placement, self.options, harness_options=self.harness_options, checked=self.checked)
         return 0
 
 

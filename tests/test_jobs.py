@@ -1,4 +1,6 @@
 """jobs.py and main.py's choice of job: one job per command line, each checked before it runs."""
+import os
+
 import pytest
 
 import jobs
@@ -50,3 +52,25 @@ def test_a_training_check_writes_nothing(tmp_path):
     with pytest.raises(ConfigError) as info:
         job.check(placement=None)
     assert "no datasets" in str(info.value) and not (tmp_path / "run").exists()
+
+
+def test_training_prepares_the_harness_once_in_its_check_and_runs_with_what_it_found(tmp_path, monkeypatch):
+    """main.py's training job checks before --new deletes anything (train/job.check_training: the data, the
+    harness's tasks prepared, lm-eval's task index built), then runs with what its check found, as --eval's job
+    does. Bug caught: Training.run not handing `checked` to run_training (the tasks prepared twice: for lm-eval's
+    own tasks, its task index built again, 21 CPU s)."""
+    from config import load_config
+    from evals import harness
+    from train import job as train_job
+    from workspace import make_workspace
+    tasks = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "harness_tasks")
+    cfg = load_config(make_workspace(tmp_path, harness_tasks=["tiny_lambada"], harness_include_path=tasks))
+    prepared, trained = [], []
+    monkeypatch.setattr(harness, "prepare", lambda options, cfg=None: prepared.append(options.tasks) or
+                        f"tasks prepared {len(prepared)}")
+    monkeypatch.setattr(train_job, "_train_locked", lambda cfg, placement, options, harness_options, ready:
+                        trained.append(ready) or cfg.train_steps)
+    job = main.job_for(main.parse_args(["--ignore_memory_check"]), cfg)
+    job.check(placement=None)
+    assert job.run(placement=None) == 0
+    assert prepared == [("tiny_lambada",)] and trained == ["tasks prepared 1"]
