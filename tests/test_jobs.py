@@ -1,4 +1,5 @@
-"""jobs.py and main.py's choice of job: one job per command line, each checked before it runs."""
+"""jobs.py: each job checked before it runs, and nothing written by a check; --new with training only. Which job
+the flags pick is main.py's (tests/test_main.py)."""
 import os
 
 import pytest
@@ -7,34 +8,6 @@ import jobs
 import main
 from schema import ConfigError
 from tiny import tiny_config
-
-
-@pytest.mark.parametrize("flags,kind", [
-    ([], jobs.Training), (["--new"], jobs.Training), (["--eval"], jobs.Evaluation),
-    (["--predict"], jobs.Prediction), (["--export"], jobs.Export), (["--check_dataset"], jobs.DatasetCheck),
-    (["--dry_run"], jobs.DryRun), (["--auto_layout"], jobs.AutoLayout),
-    (["--auto_layout_and_mesh_shape", "--num_devices", "4"], jobs.AutoLayout),
-    # --check_dataset and the planning flags read nothing of model_path's: they win over --eval and --predict
-    (["--check_dataset", "--eval"], jobs.DatasetCheck), (["--dry_run", "--predict"], jobs.DryRun),
-])
-def test_the_flags_pick_one_job(flags, kind):
-    """Bug caught: job_for testing --eval before --check_dataset or the planning flags (a dry run that trains)."""
-    job = main.job_for(main.parse_args(flags), tiny_config())
-    assert type(job) is kind
-    assert job.uses_devices == (kind in (jobs.Training, jobs.Evaluation, jobs.Prediction, jobs.Export))
-    if kind is jobs.AutoLayout:
-        assert job.n_devices == (4 if "--num_devices" in flags else None)
-
-
-@pytest.mark.parametrize("flags,message", [
-    (["--dry_run", "--auto_layout"], "pass one of --dry_run, --auto_layout"),
-    (["--device_memory", "16GB"], "--device_memory goes with --dry_run"),
-    (["--write_config", "x.json"], "--write_config goes with --auto_layout"),
-])
-def test_planning_flags_that_do_not_go_together_are_one_line(flags, message):
-    with pytest.raises(ConfigError) as info:
-        main.job_for(main.parse_args(flags), tiny_config())
-    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_new_goes_with_training_only():

@@ -11,7 +11,6 @@ import pytest
 
 from ports import loopback_ports
 
-import main
 from modelpath import checkpoints
 from devices import cluster as cluster_lib
 from devices.placement import DeviceError
@@ -87,19 +86,6 @@ def test_flags_override_the_environment_and_the_environment_overrides_nothing_on
         cluster_lib.find(**flags(task_index=1), env={})
     line = cluster_lib.describe(cluster_lib.find(**flags(), env=env))
     assert line == "cluster of 2 tasks from TF_CONFIG: this is task 1 (a worker) at b:1"
-
-
-def test_the_device_request_holds_the_launchers_cluster_but_not_for_selfcheck_or_a_tpu():
-    """cli/device_flags.py reads the cluster once, into the device request; --selfcheck checks this host's devices
-    (or a TPU) and a TPU's hosts are not a cluster, so neither reads the launcher's environment. Bug caught: the
-    selfcheck's request taking TF_CONFIG's cluster (it would then start as a cluster's chief or worker)."""
-    from cli import device_flags
-    env = {"TF_CONFIG": tf_config({"worker": ["a:1", "b:1"]}, "worker", 1)}
-    request = device_flags.request(main.parse_args(["--gpu_ids", "device:CPU:0"]), env)
-    assert request.cluster.workers == ("a:1", "b:1") and request.cluster.task_index == 1
-    assert request.gpu_ids == ("device:CPU:0",)
-    assert device_flags.request(main.parse_args(["--selfcheck"]), env).cluster is None
-    assert device_flags.request(main.parse_args(["--tpu", "local"]), env).cluster is None
 
 
 def free_port_pair():

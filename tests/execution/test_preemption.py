@@ -160,12 +160,6 @@ def test_sigterm_that_breaks_a_with_on_its_way_out_is_still_the_one_sigterm_line
         main.main(["--model", "default"])
 
 
-def test_checkpoint_minutes_must_be_positive(capsys):
-    assert main.main(["--model", "default", "--checkpoint_minutes", "0"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: --checkpoint_minutes must be more than 0"), err
-
-
 @pytest.mark.slow
 def test_sigterm_to_a_worker_of_two_hosts_makes_the_chief_save_and_both_resume_exactly(tmp_path, capsys):
     """A scheduler preempting one host of a multi-host run: the worker keeps serving, asks the chief to stop, the

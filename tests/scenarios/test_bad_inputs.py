@@ -116,35 +116,6 @@ def test_a_prompt_that_is_a_folder_says_so_and_what_to_pass(tmp_path):
                                f"{tmp_path / '*.txt'}) or one text file to --prompt")
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--peak_tflops", "-5"], "--peak_tflops: must be more than 0, got -5"),  # printed MFU -0.4%
-    (["--peak_tflops", "0"], "--peak_tflops: must be more than 0, got 0"),
-    (["--peak_tflops", "nan"], "--peak_tflops: takes a finite number, got 'nan'"),
-    (["--gpu_memory", "1.5"], "--gpu_memory: takes 'growth' or a fraction of each GPU's memory in (0, 1]"),
-    (["--gpu_memory", "0"], "--gpu_memory: takes 'growth' or a fraction of each GPU's memory in (0, 1]"),
-    (["--tpu_timeout", "inf"], "--tpu_timeout: takes a finite number, got 'inf'"),
-    (["--worker_timeout", "-1"], "--worker_timeout: must be more than 0, got -1"),
-    (["--num_devices", "0"], "--num_devices: must be at least 1, got 0"),
-    (["--task_index", "-1"], "--task_index: must be at least 0, got -1"),
-])
-def test_numbers_out_of_range_on_the_command_line_are_one_argparse_line(capsys, flags, expected):
-    """Checked when the command line is read, also where nothing would look at them (--gpu_memory without GPUs)."""
-    import main
-    with pytest.raises(SystemExit) as exited:
-        main.parse_args(["--model", "default", *flags])
-    assert exited.value.code == 2
-    line = error_line(capsys.readouterr().err)
-    assert line.startswith(f"error: argument {expected}") and line.endswith("--help` lists the flags)"), line
-    for accepted in (["--peak_tflops", "0.5"], ["--gpu_memory", "1"], ["--gpu_memory", "growth"], ["--task_index", "0"]):
-        main.parse_args(["--model", "default", *accepted])
-
-
-def test_checkpoint_minutes_must_be_finite(capsys):
-    import main
-    assert main.main(["--model", "default", "--checkpoint_minutes", "inf"]) == 1
-    assert error_line(capsys.readouterr().err).startswith("error: --checkpoint_minutes must be more than 0 (a finite")
-
-
 def test_create_tfrecords_refusals_leave_no_empty_output_dir(tmp_path):
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "short.txt").write_text("too short")
