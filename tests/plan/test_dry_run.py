@@ -1,5 +1,6 @@
-"""--dry_run: parameter counts, per-device memory against what the placement mesh allocates, the smallest
-mesh search, and every shipped config's layout on its real graph."""
+"""--dry_run (plan/dry_run.py): per-device memory against what the placement mesh allocates, the smallest mesh
+search, and every shipped config's layout on its real graph. (The planned graph itself and its parameter counts:
+tests/plan/test_model_graph.py.)"""
 import dataclasses
 import glob
 import math
@@ -20,31 +21,8 @@ from config import load_config, replace
 from schema import CONFIG_DIR, ConfigError, num_microbatches
 from execution import meshes
 from devices.placement import Placement
-from tiny import random_tokens, tiny_config, train
-from train import step as train_step
-from train.optimizer import AssignIf
+from tiny import tiny_config
 from train.step import training_step
-
-
-def checkpoint_parameters(model_path):
-    checkpoint = tf.train.latest_checkpoint(model_path)
-    return {name: math.prod(shape) for name, shape in tf.train.list_variables(checkpoint)
-            if name.startswith("gpt2/") and "adam" not in name}
-
-
-@pytest.mark.slow
-def test_parameter_count_is_exactly_the_trained_checkpoints_variables(tmp_path):
-    cfg = tiny_config(n_layer=3, attention_types=[[["local", "global", "local"], 1]], activation_function="relu",
-                      model_path=str(tmp_path / "run"), train_steps=1)
-    train(cfg, random_tokens([8, cfg.n_ctx + 1]))
-    trained = checkpoint_parameters(cfg.model_path)
-    counted = model_graph.build(cfg).parameter_count()
-    assert counted["total"] == sum(trained.values())
-    assert counted["embedding"] == trained["gpt2/wte"] + trained["gpt2/wpe"]
-    assert counted["non_embedding"] == counted["total"] - counted["embedding"]
-    # The closed form (models/flops.py) agrees for the default architecture, and so FLOPs/token is 6N + attention.
-    assert flops.parameter_count(cfg) == counted
-    assert flops.training_flops_per_token(cfg, counted) == flops.training_flops_per_token(cfg)
 
 
 def allocated_slices(cfg):
@@ -63,50 +41,6 @@ def allocated_slices(cfg):
                 key = (op.device, kind)
                 per_device[key] = per_device.get(key, 0) + size * tf.as_dtype(op.get_attr("dtype")).size
     return per_device
-
-
-def operations(graph) -> list:
-    """An mtf graph op for op: kind, name and output shapes."""
-    return [(type(op).__name__, op.name, [t.shape for t in op.outputs]) for op in graph.operations]
-
-
-def test_the_planned_graph_is_the_one_the_training_step_builds():
-    """Planning reads the training step's own graph (train/step.py's build, before lowering), op for op: float16's
-    loss scaling and gated updates, the per-variable gradient norms, the learning rate. Bug caught: a planning graph
-    rebuilt by hand beside the step (plan/model_graph.py's was, without loss scaling)."""
-    cfg = tiny_config(precision="float16", log_grads=True, mesh_shape="x:2", layout="heads:x")
-    with tf.Graph().as_default():
-        tokens = tf.zeros([cfg.train_batch_size, cfg.n_ctx], tf.int32)
-        mesh, impl = meshes.placement_mesh(cfg, Placement(devices=tuple(CPU_DEVICES[:2])))
-        train_step.build(cfg, mesh, impl, tokens, tokens)
-    planned = model_graph.build(cfg)
-
-    assert operations(planned.graph) == operations(mesh.graph)
-    assert any(isinstance(op, AssignIf) for op in planned.graph.operations)  # float16's gated updates
-    assert planned.forward_operations[-1] is planned.objective.operation
-
-
-def test_a_micro_batched_step_is_planned_as_one_pass_with_the_variables_training_makes():
-    """With tokens_per_mb_per_replica, training runs the step's pass on each micro-batch inside one loop operation;
-    the planner reads that pass (the whole batch's step, op for op) with exactly the variables the micro-batched
-    step creates (the weights and the optimizer's slots). Bug caught: the planner building the micro-batched step
-    itself, whose forward pass (everything up to the summed objective) would be the whole loop."""
-    cfg = tiny_config(tokens_per_mb_per_replica=2 * 16)  # 4 sequences of 16 -> 2 micro-batches
-    assert num_microbatches(cfg, cfg.train_batch_size) == 2
-    with tf.Graph().as_default():
-        tokens = tf.zeros([cfg.train_batch_size, cfg.n_ctx], tf.int32)
-        mesh, impl = meshes.placement_mesh(cfg, Placement(devices=tuple(CPU_DEVICES[:1])))
-        train_step.build(cfg, mesh, impl, tokens, tokens)
-    planned = model_graph.build(cfg)
-    whole_batch = model_graph.build(replace(cfg, tokens_per_mb_per_replica=None))
-
-    def variables(graph):
-        return [(v.name, v.shape, v.master_dtype, v.trainable) for v in graph.all_variables]
-
-    assert operations(planned.graph) == operations(whole_batch.graph)
-    assert planned.n_forward_ops == whole_batch.n_forward_ops
-    assert variables(planned.graph) == variables(mesh.graph)
-    assert any(type(op).__name__ == "WhileLoopOperation" for op in mesh.graph.operations)  # training loops
 
 
 @pytest.mark.slow
