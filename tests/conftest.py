@@ -53,13 +53,13 @@ pytest_plugins = ["cpu_durations"]  # `--cpu-durations=N`: the tests and files t
 # (2026-11-28, CPU seconds on a shared machine) the ladder took 336 and the fine-tune 216; the others are estimated
 # from their tests' times: the bf16 oracle (three 100-step trainings and PyTorch's), the loop's trainings, checkpoint
 # safety and the HF conversions about 100 to 150 each, the multi-host processes 85, the harness's model and its tasks
-# (lm-eval; 80 each), preemption's processes, the step's memory, local attention's graphs up to context 2048 and the
-# TPU pods 40 to 80. `--no-loadscope-reorder` keeps this order.
-FIRST_FILES = ("scenarios/test_finetune.py", "ladder/test_ladder.py", "train/test_bf16_training.py",
+# (lm-eval; 80 each), the ladder's fits 70, preemption's processes, the step's memory, local attention's graphs up to
+# context 2048 and the TPU pods 40 to 80. `--no-loadscope-reorder` keeps this order.
+FIRST_FILES = ("scenarios/test_finetune.py", "ladder/test_run.py", "train/test_bf16_training.py",
                "train/test_loop.py", "scenarios/test_checkpoint_safety.py", "tools/test_hf.py",
                "scenarios/test_multihost.py", "evals/test_harness_model.py", "evals/test_harness.py",
-               "execution/test_preemption.py", "train/test_step.py", "models/test_local_attention_scaling.py",
-               "devices/test_tpu.py")
+               "ladder/test_fit.py", "execution/test_preemption.py", "train/test_step.py",
+               "models/test_local_attention_scaling.py", "devices/test_tpu.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,10 +1,11 @@
 """modelpath/checkpoints.py's one definition of a model_path's checkpoints and its newest, read without
-TensorFlow (the bigger scenarios: tests/scenarios/test_checkpoint_safety.py)."""
+TensorFlow; a trunk's branch points kept through rotation and copied whole (the bigger scenarios:
+tests/scenarios/test_checkpoint_safety.py)."""
 import os
 import subprocess
 import sys
 
-from modelpath import checkpoints, eval_results, run_info
+from modelpath import checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,29 +30,6 @@ def test_the_latest_checkpoint_is_the_newest_index_file_whatever_the_state_file_
     assert checkpoints.latest_step(str(tmp_path / "none")) == 0 and checkpoints.latest(str(tmp_path / "none")) is None
 
 
-def test_run_info_keeps_every_start_and_survives_a_damaged_file(tmp_path, capsys):
-    path = str(tmp_path)
-    run_info.write(path, {"n_layer": 2, "train_steps": 10, "lr": 0.1}, start_step=0, sacred_id="7")
-    run_info.write(path, {"n_layer": 2, "train_steps": 20, "lr": 0.05}, start_step=10)
-    info = run_info.read(path)
-    assert info["train_steps"] == 20 and [s["step"] for s in info["starts"]] == [0, 10]
-    assert info["starts"][0]["sacred_id"] == "7" and info["starts"][1]["lr"] == 0.05
-    (tmp_path / "run_info.json").write_text('{"cut short')
-    assert run_info.read(path) is None and "damaged" in capsys.readouterr().err
-    run_info.write(path, {"n_layer": 2}, start_step=20)  # a new one, the damaged one kept aside
-    assert (tmp_path / "run_info.json.damaged").exists() and len(run_info.read(path)["starts"]) == 1
-
-
-def test_eval_results_are_appended_and_a_line_cut_short_is_skipped(tmp_path):
-    where = eval_results.path(str(tmp_path))
-    eval_results.append(where, {"task": "validation", "step": 1, "loss": 2.5})
-    eval_results.append(where, {"task": "validation", "step": 2, "loss": 2.0})
-    with open(where, "a") as f:
-        f.write('{"task": "valid')  # a write cut short by a crash
-    assert [(r["step"], r["loss"]) for r in eval_results.read(where)] == [(1, 2.5), (2, 2.0)]
-    assert eval_results.path(str(tmp_path), "elsewhere.jsonl") == "elsewhere.jsonl"
-
-
 def test_reading_a_model_path_needs_no_tensorflow(tmp_path):
     """Tools, the ladder's fit and run_experiment read model_paths without importing TensorFlow. Bug caught: a
     module-level `import tensorflow` in modelpath/checkpoints.py (or any module it imports)."""
@@ -61,3 +39,26 @@ def test_reading_a_model_path_needs_no_tensorflow(tmp_path):
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_trunks_branch_points_survive_rotation_and_copy_whole(tmp_path):
+    """A CheckpointWriter keeping one checkpoint (keep_checkpoint_max 1) with step 2 among its keep_checkpoint_steps:
+    after saves at steps 1 to 4, steps 2 and 4 are left (2 unlisted in the state file, as an hours-kept one is), and
+    modelpath/checkpoints.copy puts step 2 into another model_path as a checkpoint that holds the same values and is
+    restorable there. (Bug: _rotate deleting a keep step, `if old in self.keep_steps` dropped.)"""
+    import tensorflow.compat.v1 as tf
+    from modelpath import checkpoints
+    trunk, branch = str(tmp_path / "trunk"), str(tmp_path / "branch")
+    with tf.Graph().as_default(), tf.Session() as session:
+        weight = tf.get_variable("w", initializer=tf.zeros([3]))
+        session.run(tf.global_variables_initializer())
+        writer = checkpoints.CheckpointWriter(trunk, tf.train.Saver(sharded=True), keep=1, keep_steps=(2,))
+        for step in range(1, 5):
+            session.run(weight.assign(tf.fill([3], float(step))))
+            writer.save(session, step)
+    assert checkpoints.steps(trunk) == [2, 4]
+    assert [checkpoints.step_of(p) for p in tf.train.get_checkpoint_state(trunk).all_model_checkpoint_paths] == [4]
+    copied = checkpoints.copy(checkpoints.prefix_of(trunk, 2), branch)
+    assert copied == checkpoints.prefix_of(branch, 2) and checkpoints.restorable(branch) == copied
+    assert tf.train.load_variable(copied, "w").tolist() == [2.0, 2.0, 2.0]
+    assert sorted(os.listdir(branch)) == sorted(n for n in os.listdir(trunk) if n.startswith("model.ckpt-2."))

@@ -1,0 +1,47 @@
+"""ladder/spec.py: a ladder spec read into a checked LadderSpec; every bad spec is one error line. write_spec and
+SMALL_RULES, the spec every ladder test starts from, are here (the other ladder tests import them)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from workspace import make_workspace
+
+from ladder import cli as ladder_cli
+
+# The CPU ladder's rules (configs/ladders/cpu.json): narrow heads and a low aspect ratio reach tiny targets.
+SMALL_RULES = {"aspect_ratio": 8, "head_width": 8, "lr_at_108M": 0.0006}
+
+
+def write_spec(folder, base: str, **changes) -> str:
+    spec = {"base": base, "sizes": ["6.6K", "22K", "51K"], "chinchilla_multiples": [1], "rules": SMALL_RULES,
+            "eval_points": 2, "eval_steps": 4, "repeats": [], "out": os.path.join(str(folder), "out")}
+    spec.update(changes)
+    path = os.path.join(str(folder), "ladder.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"size": ["6.6K"]}, r"unknown key 'size' .*did you mean 'sizes'"),
+    ({"sizes": ["500"]}, r"size 500 cannot be shaped within 5%.*head_width"),
+    ({"sizes": ["51K"], "devices": {"count": 2, "memory": "1MB"}}, r"size n51K does not fit 2 device\(s\)"),
+    ({"overrides": {"n_layer": 3}}, r"sets n_layer, which the ladder's rules decide"),
+    ({"rules": {"aspect": 8}}, r"unknown key 'aspect' in \"rules\".*did you mean 'aspect_ratio'"),
+    ({"schedule": "cosine"}, r"\"schedule\" in .* is 'cosine': use \"wsd\" .* or \"base\""),
+    ({"overrides": {"lr_decay": "cosine"}}, r"sets lr_decay, which the ladder's rules decide .*\"schedule\": \"base\""),
+    ({"repeats": ["7K"]}, r"\"repeats\" in .* names 7K, which is not among \"sizes\""),
+    ({"rules": {"branch_fractions": [0.5, 2]}}, r"\"rules\".branch_fractions .* must be a list of fractions"),
+])
+def test_bad_specs_are_one_error_line(tmp_path, capsys, change, message):
+    """Each bad spec: exit 1 and one `error:` line naming the fix, nothing written. (Bug: place() refusing a size
+    that fits no mesh only when one device is given.)"""
+    spec = write_spec(tmp_path, make_workspace(tmp_path), **change)
+    assert ladder_cli.main(["plan", spec]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and re.search(message, err), err
+    assert not os.path.exists(os.path.join(str(tmp_path), "out"))
