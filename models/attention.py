@@ -51,6 +51,7 @@ def self_attention_dims(cfg: GPTConfig) -> dict[str, int]:
 SELF_ATTENTION_CO_OCCURRING_DIMS = (
     ("embd", "heads"), ("batch", "sequence", "heads", "features_per_head"),
     ("batch", "heads", "sequence", "memory_length"),
+    ("batch", "heads", "memory_length", "features_per_head"),  # k and v over the keys, and the kv cache
 )
 
 

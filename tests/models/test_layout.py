@@ -8,25 +8,19 @@ from models.layout import co_occurring_dims, tensor_dim_sizes
 from plan import model_graph
 from tiny import tiny_config
 
-# k and v ([batch, memory_length, heads, features_per_head]) and the kv cache hold both, but no group of
-# models/attention.py's SELF_ATTENTION_CO_OCCURRING_DIMS names the two: a layout "memory_length:x,features_per_head:x"
-# passes config.py's check and fails in mesh-tensorflow's lowering ("Two Tensor Dimensions may not map to the
-# same Mesh Dimension", a traceback). The global attention case fails until a group lists them.
-MISSED_BY_GLOBAL_ATTENTION = pytest.mark.xfail(
-    strict=True, reason="SELF_ATTENTION_CO_OCCURRING_DIMS lacks (memory_length, features_per_head): k, v, kv cache")
-
-
 @pytest.mark.parametrize("changes", [
     pytest.param(dict(attention_types=[[["linear", "local"], 1]], moe_layers=[1], moe_params={"moe_num_experts": 4}),
                  id="linear-local-moe"),
-    pytest.param(dict(), marks=MISSED_BY_GLOBAL_ATTENTION, id="global-local"),
+    pytest.param(dict(), id="global-local"),
 ])
 def test_every_two_dimensions_one_tensor_holds_are_in_a_group_the_check_reads(changes):
     """Each tensor of the training step (forward, backward, optimizer), for each two of its dimensions that a
     layout may split: some group of `co_occurring_dims` holds both, so `check_layout` refuses a layout mapping
     them to one mesh dimension with one line (mesh-tensorflow would refuse it at lowering, with a traceback).
     Bugs it guards: a group left out of the trunk's, self-attention's or MoE's lists (`("vocab", "embd")`
-    dropped from TRUNK_CO_OCCURRING_DIMS: "vocab:x,embd:x" passes the check)."""
+    dropped from TRUNK_CO_OCCURRING_DIMS: "vocab:x,embd:x" passes the check; self-attention's group of k and v,
+    `("batch", "heads", "memory_length", "features_per_head")`, dropped: "memory_length:x,features_per_head:x"
+    passes the check and fails in mesh-tensorflow's lowering with a traceback)."""
     cfg = tiny_config(**changes)
     splittable = tensor_dim_sizes(cfg)
     groups = [set(group) for group in co_occurring_dims(cfg)]
