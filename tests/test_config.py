@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from devices import placement as device_placement
 from config import config_from_dict, load_config
 from schema import CONFIG_DIR, ConfigError
 from models.layout import tensor_dim_sizes
@@ -126,18 +125,6 @@ def test_shipped_gpt3_family_has_the_published_shapes():
                       "gpt3_XL": (24, 2048), "gpt3_2-7B": (32, 2560), "gpt3_6-7B": (32, 4096),
                       "gpt3_13B": (40, 5120), "colab_XL": (24, 2048)}
     assert load_config("colab_XL").n_devices == 1 and load_config("colab_XL").n_ctx == 2048
-
-
-def test_device_errors_are_one_line_and_say_what_to_pass():
-    with pytest.raises(device_placement.DeviceError) as info:
-        device_placement.configure(["device:GPU:99"])
-    assert str(info.value).startswith("device:GPU:99 not found: ") and "\n" not in str(info.value)
-    with pytest.raises(device_placement.DeviceError, match="not understood"):
-        device_placement.configure(["gpu0"])
-    with pytest.raises(device_placement.DeviceError) as info:
-        device_placement.check_mesh_fits("x:2,y:2", 4, ["/device:CPU:0"])
-    assert "4 devices but 1 were given" in str(info.value) and "--mesh_shape" in str(info.value)
-    assert device_placement.configure(["device:CPU:0", "device:CPU:1"]) == ["/device:CPU:0", "/device:CPU:1"]
 
 
 @pytest.mark.parametrize("change", [

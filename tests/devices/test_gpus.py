@@ -1,24 +1,17 @@
 """devices/gpus.py on CPU: the start-up decisions over fake facts (what is missing, how to fix it), the start-up
-line, memory settings, the sessions' options, the fused kernels' path, and the placement listing (a real session:
-ops requested on a GPU that ran on the CPU). tests/hardware/test_on_gpu.py runs the GPU paths where a GPU is visible."""
-import dataclasses
+line, memory settings and the sessions' GPU options. tests/hardware/test_on_gpu.py runs the GPU paths where a GPU is
+visible; the fused kernels' path a job's graph is built with is tested in tests/execution/test_runner.py, the
+placement listing in tests/execution/test_op_listing.py."""
 import json
 
-import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
 
-import main
 from conftest import CPU_DEVICES
-from infer import run
-from models.kernels import common
 from devices import gpus
-from execution import op_listing
-from execution import runner
 from devices.cluster import ClusterPlacement
 from devices.placement import DeviceError, Placement
-from tiny import placement_for, tiny_config
+from tiny import tiny_config
 
 H100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0))
 T4 = gpus.Gpu(1, "Tesla T4", (7, 5))
@@ -107,32 +100,6 @@ def test_sessions_see_only_the_configured_gpus_with_their_memory_setting(monkeyp
     assert not remote.gpu_options.visible_device_list and "GPU" not in remote.device_count
 
 
-def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypatch):
-    """Predict's sessions on CPUs keep the remapper off (its fused matmul + bias kernel is slower for decoding's
-    matrix-vector products); training's keep TF's default, and so do GPUs."""
-    off = rewriter_config_pb2.RewriterConfig.OFF
-    cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
-    assert cpus.session_config(inference=True).graph_options.rewrite_options.remapping == off
-    assert cpus.session_config().graph_options.rewrite_options.remapping != off
-    names = ("/device:GPU:0",)
-    on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
-    assert on_gpu.session_config(inference=True).graph_options.rewrite_options.remapping != off
-    opened = []
-    def refuse(self, *args, **kwargs):
-        opened.append(kwargs)
-        raise _Refused()
-
-    monkeypatch.setattr(runner.Program, "open", refuse)
-    with pytest.raises(_Refused):
-        cfg = tiny_config()
-        run.predict(cfg, placement_for(cfg), {"tokens": np.zeros([1, cfg.n_ctx], np.int32)}, 1)
-    assert opened == [{"inference": True}]
-
-
-class _Refused(Exception):
-    """Stands in for the session predict() opens: opening it ends the call."""
-
-
 def test_start_up_line_names_each_gpu_its_capability_and_memory():
     probe = gpus.ProbeResult({"/device:GPU:0": 80 * gpus.GIB, "/device:GPU:1": 14.5 * gpus.GIB}, None)
     line = gpus.describe(["/device:GPU:0", "/device:GPU:1"], facts(), [0, 1], probe, gpus.GpuMemory(), True)
@@ -188,89 +155,6 @@ def test_the_probe_stops_where_tensorflow_has_no_such_gpu():
 def test_start_up_does_nothing_on_cpu_devices():
     placement = Placement(devices=tuple(CPU_DEVICES[:1]), kernels="plain")
     assert gpus.start_up(placement, tf.ConfigProto()) == (placement, None)
-
-
-def test_the_kernels_path_belongs_to_the_graph_and_comes_from_the_placement(monkeypatch):
-    """The fused kernels' path is a value given where a job's graph is built (execution/runner.py), the placement's,
-    which the device flags choose. Bug caught: the runner building every step on XLA kernels whatever the
-    placement's path (`common.kernels("xla")`)."""
-    from cli import device_flags
-    from models.kernels.elementwise import _gelu_forward
-    from execution import meshes
-    from devices import kinds
-
-    def gelu(*_):
-        common.fused(_gelu_forward, tf.zeros([64, 1024]))
-        return meshes.Lowered(None, {})
-
-    def ops_built(placement=None):  # with a placement: built as a job's step is (execution/runner.py)
-        if placement is not None:
-            program = runner.Program(tiny_config(), placement, gelu, runner.Fed({}))
-            return {op.type for op in program.graph.get_operations()}
-        graph = tf.Graph()
-        with graph.as_default():
-            gelu()
-        return {op.type for op in graph.get_operations()}
-
-    compiled_call = {"PartitionedCall", "StatefulPartitionedCall"}
-    assert ops_built() & compiled_call  # XLA by default
-    with common.kernels("plain"):  # graphs without a placement: the block's path
-        assert not common.xla_kernels() and "Tanh" in ops_built() and not ops_built() & compiled_call
-    assert common.xla_kernels()  # back to the default
-    cpu = Placement(devices=tuple(CPU_DEVICES[:1]))
-    assert ops_built(cpu) & compiled_call
-    plain = dataclasses.replace(cpu, kernels="plain")
-    assert "Tanh" in ops_built(plain) and not ops_built(plain) & compiled_call
-    assert common.xla_kernels()  # nothing leaked out of those graphs
-    # --plain_kernels or the environment variable choose the placement's path (cli/device_flags.py)
-
-    def placed(*flags):
-        return kinds.place(device_flags.request(main.parse_args(["--gpu_ids", CPU_DEVICES[0], *flags])))
-    assert placed().kernels == "xla"
-    assert placed("--plain_kernels").kernels == "plain"
-    monkeypatch.setenv(device_flags.PLAIN_KERNELS_ENV, "1")
-    assert placed().kernels == "plain"
-
-
-def test_cpu_fallbacks_are_the_ops_requested_on_a_gpu_that_ran_on_a_cpu():
-    local = "/job:localhost/replica:0/task:0/device:"
-    ops = [("a", "MatMul", "/device:GPU:0", local + "GPU:0"),
-           ("b", "StringJoin", "/device:GPU:0", local + "CPU:0"),
-           ("c", "Unique", "/device:GPU:1", local + "CPU:0"),
-           ("d", "IteratorGetNext", "", local + "CPU:0"),          # requested nowhere: the placer's choice
-           ("e", "AssignVariableOp", "/device:CPU:0", local + "CPU:0"),  # master copies live on the host
-           ("f", "Mul", "/job:worker/task:1/device:GPU:0", "/job:worker/replica:0/task:1/device:CPU:0")]
-    fallbacks = op_listing.cpu_fallbacks(ops)
-    assert [f.name for f in fallbacks] == ["b", "c", "f"]
-    line = op_listing.describe_placement(op_listing.PlacementReport(ops, fallbacks))
-    assert line.startswith("placement: 3 of 4 ops of the training step placed on a GPU ran on the CPU")
-    assert "StringJoin x1 (b); Unique x1 (c); Mul x1 (f)" in line and "\n" not in line
-    clean = [op for op in ops if op[0] not in ("b", "c", "f")]
-    assert op_listing.describe_placement(op_listing.PlacementReport(clean, [])) == \
-        "placement: all 1 ops of the training step placed on GPUs ran there"
-
-
-def test_placement_listing_reads_where_a_session_ran_each_op(capsys):
-    """A real session with soft placement: a string op (no GPU kernel anywhere) requested on a GPU runs on the
-    CPU and is listed; ops requested on the CPU are not."""
-    graph = tf.Graph()
-    with graph.as_default():
-        text = tf.placeholder(tf.string, [2])
-        number = tf.placeholder(tf.float32, [2])
-        with tf.device("/device:GPU:0"):
-            joined = tf.strings.join([text, text], name="joined")
-        with tf.device(CPU_DEVICES[0]):
-            doubled = tf.multiply(number, 2.0, name="doubled")
-    with tf.Session(graph=graph, config=tf.ConfigProto(allow_soft_placement=True,
-                                                       device_count={"CPU": 4})) as session:
-        values, report = op_listing.run_listing_placement(session, [joined, doubled],
-                                                    {text: ["a", "b"], number: [1.0, 2.0]})
-    assert list(values[0]) == [b"aa", b"bb"] and np.allclose(values[1], [2.0, 4.0])
-    names = {f.name: f for f in report.fallbacks}
-    assert "joined" in names and names["joined"].op_type == "StringJoin"
-    assert "doubled" not in names and ("doubled", "Mul", CPU_DEVICES[0]) in [op[:3] for op in report.ops]
-    assert "placement: " in capsys.readouterr().out and "StringJoin x1 (joined" in \
-        op_listing.describe_placement(report)
 
 
 def test_main_says_what_is_missing_in_one_line_where_no_gpu_is_visible(tmp_path):

@@ -87,17 +87,3 @@ def test_main_gives_one_error_line_for_each_tpu_on_a_machine_without_one(tpu, ca
     assert time.monotonic() - start < 20
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --tpu "), err
-
-
-def test_cpu_meshes_take_plain_kernels_where_tensorflow_has_no_xla_cpu(monkeypatch, capsys):
-    from devices import placement
-    from devices.placement import Placement
-    assert placement.xla_cpu_problem() is None  # this TensorFlow compiles for the CPU
-    cpu = Placement(devices=("/device:CPU:0",))
-    assert cpu.start_up().kernels == "xla"
-    # tensorflow-tpu 2.20: no XLA:CPU (its error, as it reads)
-    monkeypatch.setattr(tpu_access, "tensorflow_distribution", lambda: ("tensorflow-tpu", "2.20.0"))
-    monkeypatch.setattr(placement, "xla_cpu_problem", lambda: "could not find registered transfer manager for "
-                                                            "platform Host -- check target linkage")
-    assert cpu.start_up().kernels == "plain"
-    assert "XLA cannot compile for the CPU in tensorflow-tpu" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""devices/placement.py: this host's devices named and checked (one error line naming the fix), the sessions'
+options on CPU devices, and the kernels' path a placement starts up with."""
+import numpy as np
+import pytest
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+from conftest import CPU_DEVICES
+from devices import gpus, tpu_access
+from devices import placement as device_placement
+from devices.placement import Placement
+from execution import runner
+from infer import run
+from tiny import placement_for, tiny_config
+
+
+def test_device_errors_are_one_line_and_say_what_to_pass():
+    with pytest.raises(device_placement.DeviceError) as info:
+        device_placement.configure(["device:GPU:99"])
+    assert str(info.value).startswith("device:GPU:99 not found: ") and "\n" not in str(info.value)
+    with pytest.raises(device_placement.DeviceError, match="not understood"):
+        device_placement.configure(["gpu0"])
+    with pytest.raises(device_placement.DeviceError) as info:
+        device_placement.check_mesh_fits("x:2,y:2", 4, ["/device:CPU:0"])
+    assert "4 devices but 1 were given" in str(info.value) and "--mesh_shape" in str(info.value)
+    assert device_placement.configure(["device:CPU:0", "device:CPU:1"]) == ["/device:CPU:0", "/device:CPU:1"]
+
+
+def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypatch):
+    """Predict's sessions on CPUs keep the remapper off (its fused matmul + bias kernel is slower for decoding's
+    matrix-vector products); training's keep TF's default, and so do GPUs."""
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
+    assert cpus.session_config(inference=True).graph_options.rewrite_options.remapping == off
+    assert cpus.session_config().graph_options.rewrite_options.remapping != off
+    names = ("/device:GPU:0",)
+    on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
+    assert on_gpu.session_config(inference=True).graph_options.rewrite_options.remapping != off
+    opened = []
+    def refuse(self, *args, **kwargs):
+        opened.append(kwargs)
+        raise _Refused()
+
+    monkeypatch.setattr(runner.Program, "open", refuse)
+    with pytest.raises(_Refused):
+        cfg = tiny_config()
+        run.predict(cfg, placement_for(cfg), {"tokens": np.zeros([1, cfg.n_ctx], np.int32)}, 1)
+    assert opened == [{"inference": True}]
+
+
+class _Refused(Exception):
+    """Stands in for the session predict() opens: opening it ends the call."""
+
+
+def test_cpu_meshes_take_plain_kernels_where_tensorflow_has_no_xla_cpu(monkeypatch, capsys):
+    from devices import placement
+    from devices.placement import Placement
+    assert placement.xla_cpu_problem() is None  # this TensorFlow compiles for the CPU
+    cpu = Placement(devices=("/device:CPU:0",))
+    assert cpu.start_up().kernels == "xla"
+    # tensorflow-tpu 2.20: no XLA:CPU (its error, as it reads)
+    monkeypatch.setattr(tpu_access, "tensorflow_distribution", lambda: ("tensorflow-tpu", "2.20.0"))
+    monkeypatch.setattr(placement, "xla_cpu_problem", lambda: "could not find registered transfer manager for "
+                                                            "platform Host -- check target linkage")
+    assert cpu.start_up().kernels == "plain"
+    assert "XLA cannot compile for the CPU in tensorflow-tpu" in capsys.readouterr().err
