@@ -7,7 +7,7 @@ harness's own `hf` backend (PyTorch) on the to_hf folder of the same checkpoint,
 The model (default: 4 layers, 256 wide, 8 heads, context 256, global/local with a 64-token window, the committed
 4096-token tokenizer) gets a checkpoint of random weights. The tasks are the tests' tiny tasks
 (tests/fixtures/harness_tasks/) with more examples, generated here from the same word lists and integer stream
-(tests/corpus.py's: the same bytes on every machine; bench/ imports nothing of tests/): multiple choice
+(data/synthetic_text.py's, whose text the tests read too: the same bytes on every machine): multiple choice
 (3 choices), LAMBADA-style last word, rolling perplexity over texts of ~1-3 contexts, and generation of up to
 16 tokens. Each side runs each task through the harness's evaluator (simple_evaluate) in its own process, both
 with batch size 16; the time is the evaluator's (requests built, run and scored; our graph builds and session
@@ -33,30 +33,9 @@ MARK = "BENCH_RESULT "
 TASKS = ("tiny_choice", "tiny_lambada", "tiny_rolling", "tiny_generate")
 TOKENIZER = os.path.join(ROOT, "data", "tokenizers", "stdlib-bpe-4096.json")
 
-
-# The words the examples are drawn from, and the stream that draws them: tests/corpus.py's, so the examples are
-# the tests' tiny tasks' kind of text (Python-like words the committed tokenizer encodes as real source).
-VERBS = ["get", "set", "read", "write", "parse", "load", "dump", "make", "find", "check", "update", "encode",
-         "decode", "split", "join", "format", "close", "open", "add", "remove", "copy", "convert", "build", "scan"]
-NOUNS = ["name", "value", "header", "line", "item", "key", "path", "data", "buffer", "token", "message", "part",
-         "address", "charset", "payload", "object", "field", "number", "string", "list", "index", "result", "text"]
-WORDS = ["the", "a", "of", "to", "is", "and", "in", "for", "if", "this", "that", "be", "not", "it", "with", "as",
-         "an", "value", "return", "object", "string", "list", "header", "message", "should", "must", "will",
-         "when", "each", "first", "default", "given", "new", "used", "encoded", "decoded", "empty", "none"]
-
-
-class Stream:
-    """A 64-bit linear congruential generator (Knuth's MMIX constants): plain integer arithmetic."""
-
-    def __init__(self, seed: int):
-        self.state = seed * 0x9E3779B97F4A7C15 % 2 ** 64
-
-    def below(self, n: int) -> int:
-        self.state = (self.state * 6364136223846793005 + 1442695040888963407) % 2 ** 64
-        return (self.state >> 33) % n
-
-    def pick(self, options: list):
-        return options[self.below(len(options))]
+# The examples are the tests' tiny tasks' kind of text: data/synthetic_text.py's words (Python-like, which the
+# committed tokenizer encodes as real source), drawn by its integer stream.
+from data.synthetic_text import NOUNS, VERBS, Stream, words  # noqa: E402
 
 
 # The tasks' YAML, as tests/fixtures/harness_tasks/ has it (one kind of request each), with longer generations
@@ -102,18 +81,14 @@ def write_tasks(folder: str, examples: int) -> None:
     """The tiny tasks' YAML files with `examples` generated examples each (a quarter for rolling and generation,
     whose examples are longer or slower)."""
     s = Stream(11)
-
-    def words(n):
-        return " ".join(s.pick(WORDS + NOUNS) for _ in range(n))
-
     data = {
-        "tiny_choice": [{"question": f"To {s.pick(VERBS)} the {s.pick(NOUNS)} {words(4)}, call",
+        "tiny_choice": [{"question": f"To {s.pick(VERBS)} the {s.pick(NOUNS)} {words(s, 4)}, call",
                          "choices": [f"{s.pick(VERBS)}_{s.pick(NOUNS)}()" for _ in range(3)], "label": s.below(3)}
                         for _ in range(examples)],
-        "tiny_lambada": [{"text": words(10 + s.below(60)) + " " + s.pick(NOUNS)} for _ in range(examples)],
-        "tiny_rolling": [{"text": "\n".join(words(12) for _ in range(10 + s.below(40)))}
+        "tiny_lambada": [{"text": words(s, 10 + s.below(60)) + " " + s.pick(NOUNS)} for _ in range(examples)],
+        "tiny_rolling": [{"text": "\n".join(words(s, 12) for _ in range(10 + s.below(40)))}
                          for _ in range(max(1, examples // 4))],
-        "tiny_generate": [{"prompt": f"{words(8)}\ndef {s.pick(VERBS)}_{s.pick(NOUNS)}(", "answer": s.pick(NOUNS)}
+        "tiny_generate": [{"prompt": f"{words(s, 8)}\ndef {s.pick(VERBS)}_{s.pick(NOUNS)}(", "answer": s.pick(NOUNS)}
                           for _ in range(max(1, examples // 4))],
     }
     for task, records in data.items():
