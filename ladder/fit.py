@@ -286,15 +286,9 @@ def plots(spec: LadderSpec, result, found: list, hold_out: list, fpt: FlopsPerTo
     c = np.logspace(math.log10(c_low), math.log10(c_high), 60)
     ax.plot(c, frontier(result.theta, c * PFLOP_DAY, fpt), "k-", lw=1.2, label="fitted frontier (compute-optimal)")
     ax.plot(c, kaplan(c), "k:", label="Kaplan et al.: L = 2.57 C^-0.048")
-    ax.set_xscale("log")
-    ax.set_xlabel("compute (petaflop/s-days)")
-    ax.set_ylabel("eval loss (nats/token)")
-    ax.set_title(f"ladder {spec.name}: annealed loss against compute\n(lines: each trunk's evaluations, not annealed; "
-                 f"diamonds: repeats)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(_save(fig, folder, "loss_vs_compute.png"))
+    files.append(_finish(fig, ax, "compute (petaflop/s-days)", f"ladder {spec.name}: annealed loss against compute\n"
+                         f"(lines: each trunk's evaluations, not annealed; diamonds: repeats)",
+                         os.path.join(folder, "loss_vs_compute.png")))
 
     # Loss against tokens, per size: the trunk's evaluations, the annealed points, and the fit's L(N, D) through them.
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -306,15 +300,9 @@ def plots(spec: LadderSpec, result, found: list, hold_out: list, fpt: FlopsPerTo
                         math.log10(max(p.d for p in annealed if p.size == s) * 1.5), 40)
         ax.plot(d, result.predict(n, d), "--", color=colours[s], lw=1)
     markers(ax, lambda p: p.d)
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens D")
-    ax.set_ylabel("eval loss (nats/token)")
-    ax.set_title(f"ladder {spec.name}: loss against tokens\n(thin: each trunk's evaluations; dots: annealed ends; "
-                 f"dashed: the fit)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(_save(fig, folder, "loss_vs_tokens.png"))
+    files.append(_finish(fig, ax, "training tokens D", f"ladder {spec.name}: loss against tokens\n(thin: each trunk's "
+                         f"evaluations; dots: annealed ends; dashed: the fit)",
+                         os.path.join(folder, "loss_vs_tokens.png")))
 
     # Loss against N at fixed tokens per parameter: the annealed points of each multiple.
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -329,15 +317,9 @@ def plots(spec: LadderSpec, result, found: list, hold_out: list, fpt: FlopsPerTo
         if held:
             ax.plot([p.n for p in held], [p.loss for p in held], "s", mfc="none", color="k", ms=9)
         ax.plot(n, result.predict(n, ratio * n), "-", color=colour, lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters N")
-    ax.set_ylabel("eval loss (nats/token)")
-    ax.set_title(f"ladder {spec.name}: annealed loss against N at fixed tokens per parameter\n(lines: the fit; "
-                 f"squares: held out)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(_save(fig, folder, "loss_vs_params.png"))
+    files.append(_finish(fig, ax, "non-embedding parameters N", f"ladder {spec.name}: annealed loss against N at fixed "
+                         f"tokens per parameter\n(lines: the fit; squares: held out)",
+                         os.path.join(folder, "loss_vs_params.png")))
 
     # Predicted against measured.
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -345,19 +327,24 @@ def plots(spec: LadderSpec, result, found: list, hold_out: list, fpt: FlopsPerTo
     lows = [p.loss for p in annealed]
     line = [min(lows) * 0.98, max(lows) * 1.02]
     ax.plot(line, line, "k:", lw=1)
-    ax.set_xlabel("measured eval loss (annealed)")
-    ax.set_ylabel("predicted by the fit")
-    ax.set_title(f"ladder {spec.name}: predicted against measured", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(_save(fig, folder, "predicted_vs_measured.png"))
+    files.append(_finish(fig, ax, "measured eval loss (annealed)", f"ladder {spec.name}: predicted against measured",
+                         os.path.join(folder, "predicted_vs_measured.png"), ylabel="predicted by the fit", log_x=False))
     return files
 
 
-def _save(fig, folder: str, name: str) -> str:
+def _finish(fig, ax, xlabel: str, title: str, path: str, ylabel: str = "eval loss (nats/token)",
+            log_x: bool = True) -> str:
+    """Every plot's axes (x logarithmic unless `log_x` is False, labels, title, grid, legend), saved to `path` and
+    closed; returns `path`."""
     import matplotlib.pyplot as plt
-    path = os.path.join(folder, name)
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both" if log_x else "major", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
