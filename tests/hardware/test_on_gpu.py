@@ -59,7 +59,7 @@ def test_tiny_model_trains_on_the_gpu_as_on_the_cpu(tmp_path, gpu_placement, pre
     """--selfcheck's comparison (selfcheck/job.py): from the same seeded weights, six steps on learnable data
     on the GPU and on the CPU; the CPU's loss must fall, every step's loss must match within the dtype's
     tolerance, and every weight after the first and the last step within a share of how far training moved
-    it. tests/selfcheck/test_selfcheck.py shows on the CPU that this fails when the update is removed (in bfloat16)."""
+    it. tests/selfcheck/test_job.py shows on the CPU that this fails when the update is removed (in bfloat16)."""
     import dataclasses
     from config import config_from_dict
     from selfcheck import job
