@@ -193,6 +193,8 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
         them = "them" if len(result.degenerate) > 1 else "it"
         print(f"  warning: degenerate fit: {', '.join(result.degenerate)} at the bound of the search, so these points "
               f"do not determine {them}: no intervals, and the compute-optimal split below means nothing{why}")
+    if "E" in result.degenerate:
+        report["e_profile"] = e_profile(used, [p for p in annealed if p.size in hold_out])
     residuals = [math.log(p.loss) - math.log(result.predict(p.n, p.d)) for p in used]
     print(f"  residuals of log loss on the fitted points: rms {np.sqrt(np.mean(np.square(residuals))):.4f}")
     if noise is not None:
@@ -243,6 +245,26 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
     os.replace(os.path.join(folder, "fit.json") + ".tmp", os.path.join(folder, "fit.json"))
     print(f"wrote {os.path.join(folder, 'fit.json')} and {', '.join(os.path.basename(p) for p in files)}")
     return 0
+
+
+E_HELD = (0.001, 0.5, 1.0, 1.5, 2.0)  # E values of the profile a fit with E at a bound prints
+
+
+def e_profile(used: list, held_out: list) -> list:
+    """When the fit leaves E at a bound: the fit again with E held at each of E_HELD, its objective and the held-out
+    runs' predictions, so the reader sees how far E can move before the points object (and whether the predictions
+    care). Printed, and returned for fit.json."""
+    n, d, loss = ([getattr(p, k) for p in used] for k in ("n", "d", "loss"))
+    rows = []
+    print("  E is not determined by these points; the fit again with E held (objective: lower is better):")
+    for e_value in E_HELD:
+        objective, theta = scaling_law.fit_with_e_held(n, d, loss, e_value)
+        predicted = [float(scaling_law.law(theta, p.n, p.d)) for p in held_out]
+        rows.append({"E": e_value, "objective": objective, **scaling_law.as_params(theta), "held_out": predicted})
+        shown = ", ".join(f"{p.run} {v:.3f}" for p, v in zip(held_out, predicted))
+        print(f"    E {e_value:<5g} objective {objective:9.2f}  alpha {theta[3]:.3f}  beta {theta[4]:.3f}"
+              f"{'  predicts ' + shown if shown else ''}")
+    return rows
 
 
 def plots(spec: LadderSpec, result, found: list, hold_out: list, fpt: FlopsPerToken, folder: str) -> list[str]:

@@ -96,6 +96,23 @@ def fit_theta(n, d, loss, starts=None):
     return best[1]
 
 
+def fit_with_e_held(n, d, loss, e_value: float):
+    """(objective, theta) of the best fit with E held at `e_value` (> 0): the profile of the fit over E, which
+    shows how far E can move before the points object when a fit leaves it at a bound."""
+    log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
+    e = float(np.log(e_value))
+    bounds = list(BOUNDS)
+    bounds[2] = (e, e)
+    best = None
+    for start in grid_starts():
+        start = np.array(start, dtype=np.float64)
+        start[2] = e
+        result = minimize(_objective, start, args=(log_n, log_d, log_l), jac=True, method="L-BFGS-B", bounds=bounds)
+        if best is None or result.fun < best[0]:
+            best = (float(result.fun), result.x)
+    return best
+
+
 def at_bounds(theta) -> list:
     """The parameters the optimiser left at a bound of BOUNDS: the points do not determine them."""
     return [name for name, value, (low, high) in zip(THETA_NAMES, theta, BOUNDS)
