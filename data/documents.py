@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import lm_dataformat
+import zstandard
 
 from data.errors import DataError
 
@@ -106,8 +107,9 @@ def _read_archive(path: str) -> Iterator[Document]:
         for item in stream:
             text = item.get("text") if isinstance(item, dict) else item  # .json.gz streams whole JSON objects
             yield Document(path, text if _is_encodable_text(text) else None)
-    except (UnicodeDecodeError, ValueError, EOFError, OSError) as exc:
-        # zstd/json/zip errors all derive from these; the archive cannot be read further.
+    except (UnicodeDecodeError, ValueError, EOFError, OSError, zstandard.ZstdError) as exc:
+        # json/gzip/zip errors derive from the first four, zstandard's from Exception alone; the archive cannot be
+        # read further.
         del exc
         yield Document(path, None)
 

@@ -99,3 +99,23 @@ def test_a_folder_of_other_files_names_glob_and_a_glob_recurses(tmp_path):
     files = list_input_files(str(tmp_path), "**/*.py")
     assert files == [str(tmp_path / "sub" / "deeper" / "low.py"), str(tmp_path / "top.py")]
     assert [document.text for document in iter_documents(files)] == ["y = 2\n", "x = 1\n"]
+
+
+def test_a_corrupt_zstd_archive_is_one_undecodable_document_and_the_next_file_is_read(tmp_path):
+    """A .jsonl.zst whose second zstd frame is damaged (a disk error, a bad copy): the first frame's documents,
+    then one undecodable document, and the file after it is read; no traceback.
+    Bug caught: `zstandard.ZstdError` left out of `_read_archive`'s except (it derives from Exception alone:
+    create_tfrecords printed a traceback)."""
+    import zstandard
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    texts = [make_text(index, 2) for index in range(20)]
+    frame = zstandard.ZstdCompressor(level=1).compress("".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
+    (folder / "a.jsonl.zst").write_bytes(frame + b"\x28\xb5\x2f\xfd" + bytes(range(200)))  # magic, then junk
+    (folder / "b.txt").write_text("after the damage")
+
+    read = {}
+    for document in iter_documents(list_input_files(str(folder))):
+        read.setdefault(os.path.basename(document.source), []).append(document.text)
+    assert read == {"a.jsonl.zst": texts + [None], "b.txt": ["after the damage"]}
