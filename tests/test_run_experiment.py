@@ -1,10 +1,10 @@
-"""run_experiment.py (Sacred around main.py) and tools/plot_runs.py, end to end on a 2-step tiny run."""
+"""run_experiment.py (Sacred around main.py) and tools/plot_runs.py's command line, end to end on a 2-step tiny run
+(plot_runs' figures: tests/tools/test_plot_runs.py)."""
 import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import corpus
@@ -72,35 +72,6 @@ def test_run_experiment_records_config_metrics_and_output(tracked):
     info = json.loads((root / "run" / "run_info.json").read_text())  # main.py got --sacred_id
     assert info["starts"][-1]["sacred_id"] == "1" and info["tokens_per_step"] == 4 * 32
     assert info["precision"] in ("float32", "bfloat16")  # what trained: precision "auto" resolved, not "auto"
-
-
-def test_plot_runs_draws_loss_against_tokens_and_compute_with_the_frontier(tracked, tmp_path):
-    root, model, result = tracked
-    assert result.returncode == 0, result.stderr
-    from tools.plot_runs import PFLOP_DAY, plot
-    from modelpath.events import read_scalars
-
-    out = plot([str(root / "run"), str(root / "run")], str(tmp_path), labels=["a", "b"])
-    assert sorted(os.path.basename(f) for f in out["files"]) == ["loss_vs_compute.png", "loss_vs_tokens.png"]
-    assert all(os.path.getsize(f) > 1000 for f in out["files"])
-
-    losses = read_scalars(str(root / "run"))["loss"]
-    info = json.loads((root / "run" / "run_info.json").read_text())
-    steps = np.array([s for s, _ in losses], float)
-    expected_compute = steps * info["tokens_per_step"] * info["flops_per_token"] / PFLOP_DAY
-
-    compute_axes = out["figures"]["compute"].axes[0]
-    lines = {line.get_label(): line for line in compute_axes.get_lines()}
-    assert {"a", "b"} <= set(lines)  # several runs on one figure
-    np.testing.assert_allclose(lines["a"].get_xdata(), expected_compute)
-    np.testing.assert_allclose(lines["a"].get_ydata(), [v for _, v in losses])
-    frontier = next(line for label, line in lines.items() if label.startswith("frontier"))
-    c = np.asarray(frontier.get_xdata())
-    np.testing.assert_allclose(frontier.get_ydata(), 2.57 * c ** -0.048)
-    assert c.min() < expected_compute.min() and c.max() > expected_compute.max()  # spans the runs
-
-    token_lines = {line.get_label(): line for line in out["figures"]["tokens"].axes[0].get_lines()}
-    np.testing.assert_allclose(token_lines["a"].get_xdata(), steps * info["tokens_per_step"])
 
 
 def test_plot_command_line_and_a_failing_run(tracked, tmp_path, capsys):
