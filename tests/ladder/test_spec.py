@@ -12,7 +12,8 @@ from workspace import make_workspace
 
 from ladder import cli as ladder_cli
 
-# The CPU ladder's rules (configs/ladders/cpu.json): narrow heads and a low aspect ratio reach tiny targets.
+# Narrow heads and a low aspect ratio reach tiny targets (the first CPU ladder's rules, before
+# configs/ladders/cpu.json kept every size at depth 2).
 SMALL_RULES = {"aspect_ratio": 8, "head_width": 8, "lr_at_108M": 0.0006}
 
 
