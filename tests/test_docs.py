@@ -109,3 +109,43 @@ def test_every_test_the_docs_name_exists():
             elif test and not re.search(rf"^(?:async )?def {test}\b", source.read_text(), re.M):
                 missing.append(f"{page.name}: {path}::{test} (no such test)")
     assert not missing, "\n".join(missing)
+
+
+def product_modules() -> list:
+    """Every module of the product (the repository's .py files outside tests/, virtualenvs and dunder files)."""
+    skip = {"tests", "docs", "runs"}
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT).parts
+        if parts[0] in skip or parts[0].startswith(".") or path.name.startswith("__"):
+            continue
+        found.append(path.relative_to(ROOT))
+    return found
+
+
+def test_every_module_has_its_test_file_or_a_row_naming_what_tests_it():
+    """tests/<package>/test_<module>.py for every product module, or a row of docs/testing.md's table under
+    "Where the tests are" naming test files that exist (or saying "not run by the tests:" and why); no row for a
+    module that has its file or no longer exists.
+    Bug it catches: a new module without tests (models/new_layer.py and no tests/models/test_new_layer.py)."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    section = text[text.index("## Where the tests are"):text.index("## Helpers")]
+    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (.+) \|$", section, re.M))
+    missing, stale = [], []
+    for module in product_modules():
+        mirror = ROOT / "tests" / module.parent / f"test_{module.name}"
+        name = str(module)
+        if mirror.exists():
+            if name in rows:
+                stale.append(f"{name}: has {mirror.relative_to(ROOT)}, so its row in docs/testing.md goes")
+        elif name not in rows:
+            missing.append(f"{name}: no {mirror.relative_to(ROOT)} and no row in docs/testing.md")
+        else:
+            named = re.findall(r"`(tests/[\w/]+\.py)", rows[name])
+            if rows[name].startswith("not run by the tests:"):
+                continue  # said so in the table, with the reason
+            if not named or not all((ROOT / t).exists() for t in named):
+                missing.append(f"{name}: its row names no test file that exists ({rows[name]})")
+    modules = {str(m) for m in product_modules()}
+    stale += [f"{name}: a row for a module that does not exist" for name in rows if name not in modules]
+    assert not missing and not stale, "\n".join(missing + stale)
