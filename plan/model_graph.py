@@ -42,6 +42,7 @@ class ModelGraph:
     cross_entropy: mtf.Tensor
     objective: mtf.Tensor          # what training minimises
     n_forward_ops: int             # graph.operations[:n_forward_ops] is the forward pass (inputs to loss)
+    updates: list                  # the optimizer's update ops (whether autostack may lower them: train/optimizer)
 
     @property
     def trainable_variables(self) -> list:
@@ -132,4 +133,4 @@ def build(cfg: GPTConfig, n_layer: Optional[int] = None, declare_only: bool = Tr
     # The forward pass ends with the objective (train/objective.py's losses: its last term); what follows,
     # float16's scaling of it among them, is the backward pass and the update.
     n_forward = mesh.graph.operations.index(losses.objective.operation) + 1
-    return ModelGraph(cfg, tf_graph, mesh.graph, mesh, losses.cross_entropy, losses.objective, n_forward)
+    return ModelGraph(cfg, tf_graph, mesh.graph, mesh, losses.cross_entropy, losses.objective, n_forward, step.updates)

@@ -22,6 +22,7 @@ from schema import CONFIG_DIR, ConfigError, num_microbatches
 from execution import meshes
 from devices.placement import Placement
 from tiny import tiny_config
+from train.optimizer import autostack_allowed
 from train.step import training_step
 
 
@@ -32,7 +33,7 @@ def allocated_slices(cfg):
         impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
                                                          mtf.convert_to_layout_rules(cfg.layout),
                                                          CPU_DEVICES[:cfg.n_devices])
-        mtf.Lowering(built.graph, {built.mesh: impl})
+        mtf.Lowering(built.graph, {built.mesh: impl}, autostack=autostack_allowed(built.updates))  # as training does
         per_device = {}
         for op in built.tf_graph.get_operations():
             if op.type in ("VarHandleOp", "VariableV2") and "_slice_" in op.name:
