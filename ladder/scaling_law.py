@@ -67,9 +67,9 @@ def _objective(theta, log_n, log_d, log_l):
     return float(loss) * scale, grad * scale
 
 
-def _minimise(start, log_n, log_d, log_l):
+def _minimise(start, log_n, log_d, log_l, bounds=BOUNDS):
     result = minimize(_objective, np.asarray(start, dtype=np.float64), args=(log_n, log_d, log_l), jac=True,
-                      method="L-BFGS-B", bounds=BOUNDS)
+                      method="L-BFGS-B", bounds=bounds)
     return result.fun, result.x
 
 
@@ -85,32 +85,26 @@ def resample_starts(rng) -> list:
     return [grid[i] for i in rng.choice(len(grid), RESAMPLE_STARTS, replace=False)]
 
 
+def _best(n, d, loss, starts, bounds):
+    """(objective, theta) of the best of the fits from `starts` within `bounds`."""
+    log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
+    return min((_minimise(start, log_n, log_d, log_l, bounds) for start in starts), key=lambda found: found[0])
+
+
 def fit_theta(n, d, loss, starts=None):
     """The best theta over the starts (default: the whole grid)."""
-    log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
-    best = None
-    for start in starts if starts is not None else grid_starts():
-        value, theta = _minimise(start, log_n, log_d, log_l)
-        if best is None or value < best[0]:
-            best = (value, theta)
-    return best[1]
+    return _best(n, d, loss, starts if starts is not None else grid_starts(), BOUNDS)[1]
 
 
 def fit_with_e_held(n, d, loss, e_value: float):
-    """(objective, theta) of the best fit with E held at `e_value` (> 0): the profile of the fit over E, which
-    shows how far E can move before the points object when a fit leaves it at a bound."""
-    log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
+    """(objective, theta) of the best fit with E held at `e_value` (> 0), from the grid's starts: the profile of
+    the fit over E, which shows how far E can move before the points object when a fit leaves it at a bound."""
     e = float(np.log(e_value))
     bounds = list(BOUNDS)
     bounds[2] = (e, e)
-    best = None
-    for start in grid_starts():
-        start = np.array(start, dtype=np.float64)
-        start[2] = e
-        result = minimize(_objective, start, args=(log_n, log_d, log_l), jac=True, method="L-BFGS-B", bounds=bounds)
-        if best is None or result.fun < best[0]:
-            best = (float(result.fun), result.x)
-    return best
+    starts = list(dict.fromkeys((a, b, e, alpha, beta) for a, b, _, alpha, beta in grid_starts()))
+    value, theta = _best(n, d, loss, starts, bounds)
+    return float(value), theta
 
 
 def at_bounds(theta) -> list:
