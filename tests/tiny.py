@@ -47,6 +47,14 @@ def placement_for(cfg: GPTConfig) -> Placement:
     return Placement(devices=tuple(devices_for(cfg)))
 
 
+def cpu_mesh_impl(mesh_shape: str, layout: str) -> mtf.placement_mesh_impl.PlacementMeshImpl:
+    """A placement mesh of `mesh_shape` and `layout` over the first of conftest's CPU devices, for tests that
+    lower a mesh-tensorflow graph of their own."""
+    shape = mtf.convert_to_shape(mesh_shape)
+    return mtf.placement_mesh_impl.PlacementMeshImpl(shape, mtf.convert_to_layout_rules(layout),
+                                                     CPU_DEVICES[:shape.size])
+
+
 def train(cfg: GPTConfig, data: np.ndarray, steps: int | None = None) -> list[float]:
     """Trains cfg.model_path (resuming from its checkpoint) to step `steps` (default train_steps) on the rows
     of `data`; returns the losses of the steps it ran."""

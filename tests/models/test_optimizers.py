@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from conftest import CPU_DEVICES
 from config import replace
 from models.kernels import common
-from tiny import fixed_batches, model_weights, placement_for, random_tokens, tiny_config
+from tiny import cpu_mesh_impl, fixed_batches, model_weights, placement_for, random_tokens, tiny_config
 from execution.callbacks import EachStep
 from train import loop
 from models.optimizers import NO_DECAY, AdamWeightDecay
@@ -35,9 +34,7 @@ def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, 
     with graph.as_default():
         mtf_graph = mtf.Graph()
         mesh = mtf.Mesh(mtf_graph, "m")
-        shape = mtf.convert_to_shape(mesh_shape)
-        impl = mtf.placement_mesh_impl.PlacementMeshImpl(shape, mtf.convert_to_layout_rules(layout),
-                                                         CPU_DEVICES[:shape.size])
+        impl = cpu_mesh_impl(mesh_shape, layout)
         rows, cols = mtf.Dimension("rows", 8), mtf.Dimension("cols", 6)
         dtype = mtf.VariableDType(tf.float32, tf.float32, activation_dtype)
         shapes = {"w": mtf.Shape([rows, cols]), "w2": mtf.Shape([rows, cols]), "o_b": mtf.Shape([cols])}

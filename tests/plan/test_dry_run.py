@@ -12,7 +12,6 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
-from conftest import CPU_DEVICES
 from models import flops
 from models.kernels import attention
 from plan import model_graph
@@ -21,7 +20,7 @@ from config import load_config, replace
 from schema import CONFIG_DIR, ConfigError, num_microbatches
 from execution import meshes
 from devices.placement import Placement
-from tiny import tiny_config
+from tiny import cpu_mesh_impl, tiny_config
 from train.optimizer import autostack_allowed
 from train.step import training_step
 
@@ -30,9 +29,7 @@ def allocated_slices(cfg):
     """Bytes of the slice variables the placement mesh creates on each device, for weights and optimizer state."""
     built = model_graph.build(cfg, declare_only=False)
     with built.tf_graph.as_default():
-        impl = mtf.placement_mesh_impl.PlacementMeshImpl(mtf.convert_to_shape(cfg.mesh_shape),
-                                                         mtf.convert_to_layout_rules(cfg.layout),
-                                                         CPU_DEVICES[:cfg.n_devices])
+        impl = cpu_mesh_impl(cfg.mesh_shape, cfg.layout)
         mtf.Lowering(built.graph, {built.mesh: impl}, autostack=autostack_allowed(built.updates))  # as training does
         per_device = {}
         for op in built.tf_graph.get_operations():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from conftest import CPU_DEVICES
+from tiny import cpu_mesh_impl
 from train.optimizer import clipping_scale
 
 
@@ -23,9 +23,7 @@ def test_the_clipping_norm_is_the_global_norm_on_whole_and_split_layouts(mesh_sh
     graph = tf.Graph()
     with graph.as_default():
         mesh = mtf.Mesh(mtf.Graph(), "m")
-        shape = mtf.convert_to_shape(mesh_shape)
-        impl = mtf.placement_mesh_impl.PlacementMeshImpl(shape, mtf.convert_to_layout_rules(layout),
-                                                         CPU_DEVICES[:shape.size])
+        impl = cpu_mesh_impl(mesh_shape, layout)
         rows, cols = mtf.Dimension("rows", 8), mtf.Dimension("cols", 6)
         grads = [mtf.import_tf_tensor(mesh, tf.constant(values["g"]), mtf.Shape([rows, cols])),
                  mtf.import_tf_tensor(mesh, tf.constant(values["b"]), mtf.Shape([cols]))]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from conftest import CPU_DEVICES
+from tiny import cpu_mesh_impl
 from models.kernels import common
 
 LAYOUTS = [("all:1", ""), ("x:2", "batch:x"), ("x:2,y:2", "batch:x,embd:y"), ("x:2,y:2", "sequence:x,batch:y")]
@@ -26,9 +26,7 @@ def run(build, mesh_shape, layout):
     with graph.as_default():
         mtf_graph = mtf.Graph()
         mesh = mtf.Mesh(mtf_graph, "m")
-        shape = mtf.convert_to_shape(mesh_shape)
-        impl = mtf.placement_mesh_impl.PlacementMeshImpl(shape, mtf.convert_to_layout_rules(layout),
-                                                         CPU_DEVICES[:shape.size])
+        impl = cpu_mesh_impl(mesh_shape, layout)
         outputs = build(mesh)
         lowering = mtf.Lowering(mtf_graph, {mesh: impl})
         tf_outputs = [lowering.export_to_tf_tensor(t) for t in outputs]
