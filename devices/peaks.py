@@ -12,6 +12,8 @@ number of mesh devices and then by this).
   (kernel selection, autotuning) is not timed, the best of the timed calls counts.
 * A CPU split into logical devices (`device:CPU:i`): they share the cores, so one device's peak is the
   host CPU's measured rate divided by how many of them the mesh puts on this host.
+* A measurement is made once per process for a device, dtype and session config: the runs after it (a ladder's
+  sizes, an evaluation after training, a test suite's trainings) share it, and with it one denominator for MFU.
 """
 from __future__ import annotations
 
@@ -112,6 +114,18 @@ def gpu_name(index: int) -> Optional[str]:
     return tf.config.experimental.get_device_details(gpus[index]).get("device_name")
 
 
+_MEASURED: dict[tuple, float] = {}  # (device, dtype, session config, seconds) -> FLOP/s, this process's
+
+
+def measured_peak(dtype: str, device: str, config=None, seconds: float = 1.0) -> float:
+    """measure_matmul_peak's rate for `device` in `dtype`, measured on this process's first call with these
+    arguments and remembered after (a failed measurement is not remembered: it raises again)."""
+    key = (device, dtype, config.SerializeToString(deterministic=True) if config is not None else b"", seconds)
+    if key not in _MEASURED:
+        _MEASURED[key] = measure_matmul_peak(dtype, device, config=config, seconds=seconds)
+    return _MEASURED[key]
+
+
 def device_peak(placement, dtype: str, config=None, seconds: float = 1.0) -> Peak:
     """One mesh device's peak FLOP/s in `dtype` for a placement mesh (its first device stands for all: a mesh
     runs on devices of one kind); a TPU's placement says its own (devices/tpu.py)."""
@@ -129,7 +143,7 @@ def device_peak(placement, dtype: str, config=None, seconds: float = 1.0) -> Pea
         shared = max(1, placement.cpu_devices // hosts)  # logical CPU devices on this host share its cores
         what = "this host's CPU, measured" + (f", shared by {shared} mesh devices" if shared > 1 else "")
     try:
-        rate = measure_matmul_peak(dtype, local, config=config, seconds=seconds)
+        rate = measured_peak(dtype, local, config=config, seconds=seconds)
     except tf.errors.OpError as e:
         reason = (e.message or type(e).__name__).splitlines()[0]
         return Peak(0.0, f"not measured ({dtype} matmul on {local} failed: {reason}); pass --peak_tflops for MFU")
