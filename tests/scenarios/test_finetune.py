@@ -252,6 +252,14 @@ def test_from_hf_refuses_a_model_whose_end_of_text_is_not_its_tokenizers(release
     assert not config.exists() and not (tmp_path / "run").exists()
 
 
+def count_variable_shapes(monkeypatch) -> list:
+    """gpt.variable_shapes counted: the list of the configs it was called with (each call builds the model's graph)."""
+    from models import gpt
+    calls, read = [], gpt.variable_shapes
+    monkeypatch.setattr(gpt, "variable_shapes", lambda cfg: calls.append(cfg) or read(cfg))
+    return calls
+
+
 # ----------------------------------------------------------------------------------------------------
 # The path end to end
 
@@ -313,13 +321,15 @@ def test_a_fine_tune_lowers_eval_loss_on_the_new_text(released, tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_gpt_neo_125m_imports_encodes_fine_tunes_a_step_and_exports(released, tmp_path, capfd):
+def test_gpt_neo_125m_imports_encodes_fine_tunes_a_step_and_exports(released, tmp_path, capfd, monkeypatch):
     """GPT-Neo 125M's real shape and config (random weights, saved by transformers) beside a GPT-2-style tokenizer
     folder: from_hf --text_dir with configs/finetune.json's settings, one training step at its full context
     (2048), and to_hf back to a folder transformers loads, with the config as released. One import, one step.
-    No 'tokenizer class' warning line anywhere.
+    No 'tokenizer class' warning line anywhere. The import builds the model's graph for its variable shapes once
+    (~4 CPU s a build at this size).
     Bugs caught: a wrong mapping at this shape (12 layers alternating global/local, window 256), a context or
-    vocabulary not taken from the folder, a tokenizer not recorded."""
+    vocabulary not taken from the folder, a tokenizer not recorded; write_checkpoint reading the shapes again
+    (`shapes = gpt.variable_shapes(cfg)`)."""
     folder = tmp_path / "gpt-neo-125M"
     folder.mkdir()
     for name in ("vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer_config.json"):
@@ -333,15 +343,17 @@ def test_gpt_neo_125m_imports_encodes_fine_tunes_a_step_and_exports(released, tm
     corpus.write_documents(tmp_path / "my_text", "eval_large")
     base = workspace(tmp_path, train_batch_size=1, eval_steps=0, steps_per_checkpoint=1)
     neo = str(tmp_path / "configs" / "neo125.json")
+    shape_reads = count_variable_shapes(monkeypatch)
     assert hf.main(["from_hf", str(folder), "--config", neo, "--model_path", str(tmp_path / "run"),
                     "--base_config", base, "--text_dir", str(tmp_path / "my_text")]) == 0
+    assert len(shape_reads) == 1
     cfg = load_config(neo)
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_vocab, cfg.n_ctx, cfg.local_attention_radius) == (
         12, 768, 12, 50257, 2048, 256)
     assert cfg.attention_types == ("global", "local") * 6 and cfg.eos_id == 511
     assert cfg.tokenizer_id == TokenizerId(load_tokenizer(str(folder), pretrained=True).tokenizer_id.sha256, 512)
 
-    assert main.main(["--model", neo, "--train_steps", "1"]) == 0
+    assert main.main(["--model", neo, "--train_steps", "1", "--peak_tflops", "1"]) == 0  # MFU's peak not measured
     assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("model.ckpt-1")
     assert hf.main(["to_hf", "--model", neo, "--out", str(tmp_path / "hf")]) == 0
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -382,13 +394,14 @@ def write_neo_release(folder, release: dict, seed: int = 0) -> dict:
     return rounded
 
 
-def test_from_neo_imports_a_mesh_tensorflow_release_in_bfloat16(released, tmp_path, capsys):
+def test_from_neo_imports_a_mesh_tensorflow_release_in_bfloat16(released, tmp_path, capsys, monkeypatch):
     """GPT-Neo's own release (config.json in GPT-Neo's format, naming its Pile dataset and a gs:// model_path; a
     bfloat16 checkpoint with optimizer slots) becomes our config, with the release's model and the base's
     training settings, and a step-0 float32 checkpoint of exactly its weights, with --tokenizer_from's tokenizer
     recorded and --text_dir encoded with it.
+    The model's graph is built once for its variable shapes.
     Bugs caught: the release's training keys, mesh or gs:// path kept, a release value dropped (scale_by_depth,
-    the local window)."""
+    the local window); write_checkpoint reading the shapes again (`shapes = gpt.variable_shapes(cfg)`)."""
     release = {"n_head": 4, "n_vocab": 512, "embed_dropout": 0, "lr": 0.0002, "lr_decay": "cosine",
                "warmup_steps": 3000, "beta1": 0.9, "beta2": 0.95, "epsilon": 1e-8, "opt_name": "adam",
                "weight_decay": 0, "train_batch_size": 512, "attn_dropout": 0, "train_steps": 400000,
@@ -402,9 +415,11 @@ def test_from_neo_imports_a_mesh_tensorflow_release_in_bfloat16(released, tmp_pa
     weights = write_neo_release(tmp_path / "GPT3_tiny", release)
     base = workspace(tmp_path)
     config = str(tmp_path / "configs" / "tiny.json")
+    shape_reads = count_variable_shapes(monkeypatch)
     assert hf.main(["from_neo", str(tmp_path / "GPT3_tiny"), "--tokenizer_from", str(released / "neo"),
                     "--config", config, "--model_path", str(tmp_path / "run"), "--base_config", base,
                     "--text_dir", str(released / "my_text")]) == 0
+    assert len(shape_reads) == 1
     cfg = load_config(config)
     shipped = json.loads(open(base).read())
     assert (cfg.n_layer, cfg.n_embd, cfg.n_ctx, cfg.local_attention_radius, cfg.scale_by_depth) == (2, 64, 64, 16, False)
