@@ -149,21 +149,25 @@ def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(str
 
 
 @pytest.mark.slow
-def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(tmp_path):
-    cfg = tiny_config(model_path=str(tmp_path / "run"), train_steps=3, steps_per_checkpoint=1,
-                      keep_checkpoint_max=2)
-    data = random_tokens([16, 17], seed=13)
-    train(cfg, data, steps=1)
+def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(straight, tmp_path):
+    """Continues a copy of the straight run (model.ckpt-2 and -4, both listed) to step 6 with a checkpoint every
+    step and 2 kept: 5 and 6 stay, 2 and 4 go, and a copy of step 4 as step 0 that the state file does not list
+    stays. Bug caught: rotating by the files found instead of the files listed (step 0 deleted)."""
+    straight_cfg, data, _, _ = straight
+    cfg = replace(straight_cfg, model_path=str(tmp_path / "run"), train_steps=6, steps_per_checkpoint=1,
+                  keep_checkpoint_max=2)
+    shutil.copytree(straight_cfg.model_path, cfg.model_path)  # the state file names its checkpoints relatively
     # A checkpoint the state file does not list (as tools/hf.py's imported step 0 would be, or one kept by
     # keep_checkpoint_every_n_hours) is never deleted.
     for name in os.listdir(cfg.model_path):
-        if name.startswith("model.ckpt-1."):
-            shutil.copy(os.path.join(cfg.model_path, name), os.path.join(cfg.model_path, name.replace("-1.", "-0.")))
+        if name.startswith("model.ckpt-4."):
+            shutil.copy(os.path.join(cfg.model_path, name), os.path.join(cfg.model_path, name.replace("-4.", "-0.")))
+    assert checkpoints.steps(cfg.model_path) == [0, 2, 4]
     train(cfg, data)
-    assert checkpoints.steps(cfg.model_path) == [0, 2, 3]
+    assert checkpoints.steps(cfg.model_path) == [0, 5, 6]
     state = tf.train.get_checkpoint_state(cfg.model_path)
-    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["model.ckpt-2", "model.ckpt-3"]
-    assert os.path.basename(state.model_checkpoint_path) == "model.ckpt-3"
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["model.ckpt-5", "model.ckpt-6"]
+    assert os.path.basename(state.model_checkpoint_path) == "model.ckpt-6"
 
 
 @pytest.mark.slow
