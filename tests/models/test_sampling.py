@@ -8,7 +8,8 @@ from schema import option
 from config import replace
 from models.attention import ATTENTION, FULL_RECOMPUTE
 from models.sampling import SamplingOptions, incremental_unsupported, uses_cache
-from tiny import (checkpoint_of_order_one_weights, compute_logits, devices_for, random_tokens, run_predict,
+from infer.run import Predictor
+from tiny import (checkpoint_of_order_one_weights, devices_for, placement_for, random_tokens, run_predict,
                   tiny_config, train)
 
 PADDING = 0
@@ -23,12 +24,17 @@ def prompts(cfg, lengths, seed=1):
     return tokens, lengths
 
 
-def sample(cfg, tokens, lengths, seeds=None, checkpoint=None, **options):
+def sample(cfg, tokens, lengths, seeds=None, checkpoint=None, predictor=None, **options):
+    """The sampled tokens and lengths; through `predictor` (a Predictor of cfg) where given, whose program for
+    these options is built once and run again for each call with other rows or seeds."""
     options = dict(dict(max_new_tokens=MAX_NEW, padding_id=PADDING), **options)
     opts = SamplingOptions.from_config(cfg, **options)
     seeds = np.full(len(tokens), 7, np.int32) if seeds is None else np.asarray(seeds, np.int32)
-    out = run_predict(cfg, {"tokens": tokens, "prompt_length": lengths, "seed": seeds}, devices_for(cfg),
-                      checkpoint, opts)
+    features = {"tokens": tokens, "prompt_length": lengths, "seed": seeds}
+    if predictor is not None:
+        out = predictor.predict(features, len(tokens), opts)
+    else:
+        out = run_predict(cfg, features, devices_for(cfg), checkpoint, opts)
     return out["tokens"], out["lengths"]
 
 
@@ -54,22 +60,29 @@ def rows(cfg):
 
 
 @pytest.fixture(scope="module")
-def greedy(cfg, rows):
-    return sample(cfg, *rows, temperature=0.0)
+def predictor(cfg):
+    """cfg's programs at the initial weights, each built once for the module and run for every call like it."""
+    with Predictor(cfg, placement_for(cfg)) as kept:
+        yield kept
 
 
 @pytest.fixture(scope="module")
-def sampled(cfg, rows):
-    return sample(cfg, *rows, **SAMPLED)
+def greedy(cfg, rows, predictor):
+    return sample(cfg, *rows, predictor=predictor, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def sampled(cfg, rows, predictor):
+    return sample(cfg, *rows, predictor=predictor, **SAMPLED)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("options", [dict(temperature=0.0), SAMPLED], ids=["greedy", "sampled"])
-def test_kv_cache_gives_the_same_tokens_as_full_recompute(cfg, rows, greedy, sampled, options):
+def test_kv_cache_gives_the_same_tokens_as_full_recompute(cfg, rows, greedy, sampled, predictor, options):
     tokens, lengths = rows
     assert uses_cache(cfg, SamplingOptions.from_config(cfg))
     cached = greedy if options["temperature"] == 0 else sampled
-    full = sample(cfg, tokens, lengths, incremental=False, **options)
+    full = sample(cfg, tokens, lengths, predictor=predictor, incremental=False, **options)
     np.testing.assert_array_equal(cached[0], full[0])
     np.testing.assert_array_equal(cached[1], full[1])
     np.testing.assert_array_equal(cached[1], np.minimum(lengths + MAX_NEW, cfg.n_ctx))
@@ -101,10 +114,11 @@ def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_deci
     np.testing.assert_array_equal(cached[0], full[0])
 
 
-@pytest.mark.slow
-def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, sampled):
-    again = sample(cfg, *rows, **SAMPLED)[0]
-    other = sample(cfg, *rows, seeds=np.full(6, 8), **SAMPLED)[0]
+def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, sampled, predictor):
+    """Run again by the program that drew `sampled` (as --predict and the harness run theirs, batch after batch):
+    a draw that depends on anything but the fed seeds and rows (a stateful random op) differs the second time."""
+    again = sample(cfg, *rows, predictor=predictor, **SAMPLED)[0]
+    other = sample(cfg, *rows, seeds=np.full(6, 8), predictor=predictor, **SAMPLED)[0]
     np.testing.assert_array_equal(sampled[0], again)
     assert (sampled[0] != other).any()
     # Rows with the same prompt and seed still differ: the row index is part of the draw.
@@ -119,7 +133,7 @@ def test_samples_are_the_same_on_every_layout(cfg, rows, sampled, mesh_shape, la
 
 
 @pytest.mark.slow
-def test_top_k_and_top_p_sample_only_from_the_allowed_tokens(cfg, rows, greedy):
+def test_top_k_and_top_p_sample_only_from_the_allowed_tokens(cfg, rows, greedy, predictor):
     tokens, lengths = rows
 
     def top_k(values, k=3):
@@ -133,8 +147,9 @@ def test_top_k_and_top_p_sample_only_from_the_allowed_tokens(cfg, rows, greedy):
         return set(order[before < p])
 
     for rule, options in ((top_k, dict(top_k=3)), (nucleus, dict(top_p=0.5))):
-        out, out_lengths = sample(cfg, tokens, lengths, seeds=[11, 12, 13, 14, 15, 16], temperature=1.0, **options)
-        logits = compute_logits(cfg, out, devices_for(cfg))  # logits at t-1 chose the token at t
+        out, out_lengths = sample(cfg, tokens, lengths, seeds=[11, 12, 13, 14, 15, 16], predictor=predictor,
+                                  temperature=1.0, **options)
+        logits = predictor.predict({"tokens": out}, len(out))["logits"]  # logits at t-1 chose the token at t
         pairs = [(out[r, t], rule(logits[r, t - 1])) for r in range(len(out)) for t in range(lengths[r], out_lengths[r])]
         assert len(pairs) == 5 * MAX_NEW
         assert all(token in allowed for token, allowed in pairs), options
@@ -142,14 +157,14 @@ def test_top_k_and_top_p_sample_only_from_the_allowed_tokens(cfg, rows, greedy):
 
 
 @pytest.mark.slow
-def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greedy):
+def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greedy, predictor):
     tokens, lengths = rows
     free_new = new_tokens(*greedy, lengths)
     assert free_new[4] == [] and greedy[1][4] == cfg.n_ctx  # no room after a full-context prompt
     # Stop on a token row 1 first produces as a later new token.
     index = next(i for i in range(1, MAX_NEW) if free_new[1][i] not in free_new[1][:i])
     stop = int(free_new[1][index])
-    stopped, stopped_lengths = sample(cfg, tokens, lengths, temperature=0.0, stop_id=stop)
+    stopped, stopped_lengths = sample(cfg, tokens, lengths, predictor=predictor, temperature=0.0, stop_id=stop)
     got = new_tokens(stopped, stopped_lengths, lengths)
     assert got[1] == free_new[1][:index + 1]  # ends with the stop token, then padding
     assert (stopped[1, stopped_lengths[1]:] == PADDING).all()
@@ -157,7 +172,8 @@ def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greed
         cut = free_new[row].index(stop) + 1 if stop in free_new[row] else len(free_new[row])
         assert got[row] == free_new[row][:cut]
 
-    cut, cut_lengths = sample(cfg, tokens, lengths, temperature=0.0, max_new_tokens=2, remove_partial_sequences=True)
+    cut, cut_lengths = sample(cfg, tokens, lengths, predictor=predictor, temperature=0.0, max_new_tokens=2,
+                              remove_partial_sequences=True)
     np.testing.assert_array_equal(cut_lengths, np.minimum(lengths + 2, cfg.n_ctx) - lengths)
     for row in range(len(tokens)):
         assert list(cut[row, :cut_lengths[row]]) == free_new[row][:2]
