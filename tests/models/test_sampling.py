@@ -114,6 +114,7 @@ def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_deci
     np.testing.assert_array_equal(cached[0], full[0])
 
 
+@pytest.mark.slow
 def test_same_seed_repeats_samples_and_another_seed_changes_them(cfg, rows, sampled, predictor):
     """Run again by the program that drew `sampled` (as --predict and the harness run theirs, batch after batch):
     a draw that depends on anything but the fed seeds and rows (a stateful random op) differs the second time."""
