@@ -148,7 +148,6 @@ def test_a_save_cut_short_leaves_the_last_checkpoint_whole_and_is_cleaned_up(str
         np.testing.assert_array_equal(model_weights(cfg.model_path)[name], value, err_msg=name)
 
 
-@pytest.mark.slow
 def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(straight, tmp_path):
     """Continues a copy of the straight run (model.ckpt-2 and -4, both listed) to step 6 with a checkpoint every
     step and 2 kept: 5 and 6 stay, 2 and 4 go, and a copy of step 4 as step 0 that the state file does not list
