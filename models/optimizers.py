@@ -23,15 +23,14 @@ from models.kernels.common import xla_kernels
 NO_DECAY = [r"norm", r"ln_f", r"/b$", r"bias", r"o_b"]
 
 
-def _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays) -> list:
+def _adam_values(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays):
     """Adam with decoupled weight decay on the slices of every variable of one device, each weight, slot and
-    gradient read once and the weight and slots assigned where they are (the assignments, returned):
-    mesh-tensorflow's formula (next_m = b1 m + (1 - b1) g, next_v = b2 v + (1 - b2) g^2,
-    w -= lr (next_m / (sqrt(next_v) + eps) + decay w)), with g the gradient times the clipping's `scale`.
-    `apply` (a boolean scalar, or None): float16's loss scaling, where a step whose gradients were not finite
-    leaves every variable as it was. The weights are the fp32 slices (the masters), never the activation-dtype
-    copy the model reads."""
-    assigns = []
+    gradient read once: the new weights, m and v. mesh-tensorflow's formula (next_m = b1 m + (1 - b1) g,
+    next_v = b2 v + (1 - b2) g^2, w -= lr (next_m / (sqrt(next_v) + eps) + decay w)), with g the gradient times
+    the clipping's `scale`. `apply` (a boolean scalar, or None): float16's loss scaling, where a step whose
+    gradients were not finite leaves every variable as it was. The weights are the fp32 slices (the masters),
+    never the activation-dtype copy the model reads."""
+    new_w, new_m, new_v = [], [], []
     for w, m, v, g, decay in zip(weights, ms, vs, grads, decays):
         # tf.convert_to_tensor: a read, also of a TPU slice (a ReplicatedVariable, which has no read_value)
         w_, m_, v_ = (tf.convert_to_tensor(s) for s in (w, m, v))
@@ -43,6 +42,15 @@ def _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon
         if apply is not None:
             next_w, next_m, next_v = (tf.where(apply, new, old) for new, old in
                                       ((next_w, w_), (next_m, m_), (next_v, v_)))
+        new_w.append(next_w), new_m.append(next_m), new_v.append(next_v)
+    return new_w, new_m, new_v
+
+
+def _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays) -> list:
+    """_adam_values' new weights and slots assigned where they are (the assignments, returned)."""
+    new_w, new_m, new_v = _adam_values(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays)
+    assigns = []
+    for w, m, v, next_w, next_m, next_v in zip(weights, ms, vs, new_w, new_m, new_v):
         assigns += [w.assign(next_w, read_value=False), m.assign(next_m, read_value=False),
                     v.assign(next_v, read_value=False)]
     return assigns
@@ -60,8 +68,9 @@ class AdamUpdate(mtf.Operation):
     fp32 slice (the master the checkpoint holds, never the bf16/fp16 copy the model reads), its slots and its
     gradient once and assigns the weight and slots in place (XLA updates a resource variable in its own
     buffer). One launch per device and step where a pass per variable made one per variable and new weight and
-    slot buffers (docs/measured.md). On a TPU mesh (SimdMeshImpl) the pass is plain ops inside the replicated
-    program, which XLA compiles whole.
+    slot buffers (docs/measured.md). TPU meshes (SimdMeshImpl) do not use it: there XLA compiles the whole
+    replicated step anyway, and AdamWeightDecay updates each variable on its own so that autostack may combine
+    them (docs/tpus.md); plain ops where it is lowered on one.
 
     It names the variables themselves, so mesh-tensorflow's autostack (which combines small variables of one shape
     on meshes of several devices, rewriting only its own Assign ops) must stay off where it runs
@@ -119,6 +128,46 @@ class AdamUpdate(mtf.Operation):
         lowering.operations[self] = tf.group(ops)
 
 
+class MasterValue(mtf.Operation):
+    """A variable's value as its slices hold it (float32 here: models/gpt.variable_dtype), where `var.value` is
+    the activation-dtype copy the model reads (bf16 or fp16 under those precisions). An update computed from
+    `var.value` and assigned to the variable rounds the fp32 master to the activation grid every step, so any
+    update below half a bf16 ulp of its weight is lost; updates read this instead.
+
+    Its input is the variable's output, so it is lowered after the variable, and it follows mesh-tensorflow's
+    autostack: on a mesh of several devices small variables of one shape are combined into a StackedVariable
+    whose unstack op then produces that output, and the value is then the variable's row of the stacked slices."""
+
+    def __init__(self, var: mtf.Variable):
+        super().__init__([var.outputs[0]], var.mesh, name="master_value")
+        self._outputs = [mtf.Tensor(self, var.shape, var.slice_dtype)]
+
+    def gradient(self, grad_ys):
+        raise ValueError("a variable's master value is for updates, not differentiated")
+
+    def lower(self, lowering):
+        value = self.inputs[0]
+        producer = value.operation
+        if isinstance(producer, mtf.Variable):
+            laid_out = lowering.variables[producer].laid_out_tensor
+        elif (isinstance(producer, mtf.UnstackOperation)
+              and isinstance(producer.inputs[0].operation, mtf.StackedVariable)):
+            row = producer.outputs.index(value)
+            stacked = lowering.variables[producer.inputs[0].operation].laid_out_tensor
+            # tf.convert_to_tensor: on TPUs a slice is a ReplicatedVariable, which reads but does not index.
+            laid_out = lowering.mesh_impl(self).slicewise(lambda s: tf.convert_to_tensor(s)[row], stacked)
+        else:
+            raise ValueError(f"master_value of {value}, which no variable produces")
+        # Read the slices as values: the update's own assignment to the same variables comes after it.
+        lowering.set_tensor_lowering(self.outputs[0],
+                                     lowering.mesh_impl(self).slicewise(tf.identity, laid_out))
+
+
+def master_value(var: mtf.Variable) -> mtf.Tensor:
+    """`var`'s slices' value (fp32), for an optimizer's update: see MasterValue."""
+    return MasterValue(var).outputs[0]
+
+
 class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
     """mesh-tensorflow's Adam with decoupled weight decay (same slots, names and formula: m, v, m / (sqrt(v) +
     eps) + decay * w, times lr; tests/models/test_optimizers.py compares the two), as one AdamUpdate over every
@@ -137,6 +186,10 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
         super().__init__(*args, **kwargs)
         self.gradient_scale = None  # an mtf scalar, or None: 1
         self.condition = None  # a boolean mtf scalar, or None: always applied
+        # False on TPU meshes (train/step.py): there XLA compiles the whole replicated step, so one pass gains
+        # nothing, and the fused op's autostack off made a v3-512 GPT-3 13B graph 2.9x slower to build
+        # (docs/tpus.md): each variable gets its own update (mtf.Assign), which autostack may combine.
+        self.fused = True
 
     def apply_grads(self, grads, variables) -> list:
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
@@ -145,12 +198,45 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
                 tf.logging.warning("Gradient is None for variable %s", v.name)
         if not pairs:
             return []
+        if not self.fused:
+            return self._per_variable(pairs)
         # the slots as mesh-tensorflow's optimizer names them (`<var>/adam_m|adam_v`, fp32, zeros)
         slots = [tuple(mtf.get_variable(v.mesh, v.name + slot, v.shape, initializer=tf.zeros_initializer(),
                                         trainable=False).operation for slot in ("/adam_m", "/adam_v"))
                  for _, v in pairs]
         return [AdamUpdate(self, [v for _, v in pairs], slots, [mtf.to_float(g) for g, _ in pairs],
                            self.gradient_scale, self.condition)]
+
+    def _per_variable(self, pairs) -> list:
+        """The same update as mtf.Assign ops, one slicewise step per variable, reading each weight's fp32 master
+        (master_value, which also reads a row of an autostacked variable)."""
+        if self.condition is not None:
+            raise ValueError("the per-variable Adam takes no condition (float16's gate): float16 is refused on TPUs")
+        scale = self.gradient_scale
+        updates = []
+        for grad, var in pairs:
+            m = mtf.get_variable(var.mesh, var.name + "/adam_m", var.shape, initializer=tf.zeros_initializer(),
+                                 trainable=False)
+            v = mtf.get_variable(var.mesh, var.name + "/adam_v", var.shape, initializer=tf.zeros_initializer(),
+                                 trainable=False)
+            decay = float(self.weight_decay_rate) if self._do_use_weight_decay(var.name) else 0.0
+            hyper = (float(self.beta_1), float(self.beta_2), float(self.epsilon))
+
+            def step(m_, v_, g, w_, lr, factor=None, decay=decay, hyper=hyper):
+                (next_w,), (next_m,), (next_v,) = _adam_values([w_], [m_], [v_], [g], lr,
+                                                               1.0 if factor is None else factor, None,
+                                                               *hyper, (decay,))
+                return next_w, next_m, next_v
+
+            inputs = [m, v, mtf.to_float(grad), master_value(var), self.learning_rate]
+            inputs += [scale] if scale is not None else []
+            next_w, next_m, next_v = mtf.slicewise(step, inputs, output_shape=[var.shape] * 3,
+                                                   output_dtype=[tf.float32] * 3, splittable_dims=var.shape.dims,
+                                                   grad_function=0, name="adam")
+            updates += [mtf.assign(var, next_w), mtf.assign(m, next_m), mtf.assign(v, next_v)]
+        # One grouped Assign for all of them, as mesh-tensorflow's optimizers return: autostack combines only
+        # variables assigned by the same Assign ops, so separate ones would leave every variable unstacked.
+        return pairs[0][1].graph.combine_assignments(updates)
 
     def apply_grad(self, grad, var):
         return self.apply_grads([grad], [var])

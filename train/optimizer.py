@@ -87,13 +87,16 @@ def assign_if(updates: list, condition: mtf.Tensor) -> list:
 
 
 def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor,
-                    apply_if: mtf.Tensor | None = None):
+                    apply_if: mtf.Tensor | None = None, fused: bool = True):
     """Clips `grads` (one per variable) by global norm and returns (the optimizer's update ops, gradient norm
     or None without clipping). `apply_if` (a boolean mtf scalar; float16's loss scaling): the updates change
-    no variable (weights, optimizer slots) when it is false."""
+    no variable (weights, optimizer slots) when it is false. `fused` False (TPU meshes): an optimizer with a
+    fused pass over all variables (models/optimizers.AdamWeightDecay) updates each variable on its own."""
     grads = [None if g is None else mtf.to_float(g) for g in grads]  # bf16 activations give bf16 gradients
     grad_norm = None
     optimizer = make_optimizer(cfg, lr)
+    if hasattr(optimizer, "fused"):
+        optimizer.fused = fused
     if cfg.gradient_clipping:
         scale, grad_norm = clipping_scale(grads, cfg.gradient_clipping)
         if getattr(optimizer, "takes_gradient_scale", False):  # applied in the optimizer's own pass

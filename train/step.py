@@ -33,7 +33,8 @@ class StepGraph:
 def build(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor, labels: tf.Tensor) -> StepGraph:
     """The step's graph on `mesh` for a batch of token ids: the losses, their gradients (micro-batched with
     tokens_per_mb_per_replica; with float16 of the loss-scaled objective, unscaled after), the learning rate and
-    the optimizer's updates. `mesh_impl` is only asked whether it is a TPU's (float16 is refused there)."""
+    the optimizer's updates. `mesh_impl` is only asked whether it is a TPU's (float16 is refused there, and the
+    optimizer updates each variable on its own)."""
     dims = gpt.Dims.of(cfg, meshes.batch_size(inputs))
     x, y = meshes.import_tokens(mesh, dims, inputs, labels)
     scaling = loss_scale.for_training(cfg, mesh, mesh_impl)  # float16 only
@@ -44,9 +45,12 @@ def build(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, inputs: tf.Tensor, labels: 
         grads, finite = scaling.unscale(grads)
     global_step = tf.train.get_or_create_global_step()
     lr = learning_rate(cfg, global_step)
+    # On a TPU mesh XLA compiles the whole replicated step: a fused optimizer pass gains nothing there and would
+    # keep autostack off (docs/tpus.md), so each variable is updated on its own.
+    on_tpu = isinstance(mesh_impl, mtf.simd_mesh_impl.SimdMeshImpl)
     updates, grad_norm = apply_gradients(grads, variables, cfg, mtf.import_fully_replicated(mesh, lr, mtf.Shape([]),
                                                                                             "lr"),
-                                        apply_if=finite)
+                                        apply_if=finite, fused=not on_tpu)
     scalars = {"loss": losses.cross_entropy, "objective": losses.objective}
     if cfg.log_grads:  # the norms of the unclipped gradients, whose global norm is grad_norm
         norms = {v.name: mtf.sqrt(sum_of_squares(mtf.to_float(g))) for v, g in zip(variables, grads)

@@ -26,9 +26,10 @@ def initial_values(seed=0) -> dict:
             "g_w": rng.randn(8, 6), "g_w2": rng.randn(8, 6), "g_o_b": rng.randn(6)}
 
 
-def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, lr=0.01, steps=2):
+def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, lr=0.01, steps=2, fused=True):
     """`steps` Adam steps on the variables of initial_values with fp32 masters and activations (what the model
-    reads) in `activation_dtype`; returns their values and slots, read from the masters after the last step."""
+    reads) in `activation_dtype`; returns their values and slots, read from the masters after the last step.
+    `fused` False: AdamWeightDecay's update per variable, as on TPU meshes (train/step.py)."""
     start = {k: v.astype(np.float32) for k, v in initial_values().items()}
     graph = tf.Graph()
     with graph.as_default():
@@ -45,6 +46,8 @@ def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, 
         lr = mtf.import_fully_replicated(mesh, tf.constant(lr), mtf.Shape([]))
         optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=0.1, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
                                     exclude_from_weight_decay=NO_DECAY)
+        if not fused:
+            optimizer.fused = False
         updates = optimizer.apply_grads(grads, variables)
         lowering = mtf.Lowering(mtf_graph, {mesh: impl}, autostack=autostack_allowed(updates))  # as training lowers
         step = tf.group([lowering.lowered_operation(op) for op in updates])
@@ -86,19 +89,22 @@ def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
     assert np.abs(expected["w/adam_m"]).max() > 0  # the step ran
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per_variable"])
 @pytest.mark.parametrize("activation_dtype", [tf.bfloat16, tf.float16, tf.float32])
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "cols:x"), ("x:4", "")])
-def test_adam_updates_the_fp32_master_whatever_the_model_reads(activation_dtype, mesh_shape, layout):
+def test_adam_updates_the_fp32_master_whatever_the_model_reads(activation_dtype, mesh_shape, layout, fused):
     """Updates far below half a bf16 (or fp16) ulp of their weights (lr 1e-6 on weights near 1, whose bf16 ulp
     is 2^-7) land on the fp32 masters: three steps move every weight as float64 NumPy's Adam moves it. Bug
     caught: the fused pass reading the weight through the activation dtype (as from `var.value`, the copy the
     model reads), so every step rounds the master to that grid and updates below half its ulp are lost; and
     (x:4, where autostack would stack w and w2) the step lowered with autostack on
-    (train/optimizer.autostack_allowed returning True: the pass finds no variable w)."""
+    (train/optimizer.autostack_allowed returning True: the pass finds no variable w). The per-variable update of
+    TPU meshes ([per_variable], lowered with autostack on: w and w2 stacked on x:4) holds the same: bug caught,
+    `_per_variable` reading `mtf.to_float(var.outputs[0])` (the model's copy) in place of `master_value(var)`."""
     lr, steps = 1e-6, 3
     oracle = adam_oracle(lr, steps)
     start = initial_values()
-    got = two_steps(AdamWeightDecay, mesh_shape, layout, activation_dtype, lr=lr, steps=steps)
+    got = two_steps(AdamWeightDecay, mesh_shape, layout, activation_dtype, lr=lr, steps=steps, fused=fused)
     for name in ("w", "w2", "o_b"):
         moved, expected = got[name] - start[name].astype(np.float32), oracle[name] - start[name]
         assert np.abs(expected).min() > 5e-7  # every weight moves, by far less than a bf16 ulp
