@@ -31,6 +31,19 @@ sys.modules.setdefault("conftest", sys.modules[__name__])
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# XLA's compiled kernels go to one folder on disk for the whole run: the controller of `pytest -n 2` sets it before
+# its workers start, and they and every main.py they start inherit it. The suite's trainings compile the same
+# tiny kernels again and again (once per device of a mesh, per session, per process): a 4-device training's first
+# step took 17 CPU s with a cold cache, 6 with a warm one (2-core AVX2 EPYC). The executables are the same.
+if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
+    import atexit
+    import shutil
+    import tempfile
+    _xla_cache = tempfile.mkdtemp(prefix="tests-xla-cache-")
+    atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
+    os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("TF_XLA_FLAGS", ""),
+                                                        f"--tf_xla_persistent_cache_directory={_xla_cache}"]))
+
 from console.environment import runtime_defaults  # noqa: E402
 
 runtime_defaults()  # TensorFlow's kernels as every entry point sets them up (oneDNN on x86-64), before it loads
@@ -49,17 +62,20 @@ pytest_plugins = ["cpu_durations"]  # `--cpu-durations=N`: the tests and files t
 
 # Files that run first, in this order (their paths under tests/): the largest (GPT-Neo 125M's real shape peaks at
 # ~8 GB) while both workers of `pytest -n 2` are fresh (a long-lived worker holds GBs of graphs the other's big test
-# would find missing), then the longest, so that no long file starts last and runs alone. On the whole suite
-# (2026-11-28, CPU seconds on a shared machine) the ladder took 336 and the fine-tune 216; the others are estimated
-# from their tests' times: the bf16 oracle (three 100-step trainings and PyTorch's), the loop's trainings, checkpoint
-# safety and the HF conversions about 100 to 150 each, the multi-host processes 85, the harness's model and its tasks
-# (lm-eval; 80 each), the ladder's fits 70, preemption's processes, the step's memory, local attention's graphs up to
-# context 2048 and the TPU pods 40 to 80. `--no-loadscope-reorder` keeps this order.
-FIRST_FILES = ("scenarios/test_finetune.py", "ladder/test_run.py", "train/test_bf16_training.py",
-               "train/test_loop.py", "scenarios/test_checkpoint_safety.py", "tools/test_hf.py",
-               "scenarios/test_multihost.py", "evals/test_harness_model.py", "evals/test_harness.py",
-               "ladder/test_fit.py", "execution/test_preemption.py", "train/test_step.py",
-               "models/test_local_attention_scaling.py", "devices/test_tpu.py")
+# would find missing), then the others of about 40 CPU seconds and more, longest first, so that no long file starts
+# last and runs alone. The order follows CI's own figures (`.ci/run` ends with every file's CPU seconds:
+# tests/cpu_durations.py) from a fresh clone's run on a 2-core AVX2 EPYC (2026-11-28, 20f1abb), less what later
+# commits took off: the loop 200, model options 195, the real ladder 150, the bf16 oracle 140, sampling 100, training
+# options 100, the selfcheck 95, HF conversions 90, precision 90, preemption 85, checkpoint safety 85, the attention
+# kernels 55, the optimizers 55, multi-host 50, bad inputs 45, the input pipeline 45, the ladder's fits 45, the model
+# 40, the TPU pods 40. `--no-loadscope-reorder` keeps this order.
+FIRST_FILES = ("scenarios/test_finetune.py", "train/test_loop.py", "models/test_model_options.py",
+               "ladder/test_run.py", "train/test_bf16_training.py", "models/test_sampling.py",
+               "train/test_training_options.py", "selfcheck/test_job.py", "tools/test_hf.py",
+               "devices/test_precision.py", "execution/test_preemption.py", "scenarios/test_checkpoint_safety.py",
+               "models/kernels/test_attention.py", "models/test_optimizers.py", "scenarios/test_multihost.py",
+               "scenarios/test_bad_inputs.py", "data/test_inputs.py", "ladder/test_fit.py", "models/test_gpt.py",
+               "devices/test_tpu.py")
 
 
 def pytest_collection_modifyitems(config, items):
