@@ -13,7 +13,7 @@ from schema import GPTConfig
 from schema import read_json, resolve_config_path
 
 from ladder import shapes
-from ladder.spec import LadderSpec, short_count
+from ladder.spec import LadderError, LadderSpec, short_count
 
 REFERENCE_PARAMS = 108e6  # the N that Porian et al. 2024's batch and lr rules are anchored at
 
@@ -100,6 +100,17 @@ def branch_start(steps: int, decay_share: float) -> int:
     return max(0, math.floor((1.0 - decay_share) * steps))
 
 
+def _check_decay_after_warmup(run: SizeRun, rules) -> None:
+    """A WSD run's decay must start after its warmup ends: the schedule takes the warmup's ramp while step <
+    warmup_steps (models/optimizers.py, as GPT-Neo's), so a decay starting inside it is skipped and the run is never
+    annealed (a short branch would train exactly as its trunk and be fitted as an annealed point)."""
+    decay_from = branch_start(run.steps, rules.decay_share)
+    if run.warmup_steps > decay_from:
+        raise LadderError(f"run {run.name} would start its decay at step {decay_from}, inside its {run.warmup_steps}-step "
+                          f"warmup, and never anneal: raise \"chinchilla_multiples\" or lower \"rules\"."
+                          f"warmup_tokens_per_param (now {rules.warmup_tokens_per_param:g})")
+
+
 def batch_sequences(n: float, spec: LadderSpec, n_ctx: int) -> int:
     """Porian et al.'s batch in tokens, in whole sequences, a multiple of the device count (at least one each)."""
     tokens = spec.rules.batch_tokens_at_108M * (n / REFERENCE_PARAMS) ** spec.rules.batch_exponent
@@ -147,7 +158,10 @@ def size_runs(spec: LadderSpec, base: GPTConfig) -> list[SizeRun]:
             branches = [make(m, repeat, kind="branch", trunk=trunk, start=branch_start(steps_at(m), rules.decay_share),
                              decay_share=rules.decay_share) for m in ends]
             keep = tuple(sorted({b.start for b in branches if b.start > 0}))
-            runs.append(make(longest, repeat, kind="trunk", keep_steps=keep, decay_share=rules.decay_share))
+            trunk_run = make(longest, repeat, kind="trunk", keep_steps=keep, decay_share=rules.decay_share)
+            for run in [trunk_run] + branches:
+                _check_decay_after_warmup(run, rules)
+            runs.append(trunk_run)
             runs += branches
     return runs
 

@@ -37,7 +37,8 @@ def ladder_workspace(root) -> str:
 
 # The real ladder: two sizes at Chinchilla multiple 0.1 (trunks of 25 and 51 steps; at 0.2, twice as many steps, the
 # bigger size's eval loss was the lower by less), each with a branch ending at half of it (13 and 25 steps, from the
-# trunk's checkpoint at 10 and 20), keep_checkpoint_max 1 so that rotation would take the branch points first.
+# trunk's checkpoint at 10 and 20), keep_checkpoint_max 1 so that rotation would take the branch points first; warmup
+# over a quarter of N tokens (3 and 6 steps), so that even the small branch's decay (from step 10) is past it.
 SMALL, SMALL_BRANCH, BIG, BIG_BRANCH = "n6.6K-x0.1", "n6.6K-x0.05", "n51K-x0.1", "n51K-x0.05"
 
 
@@ -48,7 +49,7 @@ def trained_ladder(tmp_path_factory):
     held after the cut and the branch's checkpoints then."""
     root = tmp_path_factory.mktemp("ladder")
     spec = load_spec(write_spec(root, ladder_workspace(root), sizes=["6.6K", "51K"], chinchilla_multiples=[0.1],
-                                rules=dict(SMALL_RULES, branch_fractions=[0.5]), overrides={"keep_checkpoint_max": 1},
+                                rules=dict(SMALL_RULES, branch_fractions=[0.5], warmup_tokens_per_param=0.25), overrides={"keep_checkpoint_max": 1},
                                 eval_steps=20))
     first = []
 
@@ -78,7 +79,8 @@ def test_cut_off_branch_resumes_without_training_again(trained_ladder):
     saved where it stopped; the next run skips the finished runs (their files untouched), resumes the cut branch from
     its own checkpoint and trains it to its end. (Bugs: CheckpointWriter._rotate deleting a keep_checkpoint_steps
     checkpoint, so the branch has nothing to start from; SizeState.done comparing step > steps, so a finished run is
-    evaluated again; the ladder not passing SIGINT on, so the branch trains on to its end.)"""
+    evaluated again; the ladder not passing SIGINT on, so the branch trains on to its end; a warmup past the small
+    branch's decay start, so its learning rate rises and it is never annealed.)"""
     t, out = trained_ladder, trained_ladder["second"]
     assert t["first_code"] == 130, t["first"][-3000:]
     assert f"ladder stopped during {BIG_BRANCH}" in t["first"]
@@ -88,6 +90,9 @@ def test_cut_off_branch_resumes_without_training_again(trained_ladder):
         assert re.search(rf"\[{re.escape(branch)}\] starts from {re.escape(branch_path)}/model.ckpt-{start}$",
                          t["first"], re.M)
         assert re.search(rf"\[{re.escape(branch)}\] training .* steps {start} -> {end},", t["first"])
+    # the small branch anneals: its learning rate falls over its steps (a decay inside the warmup would be skipped)
+    lrs = [float(lr) for lr in re.findall(rf"\[{re.escape(SMALL_BRANCH)}\] step .*\| lr (\S+)", t["first"])]
+    assert len(lrs) >= 2 and all(b < a for a, b in zip(lrs, lrs[1:])), lrs
     # the branch's own rotation (keep_checkpoint_max 1) leaves the checkpoint it was cut at
     assert len(t["cut"]) == 1 and 20 < t["cut"][0] < 25, t["cut"]
     assert t["second_code"] == 0, out[-3000:]

@@ -37,10 +37,14 @@ def write_spec(folder, base: str, **changes) -> str:
     ({"overrides": {"lr_decay": "cosine"}}, r"sets lr_decay, which the ladder's rules decide .*\"schedule\": \"base\""),
     ({"repeats": ["7K"]}, r"\"repeats\" in .* names 7K, which is not among \"sizes\""),
     ({"rules": {"branch_fractions": [0.5, 2]}}, r"\"rules\".branch_fractions .* must be a list of fractions"),
+    ({"chinchilla_multiples": [0.1], "rules": dict(SMALL_RULES, branch_fractions=[0.5])},
+     r"run n6.6K-x0.05 would start its decay at step 10, inside its 13-step warmup, and never anneal: raise "
+     r"\"chinchilla_multiples\" or lower \"rules\".warmup_tokens_per_param \(now 1\)"),
 ])
 def test_bad_specs_are_one_error_line(tmp_path, capsys, change, message):
-    """Each bad spec: exit 1 and one `error:` line naming the fix, nothing written. (Bug: place() refusing a size
-    that fits no mesh only when one device is given.)"""
+    """Each bad spec: exit 1 and one `error:` line naming the fix, nothing written. (Bugs: place() refusing a size
+    that fits no mesh only when one device is given; a WSD run whose decay starts inside its warmup planned, so it
+    is never annealed.)"""
     spec = write_spec(tmp_path, make_workspace(tmp_path), **change)
     assert ladder_cli.main(["plan", spec]) == 1
     err = capsys.readouterr().err.strip()
