@@ -11,7 +11,6 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import main
-from devices import peaks
 from selfcheck import job
 from selfcheck.job import Run, Tolerance, judge
 from train import loop, objective, step
@@ -44,16 +43,16 @@ def test_off_device_lists_ops_that_ran_elsewhere_than_placed():
     assert job.off_device(ops, ["/device:CPU:0", "/device:CPU:1"]) == []
 
 
-_REFERENCE_RUNS, _PEAKS = {}, {}
+_REFERENCE_RUNS = {}
 
 
 @pytest.fixture(autouse=True)
 def reference_trained_once_per_precision(monkeypatch):
     """The CPU reference (one device) is the same run in every test of a precision: what the tests break is the
     devices' mesh only. It is trained by the check itself the first time and reused after (keyed by its config
-    without model_path, and the data), which saves one training in each failing-check test. So is the devices'
-    peak (devices/peaks.py measures it for half a second; keyed by the devices and the dtype)."""
-    train_and_time, device_peak = job.train_and_time, peaks.device_peak
+    without model_path, and the data), which saves one training in each failing-check test. (The devices' peak
+    is measured once per process by devices/peaks.py itself.)"""
+    train_and_time = job.train_and_time
 
     def reused(cfg, placement, data, **kwargs):
         if placement != job.REFERENCE:
@@ -62,14 +61,7 @@ def reference_trained_once_per_precision(monkeypatch):
         if key not in _REFERENCE_RUNS:
             _REFERENCE_RUNS[key] = train_and_time(cfg, placement, data)
         return _REFERENCE_RUNS[key]
-
-    def peak_reused(placement, dtype, *args, **kwargs):
-        key = (placement.devices, dtype)
-        if key not in _PEAKS:
-            _PEAKS[key] = device_peak(placement, dtype, *args, **kwargs)
-        return _PEAKS[key]
     monkeypatch.setattr(job, "train_and_time", reused)
-    monkeypatch.setattr(peaks, "device_peak", peak_reused)
 
 
 def selfcheck(capsys, *flags):
