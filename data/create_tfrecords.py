@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from console.arguments import ArgumentParser
 from schema import DATASET_CONFIG_DIR as DEFAULT_DATASET_CONFIG_DIR, REPO_ROOT
-from data.documents import Document, iter_documents, list_input_files
+from data.documents import Document, check_whole, iter_documents, list_input_files
 from data.errors import DataError
 from data.tokenizer import LoadedTokenizer, load_tokenizer
 
@@ -127,7 +127,7 @@ def create_tfrecords(
     """Tokenize every document under ``input_dir`` into ``output_dir/{name}_{i}_{N}.tfrecords``.
 
     Returns the run's Summary. Raises DataError (and leaves no new output file) for bad
-    input: missing/empty folder, glob matching nothing, missing tokenizer, invalid settings,
+    input: missing/empty folder, glob matching nothing, a truncated archive, missing tokenizer, invalid settings,
     or when no document survives (all undecodable or all shorter than ``minimum_size``).
     ``tokenizer`` (one already loaded) replaces the three tokenizer arguments; ``files`` (some of
     ``input_dir``'s, e.g. a held-out part) replaces listing it.
@@ -137,6 +137,7 @@ def create_tfrecords(
         tokenizer = _load_chosen_tokenizer(encoder_path, use_gpt2_tokenizer, gpt2_tokenizer_path)
     settings = EncodingSettings(mode, _check_separator(separator, tokenizer), minimum_size, n_ctx if mode == "chunks" else 0, files_per, name)
     files = list(files) if files is not None else list_input_files(input_dir, glob)
+    check_whole(files)  # a cut archive is refused before anything is written, not found half-way through
     made = _first_missing_folder(output_dir)
     _make_output_dir(output_dir)
     try:

@@ -3,13 +3,18 @@
 Plain text files hold one document each. Everything lm_dataformat can read (jsonl, jsonl.zst,
 json.zst, zip, tar.gz, ...) is streamed with its ``Reader`` so the formats stay exactly those
 of the reference tools. Files are always visited in sorted order, which makes the document
-sequence, and hence everything derived from it, deterministic.
+sequence, and hence everything derived from it, deterministic. ``check_whole`` refuses an archive
+cut short (a download that stopped early), which the readers would otherwise take for a shorter one.
 """
 
 from __future__ import annotations
 
 import glob as globlib
+import gzip
+import lzma
 import os
+import tarfile
+import zipfile
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -19,6 +24,8 @@ import zstandard
 from data.errors import DataError
 
 PLAIN_TEXT_SUFFIX = ".txt"
+ZSTD_SUFFIXES = (".jsonl.zst", ".json.zst", ".dat.zst")
+CHECK_READ_BYTES = 8192  # compressed bytes fed per call: zstd output is kept below ~256 MiB even for runs of one byte
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,79 @@ def iter_documents(files: list[str]) -> Iterator[Document]:
             yield _read_plain_text(path)
         else:
             yield from _read_archive(path)
+
+
+def check_whole(files: list[str]) -> None:
+    """Raise DataError naming the first compressed input that ends before its compressed stream does.
+
+    A .jsonl.zst cut at a block or frame boundary reads as a shorter, valid file (zstandard's stream reader, which
+    lm_dataformat uses, returns what it has and stops), so the documents after the cut would go missing without a
+    word; gzip and xz raise at a cut, but part-way through the run. Decompressing each archive once here, and
+    discarding the output, costs a small fraction of tokenizing it and lets the tools refuse before writing.
+    Damage that is not a cut (bad bytes) is left to ``iter_documents``, which counts the archive as undecodable.
+    """
+    for path in files:
+        if not is_supported_file(path) or path.endswith(PLAIN_TEXT_SUFFIX):
+            continue
+        try:
+            problem = _truncation(path)
+        except (OSError, ValueError, EOFError, zstandard.ZstdError, tarfile.TarError, lzma.LZMAError):
+            problem = None  # damaged rather than cut: the reader reports it
+        if problem:
+            raise DataError(f"{path} is truncated ({problem}), so the documents after the cut would be missing: "
+                            f"re-download it or compress it again from the original, then rerun")
+
+
+def _truncation(path: str) -> Optional[str]:
+    """What shows ``path`` to be cut off, or None when its compressed streams end where they should."""
+    if path.endswith(ZSTD_SUFFIXES):
+        with open(path, "rb") as handle:
+            return None if _zstd_frames_end(handle) else "its zstd stream ends inside a frame"
+    if path.endswith(".jsonl.zst.tar"):
+        size = os.path.getsize(path)
+        with tarfile.open(path, "r:") as archive:
+            for member in archive:
+                if member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE > size:  # data, padded
+                    return f"its member {member.name} is cut off"
+                if member.isfile() and not _zstd_frames_end(archive.extractfile(member)):
+                    return f"its member {member.name} ends inside a zstd frame"
+            end = archive.offset  # where the next header, or the end-of-archive zero block, starts
+        with open(path, "rb") as handle:
+            handle.seek(end)
+            block = handle.read(tarfile.BLOCKSIZE)
+        return None if block == bytes(tarfile.BLOCKSIZE) else "it ends without tar's end-of-archive block"
+    if path.endswith(".zip"):
+        try:
+            zipfile.ZipFile(path).close()
+        except zipfile.BadZipFile:  # its directory, at the very end, is missing
+            return "no zip directory at its end"
+        return None
+    opener = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else None
+    if opener is None:  # .jsonl: plain text, nothing marks its end
+        return None
+    try:
+        with opener(path, "rb") as stream:
+            while stream.read(1 << 20):
+                pass
+    except EOFError:
+        return f"its {'gzip' if opener is gzip.open else 'xz'} stream ends before its end marker"
+    return None
+
+
+def _zstd_frames_end(handle) -> bool:
+    """True when every zstd frame in ``handle`` is complete (frames may follow one another, as `cat` or pzstd
+    make them); False when the data stops inside one."""
+    decompressor = zstandard.ZstdDecompressor()
+    frame = None  # the decompressor of the frame being read; None between frames
+    while chunk := handle.read(CHECK_READ_BYTES):
+        while chunk:
+            if frame is None:
+                frame = decompressor.decompressobj()
+            frame.decompress(chunk)
+            if not frame.eof:
+                break
+            chunk, frame = frame.unused_data, None
+    return frame is None
 
 
 def _read_plain_text(path: str) -> Document:

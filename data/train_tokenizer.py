@@ -26,7 +26,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 from console.arguments import ArgumentParser
-from data.documents import iter_documents, list_input_files
+from data.documents import check_whole, iter_documents, list_input_files
 from data.errors import DataError
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>", "<|padding|>", "[MASK]", "[CLS]")
@@ -50,6 +50,7 @@ def train_tokenizer(
     if len(set(special_tokens)) != len(special_tokens):
         raise DataError(f"--special_tokens has duplicates: {list(special_tokens)}")
     files = list_input_files(input_path, pattern)
+    check_whole(files)
     tokenizer = _empty_byte_level_bpe()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -358,8 +358,11 @@ def test_dataset_config_refuses_another_tokenizer(tmp_path, monkeypatch):
     ("missing_tokenizer", "tokenizer file not found"),
     ("bad_dataset_id", "dataset config id must be a plain name"),
     ("bad_separator", "--separator must be a non-empty JSON list"),
+    ("truncated_archive", "b.jsonl.zst is truncated (its zstd stream ends inside a frame)"),
 ])
 def test_cli_bad_input_exits_1_with_one_line_and_writes_nothing(tmp_path, capsys, case, message):
+    """Bug caught (truncated_archive: a .jsonl.zst cut where a zstd block ends, beside a whole .txt):
+    `check_whole(files)` dropped from `create_tfrecords` (the run wrote the documents before the cut and exited 0)."""
     folder = tmp_path / "in"
     args = ["--input_dir", str(folder), "--name", "x", "--output_dir", str(tmp_path / "out"), "--encoder_path", TOKENIZER_PATH,
             "--minimum_size", "1", "--quiet", "--write_dataset_config", "x", "--dataset_config_dir", str(tmp_path / "configs")]
@@ -374,6 +377,11 @@ def test_cli_bad_input_exits_1_with_one_line_and_writes_nothing(tmp_path, capsys
     }.get(case, [])
     if case == "all_undecodable":
         (folder / "a.txt").write_bytes(b"\xff\xfe bad \xc3")
+    if case == "truncated_archive":
+        from tests.data.test_documents import zstd_blocks
+        write_txt_folder(folder, [2])
+        whole, block_ends = zstd_blocks([make_text(index, 2) for index in range(4)])
+        (folder / "b.jsonl.zst").write_bytes(whole[:block_ends[1]])
     code = ct.main(args + extra)
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.strip()]

@@ -1,6 +1,6 @@
 """data/documents.py: the input files found (sorted; .txt and lm_dataformat archives, or what a glob names) and
 their documents streamed, every archive type lm_dataformat reads; a document that is not text is yielded as
-undecodable, for the tools to count, never raised."""
+undecodable, for the tools to count, never raised; an archive cut short is refused by `check_whole`."""
 import json
 import os
 
@@ -119,3 +119,108 @@ def test_a_corrupt_zstd_archive_is_one_undecodable_document_and_the_next_file_is
     for document in iter_documents(list_input_files(str(folder))):
         read.setdefault(os.path.basename(document.source), []).append(document.text)
     assert read == {"a.jsonl.zst": texts + [None], "b.txt": ["after the damage"]}
+
+
+def zstd_blocks(texts) -> tuple:
+    """A .jsonl.zst of `texts`, one zstd block per document, and the byte offset where each block ends."""
+    import io
+
+    import zstandard
+
+    buffer = io.BytesIO()
+    writer = zstandard.ZstdCompressor().stream_writer(buffer, closefd=False)
+    block_ends = []
+    for text in texts:
+        writer.write((json.dumps({"text": text}) + "\n").encode("utf-8"))
+        writer.flush(zstandard.FLUSH_BLOCK)
+        block_ends.append(buffer.tell())
+    writer.flush(zstandard.FLUSH_FRAME)
+    return buffer.getvalue(), block_ends
+
+
+def test_a_zstd_archive_cut_at_a_block_boundary_reads_as_shorter_and_is_refused_as_truncated(tmp_path):
+    """A .jsonl.zst cut where a zstd block ends, or inside one, reads as a valid, shorter file (lm_dataformat yields
+    the documents of the whole blocks, no error, nothing undecodable), so `check_whole` must refuse it, naming it; the whole file, and
+    one of two frames one after the other (as `cat` or pzstd write them), pass, and all their documents are read.
+    Bug caught: `_zstd_frames_end` returning True at the end of the data whatever the frame's state (`frame is
+    None` check gone): the cut file passed and its last four documents were silently missing."""
+    from data.documents import check_whole
+
+    texts = [make_text(index, 2) for index in range(6)]
+    whole, block_ends = zstd_blocks(texts)
+    cut = tmp_path / "cut.jsonl.zst"
+    cut.write_bytes(whole[:block_ends[1]])
+    assert [document.text for document in iter_documents([str(cut)])] == texts[:2]  # what the reader alone does
+    with pytest.raises(DataError, match=r"cut\.jsonl\.zst is truncated \(its zstd stream ends inside a frame\)") as error:
+        check_whole([str(cut)])
+    assert "re-download it" in str(error.value) and "\n" not in str(error.value)
+    cut.write_bytes(whole[:block_ends[1] + 5])  # inside the third block: no error from the reader either
+    assert [document.text for document in iter_documents([str(cut)])] == texts[:2]
+    with pytest.raises(DataError, match="truncated"):
+        check_whole([str(cut)])
+
+    frames = tmp_path / "frames.jsonl.zst"
+    frames.write_bytes(whole + zstd_blocks(texts[:1])[0])
+    check_whole([str(frames)])
+    assert [document.text for document in iter_documents([str(frames)])] == texts + texts[:1]
+    frames.write_bytes(whole + zstd_blocks(texts[:1])[0][:-3])  # the second frame cut
+    with pytest.raises(DataError, match="truncated"):
+        check_whole([str(frames)])
+
+
+def whole_archive(kind: str, texts) -> bytes:
+    """`texts` in an archive of `kind` (a file suffix), as the tools would read it."""
+    import gzip
+    import io
+    import lzma
+    import tarfile
+    import zipfile
+
+    jsonl = "".join(json.dumps({"text": text}) + "\n" for text in texts).encode("utf-8")
+    buffer = io.BytesIO()
+    if kind in (".json.gz", ".gz"):
+        return gzip.compress(jsonl)
+    if kind == "_data.xz":
+        return lzma.compress(jsonl)
+    if kind == ".zip":
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for index, text in enumerate(texts):
+                archive.writestr(f"{index}.txt", text)
+        return buffer.getvalue()
+    with tarfile.open(fileobj=buffer, mode="w:gz" if kind == ".tar.gz" else "w") as archive:
+        for index in range(2):
+            data = zstd_blocks(texts)[0] if kind == ".jsonl.zst.tar" else texts[index].encode("utf-8")
+            info = tarfile.TarInfo(f"{index}.jsonl.zst")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind, cut_at, problem", [
+    (".json.gz", -4, "its gzip stream ends before its end marker"),
+    (".gz", -30, "its gzip stream ends before its end marker"),
+    (".tar.gz", -4, "its gzip stream ends before its end marker"),
+    ("_data.xz", -4, "its xz stream ends before its end marker"),
+    (".zip", -4, "no zip directory at its end"),
+    (".jsonl.zst.tar", 1000, "its member 0.jsonl.zst is cut off"),  # in the padding after its data
+    (".jsonl.zst.tar", "second member's data", "its member 1.jsonl.zst is cut off"),
+    (".jsonl.zst.tar", "first member's end", "it ends without tar's end-of-archive block"),
+])
+def test_every_compressed_archive_type_cut_short_is_refused_as_truncated_and_whole_passes(tmp_path, kind, cut_at, problem):
+    """gzip and xz raise EOFError at a cut, but part-way through a run (where `_read_archive` made it one
+    undecodable document and a warning); a cut zip lost its directory (a BadZipFile traceback); a .jsonl.zst.tar
+    cut between members read as a shorter tar. `check_whole` refuses each before anything is read, and passes the
+    whole archive. Bug caught: the tar's end-of-archive block left unchecked (`block == ...` always true): a tar cut
+    where a member ends passed and its later members were missing."""
+    from data.documents import check_whole
+
+    texts = [make_text(index, 3) for index in range(4)]
+    whole = whole_archive(kind, texts)
+    path = tmp_path / f"set{kind}"
+    path.write_bytes(whole)
+    check_whole([str(path)])
+    member_end = 512 + -(-len(zstd_blocks(texts)[0]) // 512) * 512  # a header, then the data padded to a block
+    cut_at = {"first member's end": member_end, "second member's data": member_end + 512 + 20}.get(cut_at, cut_at)
+    path.write_bytes(whole[:cut_at])
+    with pytest.raises(DataError, match=rf"set{kind} is truncated \({problem}\)"):
+        check_whole([str(path)])

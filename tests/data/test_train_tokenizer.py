@@ -50,3 +50,18 @@ def test_train_tokenizer_rejects_a_tiny_vocabulary(tmp_path):
     _write_sources(sources, count=1)
     with pytest.raises(DataError, match="vocab_size"):
         train_tokenizer(str(sources), str(tmp_path / "t.json"), vocab_size=100, pattern="*.py", show_progress=False)
+
+
+def test_a_truncated_archive_is_refused_in_one_line_and_no_tokenizer_is_written(tmp_path, capsys):
+    """A .jsonl.zst cut where a zstd block ends would train on its first documents only, without a word.
+    Bug caught: `check_whole(files)` dropped from `train_tokenizer` (exit 0, a tokenizer of part of the data)."""
+    from tests.data.test_documents import zstd_blocks
+
+    whole, block_ends = zstd_blocks([f"document {index}: " + "the quick brown fox. " * 20 for index in range(6)])
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "set.jsonl.zst").write_bytes(whole[:block_ends[2]])
+    output = tmp_path / "tok.json"
+    assert train_main(["--input_dir", str(tmp_path / "in"), "--vocab_size", "300", "--output", str(output)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "set.jsonl.zst is truncated" in lines[0], lines
+    assert not os.path.exists(output) and not os.path.exists(str(output) + ".tmp")
