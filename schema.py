@@ -556,6 +556,25 @@ def _check_ranges(cfg: GPTConfig) -> None:
             raise ConfigError(f"{name} must be {bound}, got {value}")
 
 
+def wsd_last_peak_step(decay_end: int, decay_share: float) -> int:
+    """The last step whose update lr_decay "wsd" (models/optimizers.py) makes at the peak lr: the peak holds while
+    step / decay_end <= 1 - decay_share, and the decay starts at the step after."""
+    return max(0, math.floor((1.0 - decay_share) * decay_end))
+
+
+def check_decay_after_warmup(warmup_steps: int, decay_end: int, decay_share: float) -> None:
+    """A "wsd" run's warmup ends by its last step at the peak: the schedule takes the warmup's ramp while step <
+    warmup_steps (models/optimizers.learning_rate, as GPT-Neo's), so a longer warmup never reaches the peak, cuts
+    into the decay, and one reaching the run's end skips it (the run is never annealed). ConfigError naming the
+    keys; the ladder (ladder/rules.py) catches it to name its own run and fix."""
+    last_peak = wsd_last_peak_step(decay_end, decay_share)
+    if warmup_steps > last_peak:
+        raise ConfigError(f"warmup_steps ({warmup_steps}) runs past step {last_peak}, where lr_decay \"wsd\" starts "
+                          f"its decay (the last lr_decay_share {decay_share:g} of {decay_end} steps), so the run "
+                          f"would never hold its peak lr and its decay would be cut short: set warmup_steps to at "
+                          f"most {last_peak}, or raise lr_decay_end (default train_steps) or lower lr_decay_share")
+
+
 def validate(cfg: GPTConfig) -> GPTConfig:
     """Checks that hold between fields: the first part of config.py's `check`, which goes on with those
     against the registries and the model's tensor dimensions. Raises ConfigError naming the fix."""
@@ -589,6 +608,8 @@ def validate(cfg: GPTConfig) -> GPTConfig:
     if not 0 < cfg.lr_decay_share <= 1:
         raise ConfigError(f"lr_decay_share must be in (0, 1], the share of the run over which \"wsd\" decays (0.2: "
                           f"the last 20%), got {cfg.lr_decay_share}")
+    if cfg.lr_decay == "wsd":
+        check_decay_after_warmup(cfg.warmup_steps, cfg.lr_decay_end or cfg.train_steps, cfg.lr_decay_share)
     if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in cfg.keep_checkpoint_steps):
         raise ConfigError(f"keep_checkpoint_steps must be a list of steps >= 1, got {list(cfg.keep_checkpoint_steps)}")
     _check_ranges(cfg)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from schema import GPTConfig
+from schema import ConfigError, GPTConfig, check_decay_after_warmup, wsd_last_peak_step
 from schema import read_json, resolve_config_path
 
 from ladder import shapes
@@ -97,18 +97,20 @@ def branch_start(steps: int, decay_share: float) -> int:
     step / steps <= 1 - decay_share. The checkpoint at s holds the updates of global steps 0 .. s - 1, all at the
     peak in the trunk and in a run of `steps` alike (strictly inside the stable phase, clear of float rounding), so
     the branch has had exactly its own schedule's updates; its own first is the last at the peak."""
-    return max(0, math.floor((1.0 - decay_share) * steps))
+    return wsd_last_peak_step(steps, decay_share)
 
 
 def _check_decay_after_warmup(run: SizeRun, rules) -> None:
-    """A WSD run's decay must start after its warmup ends: the schedule takes the warmup's ramp while step <
-    warmup_steps (models/optimizers.py, as GPT-Neo's), so a decay starting inside it is skipped and the run is never
-    annealed (a short branch would train exactly as its trunk and be fitted as an annealed point)."""
-    decay_from = branch_start(run.steps, rules.decay_share)
-    if run.warmup_steps > decay_from:
-        raise LadderError(f"run {run.name} would start its decay at step {decay_from}, inside its {run.warmup_steps}-step "
-                          f"warmup, and never anneal: raise \"chinchilla_multiples\" or lower \"rules\"."
-                          f"warmup_tokens_per_param (now {rules.warmup_tokens_per_param:g})")
+    """The config's check (schema.check_decay_after_warmup) on a run, in the ladder's words: a warmup past the
+    branch start would cut into the decay or skip it, and a short branch trained exactly as its trunk would be
+    fitted as an annealed point."""
+    try:
+        check_decay_after_warmup(run.warmup_steps, run.steps, rules.decay_share)
+    except ConfigError:
+        raise LadderError(f"run {run.name} would start its decay at step {branch_start(run.steps, rules.decay_share)}, "
+                          f"inside its {run.warmup_steps}-step warmup, and never anneal: raise "
+                          f"\"chinchilla_multiples\" or lower \"rules\".warmup_tokens_per_param (now "
+                          f"{rules.warmup_tokens_per_param:g})") from None
 
 
 def batch_sequences(n: float, spec: LadderSpec, n_ctx: int) -> int:

@@ -117,3 +117,46 @@ def test_the_schema_imports_nothing_of_the_project():
     project = {name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)) or name.endswith(".py")}
     assert {"models", "devices", "config"} <= {p.removesuffix(".py") for p in project}
     assert not imported & {p.removesuffix(".py") for p in project}
+
+
+def scheduled_rates(cfg: GPTConfig, steps: range) -> list:
+    """models/optimizers.learning_rate of the update from each global step in `steps`."""
+    import tensorflow.compat.v1 as tf
+    from models.optimizers import learning_rate
+    with tf.Graph().as_default(), tf.Session() as session:
+        return [float(r) for r in session.run(learning_rate(cfg, tf.constant(list(steps), tf.int64)))]
+
+
+@pytest.mark.parametrize("train_steps, decay_end, share", [(100, None, 0.2), (13, None, 0.2), (100, 40, 0.5),
+                                                           (10, None, 0.3), (7, None, 1.0)])
+def test_a_wsd_warmup_may_end_at_the_last_step_at_the_peak_and_no_later(train_steps, decay_end, share):
+    """A "wsd" run whose warmup runs past its last step at the peak lr never holds the peak and has its decay cut
+    short (at worst skipped: never annealed). The boundary comes from the schedule itself: the largest warmup after
+    which the schedule still reaches lr is accepted, its lr falls after the decay start down to the floor, and one
+    step more is refused in one line naming the keys. (Bugs: the check comparing warmup_steps >= the last peak step,
+    so the largest good warmup is refused; or > the last peak step + 1, so a warmup that never reaches the peak is
+    accepted; or not run.)"""
+    values = dict(TINY, lr=1e-3, lr_decay="wsd", lr_decay_share=share, train_steps=train_steps,
+                  **({"lr_decay_end": decay_end} if decay_end else {}))
+    end = decay_end or train_steps
+    at_peak = [s for s, rate in enumerate(scheduled_rates(config_from_dict(values), range(end + 1)))
+               if rate == pytest.approx(1e-3, rel=1e-6)]  # without warmup: the steps the decay holds lr at
+    largest = max(at_peak)
+    assert at_peak == list(range(largest + 1))
+
+    cfg = config_from_dict(dict(values, warmup_steps=largest))  # accepted
+    rates = scheduled_rates(cfg, range(end + 1))
+    assert rates[largest] == pytest.approx(1e-3, rel=1e-6)  # the warmup reaches the peak...
+    assert all(b < a for a, b in zip(rates[largest:], rates[largest + 1:]))  # ...and from there lr falls each step
+    assert rates[end] == pytest.approx(1e-4, rel=1e-5)  # to the floor: annealed
+
+    one_more = dict(values, warmup_steps=largest + 1)
+    too_long = dataclasses.replace(cfg, warmup_steps=largest + 1)  # the schedule of the config refused
+    assert max(scheduled_rates(too_long, range(end + 1))) < 1e-3 * (1 - 1e-6)  # it never reaches lr
+    assert error_of(**one_more) == (
+        f"warmup_steps ({largest + 1}) runs past step {largest}, where lr_decay \"wsd\" starts its decay (the last "
+        f"lr_decay_share {share:g} of {end} steps), so the run would never hold its peak lr and its decay would be "
+        f"cut short: set warmup_steps to at most {largest}, or raise lr_decay_end (default train_steps) or lower "
+        f"lr_decay_share")
+    for decay in ("cosine", "linear"):  # their decays start at step 0: GPT-Neo's warmup overlaps them, as before
+        assert config_from_dict(dict(one_more, lr_decay=decay)).warmup_steps == largest + 1
