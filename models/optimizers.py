@@ -182,14 +182,14 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
     takes_gradient_scale = True  # train/optimizer.py: the clipping factor goes to `gradient_scale`, not the grads
     takes_condition = True  # and float16's gate to `condition`, not train/optimizer.AssignIf
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, fused: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.gradient_scale = None  # an mtf scalar, or None: 1
         self.condition = None  # a boolean mtf scalar, or None: always applied
         # False on TPU meshes (train/step.py): there XLA compiles the whole replicated step, so one pass gains
         # nothing, and the fused op's autostack off made a v3-512 GPT-3 13B graph 2.9x slower to build
         # (docs/tpus.md): each variable gets its own update (mtf.Assign), which autostack may combine.
-        self.fused = True
+        self.fused = fused
 
     def apply_grads(self, grads, variables) -> list:
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
@@ -242,15 +242,15 @@ class AdamWeightDecay(mtf.optimize.AdamWeightDecayOptimizer):
         return self.apply_grads([grad], [var])
 
 
-def _adam(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
+def _adam(cfg: GPTConfig, lr: mtf.Tensor, fused: bool) -> mtf.optimize.Optimizer:
     # Slots are named `<var>/adam_m|adam_v` (its entry's slot_pattern), which HF's GPT-Neo loader knows to skip.
     return AdamWeightDecay(learning_rate=lr, weight_decay_rate=cfg.weight_decay, beta_1=cfg.beta1,
-                           beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY)
+                           beta_2=cfg.beta2, epsilon=cfg.epsilon, exclude_from_weight_decay=NO_DECAY, fused=fused)
 
 
-def _adafactor(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
+def _adafactor(cfg: GPTConfig, lr: mtf.Tensor, fused: bool) -> mtf.optimize.Optimizer:
     # mesh-tensorflow's: the update is relative to each weight's scale; weight_decay is Adam's only. Its slots
-    # are `<var>_slot_v|vr|vc|m` (its entry's slot_pattern).
+    # are `<var>_slot_v|vr|vc|m` (its entry's slot_pattern). It has no fused pass: `fused` chooses nothing.
     return mtf.optimize.AdafactorOptimizer(learning_rate=lr, beta1=cfg.beta1, epsilon1=cfg.ada_epsilon1,
                                            epsilon2=cfg.ada_epsilon2)
 
@@ -258,7 +258,9 @@ def _adafactor(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
 @dataclass(frozen=True)
 class Optimizer:
     """One registered optimizer: how it is made, and how its slot variables are named in a checkpoint."""
-    make: Callable[[GPTConfig, mtf.Tensor], mtf.optimize.Optimizer]  # (cfg, learning rate) -> the optimizer
+    # (cfg, learning rate, fused) -> the optimizer; `fused` False (TPU meshes): one with a fused pass over all
+    # variables updates each on its own instead (an optimizer without such a pass ignores it)
+    make: Callable[[GPTConfig, mtf.Tensor, bool], mtf.optimize.Optimizer]
     # a regular expression matching a slot's whole name, whose group `variable` is its variable's; None: no slots
     slot_pattern: Optional[str] = None
 
@@ -277,8 +279,9 @@ def slot_patterns() -> dict[str, str]:
     return {name: entry.slot_pattern for name, entry in OPTIMIZERS.items() if entry.slot_pattern}
 
 
-def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor) -> mtf.optimize.Optimizer:
-    return OPTIMIZERS[cfg.opt_name].make(cfg, lr)
+def make_optimizer(cfg: GPTConfig, lr: mtf.Tensor, fused: bool = True) -> mtf.optimize.Optimizer:
+    """cfg's optimizer (opt_name) at learning rate `lr`; `fused` as its entry's `make` takes it."""
+    return OPTIMIZERS[cfg.opt_name].make(cfg, lr, fused)
 
 
 # lr_decay name -> the fraction of lr at progress p (0 at the start, 1 at lr_decay_end) of a config: 1 down to 0.1.

@@ -24,7 +24,7 @@ def test_an_unknown_optimizer_decay_or_sampling_mode_lists_the_registered_ones()
 
 
 def test_a_registered_optimizer_decay_and_sampling_mode_are_accepted_and_used(monkeypatch):
-    monkeypatch.setitem(optimizers.OPTIMIZERS, "sgd", optimizers.Optimizer(lambda cfg, lr: ("sgd", cfg.lr)))
+    monkeypatch.setitem(optimizers.OPTIMIZERS, "sgd", optimizers.Optimizer(lambda cfg, lr, fused: ("sgd", cfg.lr)))
     monkeypatch.setitem(optimizers.LR_DECAYS, "constant", lambda progress, cfg: 1.0 + 0.0 * progress)
     cfg = tiny_config(opt_name="sgd", lr_decay="constant", lr=0.5, warmup_steps=0)
     assert optimizers.make_optimizer(cfg, None) == ("sgd", 0.5)

@@ -94,9 +94,7 @@ def apply_gradients(grads: list, variables: list, cfg: GPTConfig, lr: mtf.Tensor
     fused pass over all variables (models/optimizers.AdamWeightDecay) updates each variable on its own."""
     grads = [None if g is None else mtf.to_float(g) for g in grads]  # bf16 activations give bf16 gradients
     grad_norm = None
-    optimizer = make_optimizer(cfg, lr)
-    if hasattr(optimizer, "fused"):
-        optimizer.fused = fused
+    optimizer = make_optimizer(cfg, lr, fused)
     if cfg.gradient_clipping:
         scale, grad_norm = clipping_scale(grads, cfg.gradient_clipping)
         if getattr(optimizer, "takes_gradient_scale", False):  # applied in the optimizer's own pass

@@ -140,7 +140,8 @@ def test_training_loop_on_a_v3_32_pod():
     # Adam updates each variable on its own on a TPU mesh, in one grouped Assign, so autostack combines the small
     # variables of one shape (the fused pass of CPU and GPU meshes keeps it off: a v3-512 graph took 2.9 times as
     # long to build; docs/tpus.md): 16 slice variables per core, not 51. Bugs caught: train/step.py passing
-    # fused=True on SIMD meshes, models/optimizers._per_variable returning its Assigns uncombined (none stacked).
+    # fused=True on SIMD meshes, or models/optimizers.make_optimizer not handing it to the optimizer it builds;
+    # models/optimizers._per_variable returning its Assigns uncombined (none stacked).
     sliced = {op.name.rsplit("_slice_", 1)[0] for op in ops if op.type == "VarHandleOp" and "_slice_" in op.name}
     assert any("/stacked/" in name for name in sliced) and len(sliced) == 16
 

@@ -1,6 +1,7 @@
 """models/optimizers.py: the fused Adam step equals mesh-tensorflow's AdamWeightDecayOptimizer; which weights
 weight decay shrinks on the real model; the learning-rate schedule, and the step whose rate each update
 applies."""
+import functools
 import math
 import shutil
 
@@ -26,10 +27,11 @@ def initial_values(seed=0) -> dict:
             "g_w": rng.randn(8, 6), "g_w2": rng.randn(8, 6), "g_o_b": rng.randn(6)}
 
 
-def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, lr=0.01, steps=2, fused=True):
+def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, lr=0.01, steps=2):
     """`steps` Adam steps on the variables of initial_values with fp32 masters and activations (what the model
     reads) in `activation_dtype`; returns their values and slots, read from the masters after the last step.
-    `fused` False: AdamWeightDecay's update per variable, as on TPU meshes (train/step.py)."""
+    `optimizer_class` may be AdamWeightDecay with fused=False: its update per variable, as on TPU meshes
+    (train/step.py)."""
     start = {k: v.astype(np.float32) for k, v in initial_values().items()}
     graph = tf.Graph()
     with graph.as_default():
@@ -46,8 +48,6 @@ def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, 
         lr = mtf.import_fully_replicated(mesh, tf.constant(lr), mtf.Shape([]))
         optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=0.1, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
                                     exclude_from_weight_decay=NO_DECAY)
-        if not fused:
-            optimizer.fused = False
         updates = optimizer.apply_grads(grads, variables)
         lowering = mtf.Lowering(mtf_graph, {mesh: impl}, autostack=autostack_allowed(updates))  # as training lowers
         step = tf.group([lowering.lowered_operation(op) for op in updates])
@@ -104,7 +104,8 @@ def test_adam_updates_the_fp32_master_whatever_the_model_reads(activation_dtype,
     lr, steps = 1e-6, 3
     oracle = adam_oracle(lr, steps)
     start = initial_values()
-    got = two_steps(AdamWeightDecay, mesh_shape, layout, activation_dtype, lr=lr, steps=steps, fused=fused)
+    got = two_steps(functools.partial(AdamWeightDecay, fused=fused), mesh_shape, layout, activation_dtype, lr=lr,
+                    steps=steps)
     for name in ("w", "w2", "o_b"):
         moved, expected = got[name] - start[name].astype(np.float32), oracle[name] - start[name]
         assert np.abs(expected).min() > 5e-7  # every weight moves, by far less than a bf16 ulp
