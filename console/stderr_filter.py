@@ -44,7 +44,10 @@ CHATTER = (
     r"|.*SetPriority unimplemented"
     # oneDNN on a CPU without AVX-512 (runtime_defaults turns it on there) runs boolean and (emulated) bf16 ops
     # on Eigen, and says so
-    r"|oneDNN supports DT_(BOOL|BFLOAT16) only on platforms with AVX-512\. Falling back to the default Eigen-based)",
+    r"|oneDNN supports DT_(BOOL|BFLOAT16) only on platforms with AVX-512\. Falling back to the default Eigen-based"
+    # XLA's compile cache (console/environment.py) reads each entry as a text proto first, then as the binary
+    # one it is: every entry loaded says so
+    r"|Error parsing text-format tensorflow\.XlaSerializedCacheEntry: )",
     r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.",
     r"^oneDNN custom operations are on\.",
 )

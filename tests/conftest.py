@@ -35,6 +35,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # its workers start, and they and every main.py they start inherit it. The suite's trainings compile the same
 # tiny kernels again and again (once per device of a mesh, per session, per process): a 4-device training's first
 # step took 17 CPU s with a cold cache, 6 with a warm one (2-core AVX2 EPYC). The executables are the same.
+# The product keeps one in ~/.cache by default (console/environment.py); the run's own, named here before
+# runtime_defaults runs, takes its place, so the tests neither read nor write the user's.
 if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
     import atexit
     import shutil

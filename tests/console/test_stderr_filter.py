@@ -22,6 +22,8 @@ CHATTER_LINES = [
     "W0000 00:00:1731200000.3 12345 thread.cc:45] SetPriority unimplemented",
     "E0000 00:00:1795502311.508494   26205 util.cc:131] oneDNN supports DT_BOOL only on platforms with AVX-512. Falling back to the default Eigen-based implementation if present.",
     "E0000 00:00:1795845701.568133   26519 util.cc:131] oneDNN supports DT_BFLOAT16 only on platforms with AVX-512. Falling back to the default Eigen-based implementation if present.",
+    # each entry XLA's compile cache loads (read as a text proto first, then as the binary one it is)
+    "E0000 00:00:1795884164.559335    2345 text_format.cc:378] Error parsing text-format tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 4",
     # tensorflow-tpu's libtpu on a machine without a TPU
     "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type, please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise libtpu.so may not properly initialize.",
     "WARNING: Logging before InitGoogle() is written to STDERR",
