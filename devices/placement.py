@@ -51,6 +51,9 @@ class Placement:
     op_listing: ClassVar[Optional[str]] = None
     # Whether a step's outputs must be made whole on every device before they leave the mesh (mtf.anonymize).
     whole_outputs: ClassVar[bool] = False
+    # Whether programs of one model may be built into one graph, one session holding one copy of the weights for
+    # them all (infer/run.py's Predictor): the mesh's masters and slices are the same variables in each.
+    programs_share_weights: ClassVar[bool] = True
 
     @property
     def device_kind(self) -> str:

@@ -129,6 +129,9 @@ class TpuPlacement(Placement):
 
     op_listing: ClassVar[Optional[str]] = "not listed on TPUs (XLA compiles the whole step, or fails)"
     whole_outputs: ClassVar[bool] = True  # the SIMD mesh exports only tensors whole on every core
+    # Each program runs in a replicated loop of its own, whose count variable it sets as it goes (LoopSteps), with
+    # its own infeed and outfeed: kept in a graph and session of its own, with its own copy of the weights.
+    programs_share_weights: ClassVar[bool] = False
 
     @classmethod
     def matches(cls, request: DeviceRequest) -> bool:

@@ -13,6 +13,7 @@ session that restores a checkpoint (execution/mesh_session.py) and `run` runs st
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -112,21 +113,66 @@ class StepPerCall:
         return (results, report) if listing else results
 
 
+VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+
+
+def variable_names(graph: tf.Graph) -> set:
+    """The names of every variable in `graph`, in a collection or not (mesh-tensorflow's slices are in none)."""
+    return {op.name for op in graph.get_operations() if op.type in VARIABLE_OPS}
+
+
+def variable_bytes(graph: tf.Graph) -> int:
+    """The bytes of every variable in `graph` (what a session on it holds for them): masters, slices, state."""
+    return sum(tf.TensorShape(op.get_attr("shape")).num_elements() * tf.as_dtype(op.get_attr("dtype")).size
+               for op in graph.get_operations() if op.type in VARIABLE_OPS)
+
+
+def reusing_variables():
+    """The default graph's variables found by name when built again (tf.get_variable, which mesh-tensorflow's
+    masters and slices are made by), created where missing."""
+    return tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE)
+
+
+@contextlib.contextmanager
+def unfinalized(graph: tf.Graph):
+    """`graph` open to new ops inside, finalized again after if it was: a session's graph stays closed to the
+    ops a running loop might add by mistake (execution/mesh_session.py), but takes a program built into it."""
+    was_finalized = graph.finalized
+    if was_finalized:
+        graph._unsafe_unfinalize()  # TF's own way back (no public one): the graph is extended, not rewritten
+    try:
+        yield graph
+    finally:
+        if was_finalized:
+            graph.finalize()
+
+
 class Program:
-    """`step` built on `placement` over `inputs`, in a graph of its own, ready to open a session on and run.
+    """`step` built on `placement` over `inputs`, in a graph of its own (or `graph`), ready to open a session on
+    and run.
 
     `steps_per_call`: how many steps one session call may run where the placement runs several per call (a
-    TPU's loop; elsewhere one). `seed`: the graph's random seed (training's; None leaves TensorFlow's)."""
+    TPU's loop; elsewhere one). `seed`: the graph's random seed (training's; None leaves TensorFlow's).
 
-    def __init__(self, cfg, placement, step: Step, inputs, steps_per_call: int = 1, seed: Optional[int] = None):
+    `graph`: build into this graph (finalized or not) instead of a new one, beside the programs of the same model
+    built there before, whose tf variables (mesh-tensorflow's masters and the devices' slices, found by name) this
+    one uses instead of creating its own: one copy of the weights, in a session open on the graph, serves them all
+    (infer/run.py's Predictor). `created_variables`: the names of the variables this build created (a program
+    sharing another's weights creates none)."""
+
+    def __init__(self, cfg, placement, step: Step, inputs, steps_per_call: int = 1, seed: Optional[int] = None,
+                 graph: Optional[tf.Graph] = None):
         self.placement, self.inputs = placement, inputs
-        self.graph = tf.Graph()
+        self.graph = graph if graph is not None else tf.Graph()
+        existing = variable_names(self.graph)
         # The fused kernels' path is the placement's: every kernel built while the step is built reads it.
-        with self.graph.as_default(), common.kernels(placement.kernels):
+        with unfinalized(self.graph), self.graph.as_default(), common.kernels(placement.kernels), \
+                (reusing_variables() if graph is not None else contextlib.nullcontext()):
             if seed is not None:
                 tf.set_random_seed(seed)
             self.driver = placement.steps(inputs.tensors, lambda tensors: step(*placement.mesh(cfg), tensors),
                                           steps_per_call)
+        self.created_variables = sorted(variable_names(self.graph) - existing)
         self.lowered = self.driver.lowered
         self._listing, self._listing_out, self._on_listed = False, None, None
         self.placement_report = None  # execution.op_listing.PlacementReport of the first step, after list_placement()

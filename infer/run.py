@@ -19,40 +19,68 @@ from models.optimizers import slot_patterns
 
 
 def prediction_program(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
-                       options=None) -> runner.Program:
+                       options=None, graph: Optional[tf.Graph] = None) -> runner.Program:
     """infer/outputs.py's outputs on the placement for `batch_size` rows like those of `rows`, fed per call. The
     graph seed is training's: without a checkpoint, the outputs are those of the initial weights training starts
-    from."""
+    from. `graph`: built into it, using the weights of the programs built there before (runner.Program)."""
     def step(mesh, impl, features):
         return outputs.predictions(cfg, mesh, impl, features, options, gather=placement.whole_outputs)
-    return runner.Program(cfg, placement, step, runner.Fed.like(rows, batch_size), seed=cfg.seed)
+    return runner.Program(cfg, placement, step, runner.Fed.like(rows, batch_size), seed=cfg.seed, graph=graph)
 
 
 class Predictor:
     """infer/outputs.py's outputs from one checkpoint, over programs built once per kind of rows (their arrays'
-    dtypes and row shapes, the batch size and the sampling options) and kept, each with its session open:
-    `restore(checkpoint)` moves them all to another checkpoint of the model without building anything again.
-    Training's evaluations at each checkpoint score through one (evals/tasks.py, evals/harness.py); each program
-    kept holds one copy of the model's weights (no optimizer state) until `close`."""
+    dtypes and row shapes, the batch size and the sampling options) and kept: `restore(checkpoint)` moves them all
+    to another checkpoint of the model without building anything again. Training's evaluations at each checkpoint
+    score through one (evals/tasks.py, evals/harness.py).
+
+    Every program is built into one graph, whose one session holds one copy of the model's weights (no optimizer
+    state) for them all until `close`: the mesh's variables are found by name by each later build, so a program
+    adds its ops and no weights, and a restore reads the checkpoint once. On a TPU (placement.programs_share_weights
+    false) each program keeps a graph and session of its own, and a copy of the weights each."""
 
     def __init__(self, cfg: GPTConfig, placement: Placement, checkpoint: Optional[str] = None):
         if checkpoint and tf.io.gfile.isdir(checkpoint):
             checkpoint = checkpoints.require_checkpoint(checkpoint)
         self.cfg, self.placement, self.checkpoint = cfg, placement, checkpoint
         self._programs: dict = {}  # key -> (program, session)
+        self._shared: Optional[tuple] = None  # (graph, session) every program is built into and run in, once open
+
+    @property
+    def _sessions(self) -> list:
+        """Each open session once."""
+        return list({id(session): session for _, session in self._programs.values()}.values())
+
+    def variable_bytes(self) -> int:
+        """The bytes of the variables its open sessions hold: one copy of the weights (with a mesh of several
+        devices, their masters and the devices' slices) where programs share them, a copy per program on a TPU."""
+        return sum(runner.variable_bytes(graph) for graph in
+                   {id(program.graph): program.graph for program, _ in self._programs.values()}.values())
 
     def restore(self, checkpoint: str) -> None:
         """Every program kept restored from `checkpoint` (a prefix), and the ones built from now on opened at it."""
         self.checkpoint = checkpoint
-        for _, session in self._programs.values():
+        for session in self._sessions:
             session.restore(checkpoint)
 
     def _program(self, rows: dict, batch_size: int, options):
         key = (tuple((name, value.dtype.str, value.shape[1:]) for name, value in sorted(rows.items())), batch_size,
                options)
         if key not in self._programs:
-            program = prediction_program(self.cfg, self.placement, rows, batch_size, options)
-            self._programs[key] = (program, program.open(self.checkpoint, slot_patterns(), inference=True))
+            if self._shared is not None:
+                graph, session = self._shared
+                program = prediction_program(self.cfg, self.placement, rows, batch_size, options, graph)
+                if program.created_variables:  # uninitialised in the open session: a model that is not the same
+                    raise RuntimeError(f"a prediction program of {self.cfg.model_path} for other rows created "
+                                       f"variables the first one lacks ({', '.join(program.created_variables[:3])}"
+                                       f"): its weights cannot be shared")
+            else:
+                graph = tf.Graph() if self.placement.programs_share_weights else None
+                program = prediction_program(self.cfg, self.placement, rows, batch_size, options, graph)
+                session = program.open(self.checkpoint, slot_patterns(), inference=True)
+                if graph is not None:
+                    self._shared = (graph, session)
+            self._programs[key] = (program, session)
         return self._programs[key]
 
     def predict(self, rows: dict, batch_size: int, options=None, progress: bool = False,
@@ -79,9 +107,10 @@ class Predictor:
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def close(self) -> None:
-        for _, session in self._programs.values():
+        for session in self._sessions:
             session.close()
         self._programs.clear()
+        self._shared = None
 
     def __enter__(self) -> "Predictor":
         return self

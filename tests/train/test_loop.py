@@ -225,9 +225,9 @@ def test_a_run_evaluating_at_every_checkpoint_builds_its_programs_once_and_evalu
     built, opened, losses = [], [], {}
     program_init, program_open, log_step = runner.Program.__init__, runner.Program.open, progress.Progress.step
 
-    def counted_init(self, cfg, placement, step, inputs, steps_per_call=1, seed=None):
+    def counted_init(self, cfg, placement, step, inputs, steps_per_call=1, seed=None, **kwargs):
         built.append(type(inputs).__name__)
-        program_init(self, cfg, placement, step, inputs, steps_per_call, seed)
+        program_init(self, cfg, placement, step, inputs, steps_per_call, seed, **kwargs)
 
     monkeypatch.setattr(runner.Program, "__init__", counted_init)
     monkeypatch.setattr(runner.Program, "open", lambda self, *a, **k: opened.append(self) or program_open(self, *a, **k))
