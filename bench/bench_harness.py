@@ -11,13 +11,20 @@ The model (default: 4 layers, 256 wide, 8 heads, context 256, global/local with 
 (3 choices), LAMBADA-style last word, rolling perplexity over texts of ~1-3 contexts, and generation of up to
 16 tokens. Each side runs each task through the harness's evaluator (simple_evaluate) in its own process, both
 with batch size 16; the time is the evaluator's (requests built, run and scored; our graph builds and session
-starts are in it, HF's model load is not). Results are printed as a table with the ratio ours / hf.
+starts are in it, HF's model load is not). Ours scores through one infer/run.py Predictor kept across the tasks,
+as the harness's runs do (evals/harness.py). Results are printed as a table with the ratio ours / hf, then each
+side's memory: the process's peak RSS against the model's float32 weights, and for ours the bytes of the
+variables its Predictor's sessions hold (one copy of the weights for all its programs).
+
+    .venv/bin/python bench/bench_harness.py --only ours --n_layer 8 --n_embd 512   # memory, larger weights
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -130,7 +137,8 @@ def prepare(args, folder: str) -> None:
 
 
 def worker(side: str, folder: str, batch_size: int) -> dict:
-    """Each task through simple_evaluate with one side's model: seconds and examples."""
+    """Each task through simple_evaluate with one side's model: seconds and examples; then the memory: the
+    process's peak RSS, the weights' bytes and (ours) the bytes of the variables the Predictor holds."""
     from evals import harness
     prepared = harness.prepare(harness.HarnessOptions(tasks=TASKS, include_path=os.path.join(folder, "tasks")))
     if side == "ours":
@@ -138,15 +146,20 @@ def worker(side: str, folder: str, batch_size: int) -> dict:
         from data.tokenizer import load_for_config
         from evals.harness_model import CheckpointLM
         from devices.placement import cpu_devices, local_placement
+        from infer.run import Predictor
+        from models import gpt
         cfg = load_config(os.path.join(folder, "configs", "bench.json"))
         placement = local_placement(cpu_devices(1), None)
-        lm = CheckpointLM(cfg, placement, os.path.join(cfg.model_path, "model.ckpt-0"), load_for_config(cfg),
-                          batch_size)
+        checkpoint = os.path.join(cfg.model_path, "model.ckpt-0")
+        predictor = Predictor(cfg, placement, checkpoint)
+        lm = CheckpointLM(cfg, placement, checkpoint, load_for_config(cfg), batch_size, predictor=predictor)
+        weight_bytes = 4 * sum(math.prod(shape) for shape in gpt.variable_shapes(cfg).values())
     else:
         import torch
         from lm_eval.models.huggingface import HFLM
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         lm = HFLM(pretrained=os.path.join(folder, "hf"), device="cpu", batch_size=batch_size, dtype="float32")
+        weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     from lm_eval import evaluator
     results = {}
     for name, task in zip(TASKS, prepared.tasks):
@@ -155,7 +168,11 @@ def worker(side: str, folder: str, batch_size: int) -> dict:
                                         log_samples=False)
         seconds = time.perf_counter() - start
         results[name] = {"seconds": seconds, "examples": out["n-samples"][name]["effective"]}
-    return results
+    memory = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "weights": weight_bytes}
+    if side == "ours":
+        memory.update(held=predictor.variable_bytes(), programs=len(predictor._programs))
+        predictor.close()
+    return {"tasks": results, "memory": memory}
 
 
 def main() -> int:
@@ -168,6 +185,7 @@ def main() -> int:
     p.add_argument("--n_ctx", type=int, default=256)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--only", choices=["ours", "hf"], help="run one side only (its speed and memory lines)")
     p.add_argument("--worker", choices=["ours", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -177,7 +195,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         prepare(args, folder)
         measured = {}
-        for side in ("ours", "hf"):
+        for side in (args.only,) if args.only else ("ours", "hf"):
             run = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", side, "--folder", folder,
                                   "--batch_size", str(args.batch_size)], capture_output=True, text=True)
             lines = [line for line in run.stdout.splitlines() if line.startswith(MARK)]
@@ -187,11 +205,21 @@ def main() -> int:
             measured[side] = json.loads(lines[-1][len(MARK):])
     print(f"model: {args.n_layer} layers x {args.n_embd}, {args.n_head} heads, n_ctx {args.n_ctx}, vocab 4096; "
           f"batch {args.batch_size}; {os.cpu_count()} CPUs")
-    print(f"{'task':<16}{'examples':>9}{'ours ex/s':>11}{'hf ex/s':>10}{'ours/hf':>9}")
+    sides = list(measured)
+    print(f"{'task':<16}{'examples':>9}" + "".join(f"{side + ' ex/s':>11}" for side in sides)
+          + (f"{'ours/hf':>9}" if len(sides) == 2 else ""))
     for task in TASKS:
-        ours, hf = measured["ours"][task], measured["hf"][task]
-        rate_ours, rate_hf = ours["examples"] / ours["seconds"], hf["examples"] / hf["seconds"]
-        print(f"{task:<16}{ours['examples']:>9}{rate_ours:>11.1f}{rate_hf:>10.1f}{rate_ours / rate_hf:>9.2f}")
+        runs = [measured[side]["tasks"][task] for side in sides]
+        rates = [r["examples"] / r["seconds"] for r in runs]
+        print(f"{task:<16}{runs[0]['examples']:>9}" + "".join(f"{rate:>11.1f}" for rate in rates)
+              + (f"{rates[0] / rates[1]:>9.2f}" if len(sides) == 2 else ""))
+    mb = 2 ** 20
+    for side in sides:
+        memory = measured[side]["memory"]
+        held = (f", variables held {memory['held'] / mb:.0f} MiB ({memory['held'] / memory['weights']:.2f} x the "
+                f"weights) by {memory['programs']} programs" if "held" in memory else "")
+        print(f"memory {side}: peak RSS {memory['peak_rss'] / mb:.0f} MiB, weights {memory['weights'] / mb:.0f} MiB "
+              f"float32{held}")
     return 0
 
 
