@@ -3,9 +3,10 @@ context (and GPT-Neo's sampler) does it.
 
 Sampling runs the model twice over:
 
-* once in **prefill** mode over the whole `[batch, sequence]` token tensor: the pass is the ordinary one, and
-  every attention layer also records its keys and values, renamed to `[batch, memory_length, heads,
-  features_per_head]`, in `state.new_states`;
+* once in **prefill** mode over the `[batch, sequence]` token tensor, or over its first `prefill_length`
+  positions (models/sampling.py): the pass is the ordinary one, and every attention layer also records its keys
+  and values, renamed to `[batch, memory_length, heads, features_per_head]` and padded with zeros to
+  `cache_length` (n_ctx), in `state.new_states`;
 * then once per new token in **step** mode: the tokens are `[batch]` (the token at `position - 1`), each
   attention layer takes its (k, v) cache from `state.states` in layer order, writes this token's key and value
   at `position - 1`, attends from this one query over the cache and records the updated cache.
@@ -45,13 +46,14 @@ INCREMENTAL_SAFE_OPTIONS = {"mlp_glu", "scalenorm", "rezero", "macaron", "share_
 class DecodeState:
     """What one pass of `gpt.logits` needs to know about decoding; see the module docstring."""
 
-    def __init__(self, mode: str, position: Optional[mtf.Tensor] = None, states=()):
+    def __init__(self, mode: str, position: Optional[mtf.Tensor] = None, states=(), cache_length: Optional[int] = None):
         if mode not in (PREFILL, STEP):
             raise ValueError(f"mode must be {PREFILL!r} or {STEP!r}, got {mode!r}")
         if mode == STEP and position is None:
             raise ValueError("step mode needs the position whose logits are computed")
         self.mode = mode
         self.position = position
+        self.cache_length = cache_length  # prefill: the caches' memory length (default: the prefill's length)
         self.states = list(states)
         self.new_states: list = []
         self._next = 0
@@ -97,9 +99,13 @@ def record_prefill(state: DecodeState, k: mtf.Tensor, v: mtf.Tensor, sequence: m
     models/kernels/decode.py)."""
     def as_cache(x):
         x = mtf.replace_dimensions(x, sequence, memory_length)
+        if state.cache_length is not None and state.cache_length > memory_length.size:  # a prefill shorter than
+            # the context: zeros after it, masked from every step until that step has written its position
+            x = mtf.pad(x, [0, state.cache_length - memory_length.size], memory_length.name)
         rest = [d for d in x.shape.dims if d.name not in (memory_length.name, "features_per_head")]
         kv = x.shape.get_dim_by_name("features_per_head")
-        return decode.private_copy(mtf.transpose(x, rest + [memory_length, kv]))
+        memory = x.shape.get_dim_by_name(memory_length.name)
+        return decode.private_copy(mtf.transpose(x, rest + [memory, kv]))
     state.record(as_cache(k), as_cache(v))
 
 

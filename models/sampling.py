@@ -9,7 +9,8 @@ Two ways to get each step's logits:
 
 * **incremental** (default): a prefill pass records every attention layer's keys and values, then each step
   runs the model on one token per row against that cache (models/kv_cache.py), so the cost of a new token does
-  not grow with the prompt;
+  not grow with the prompt. The prefill runs over the first `prefill_length` positions (callers pick the
+  `prefill_bucket` of their longest prompt), or all n_ctx where it is None;
 * **full recompute**: each step runs the whole context again. Used when `kv_cache` is false or the model has a
   layer type or option without an incremental path (`incremental_unsupported`).
 
@@ -20,6 +21,7 @@ every run, on every mesh layout, incremental or not.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,7 +31,7 @@ import tensorflow.compat.v1 as tf
 from models import gpt, kv_cache
 from models.entmax import entmax_tf
 from models.attention import ATTENTION, FULL_RECOMPUTE
-from schema import ConfigError, GPTConfig
+from schema import ConfigError, GPTConfig, dimension_is_split
 
 NEG_INF = -1e10
 
@@ -46,6 +48,7 @@ class SamplingOptions:
     incremental: bool = True   # use the kv cache where the model supports it
     entmax_alpha: Optional[float] = None  # sample from entmax_α(logits / temperature); None: the softmax
     stop_ids: tuple = ()       # more ids a row also ends at (the harness's stop sequences), the id kept like stop_id's
+    prefill_length: Optional[int] = None  # positions the kv cache's prefill runs over (`prefill_bucket`); None: n_ctx
 
     @classmethod
     def from_config(cls, cfg: GPTConfig, **changes) -> "SamplingOptions":
@@ -72,6 +75,24 @@ def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
 
 def uses_cache(cfg: GPTConfig, options: SamplingOptions) -> bool:
     return options.incremental and incremental_unsupported(cfg) is None
+
+
+def prefill_bucket(longest_prompt: int, n_ctx: int) -> int:
+    """The prefill length for prompts of up to `longest_prompt` tokens: the smallest power of two that holds
+    them, at most n_ctx, so that a few programs (one per bucket) serve every prompt length."""
+    return min(1 << max(int(longest_prompt) - 1, 0).bit_length(), n_ctx)
+
+
+def prefill_span(cfg: GPTConfig, options: SamplingOptions, sequence: mtf.Dimension) -> int:
+    """How many positions the prefill runs over: options.prefill_length, or the whole sequence where it is None
+    or where the layout splits the sequence or the cache's memory (mtf slices and pads only whole dimensions)."""
+    length = options.prefill_length
+    if length is None or dimension_is_split(cfg, sequence.name) or dimension_is_split(cfg, "memory_length"):
+        return sequence.size
+    if not 1 <= length <= sequence.size:
+        raise ConfigError(f"prefill_length must be in [1, {sequence.size}] (the context), got {length}: pick it "
+                          f"with models.sampling.prefill_bucket(longest prompt, n_ctx)")
+    return length
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -178,12 +199,26 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
     seq = dims.sequence
     incremental = uses_cache(cfg, options)
     # The first pass builds the variables (a while_loop body may only reuse them) and, when incremental,
-    # records the key/value caches of the prompts.
-    prefill = kv_cache.DecodeState(kv_cache.PREFILL) if incremental else None
-    gpt.logits(tokens, cfg, dims, train=False, cache=prefill)
-    caches = prefill.new_states if incremental else []
-
+    # records the key/value caches of the prompts: over the first `prefill_span` positions only, the caches
+    # padded to the whole context (a short prompt's prefill need not run over all n_ctx positions).
     start = mtf.reduce_min(prompt_lengths)
+    if incremental:
+        prefill = kv_cache.DecodeState(kv_cache.PREFILL, cache_length=seq.size)
+        span = prefill_span(cfg, options, seq)
+        if span < seq.size:
+            gpt.logits(mtf.slice(tokens, 0, span, seq.name), cfg,
+                       dataclasses.replace(dims, sequence=mtf.Dimension(seq.name, span)), train=False, cache=prefill)
+            # The steps write each position's keys and values before they read them, so the cache is right
+            # whatever the span if the loop starts no later than just past it: a prompt longer than the span is
+            # fed token by token, as longer prompts than the shortest always are.
+            start = mtf.minimum(start, span + 1)
+        else:
+            gpt.logits(tokens, cfg, dims, train=False, cache=prefill)
+        caches = prefill.new_states
+    else:
+        gpt.logits(tokens, cfg, dims, train=False)
+        caches = []
+
     limit = mtf.minimum(prompt_lengths + options.max_new_tokens, seq.size)  # per row: end of its new tokens
     end = mtf.reduce_max(limit)
     done = mtf.cast(mtf.greater_equal(prompt_lengths, limit), tf.int32)  # rows whose prompt fills the context

@@ -4,10 +4,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from schema import option
+from schema import ConfigError, option
 from config import replace
 from models.attention import ATTENTION, FULL_RECOMPUTE
-from models.sampling import SamplingOptions, incremental_unsupported, uses_cache
+from models.sampling import SamplingOptions, incremental_unsupported, prefill_bucket, prefill_span, uses_cache
 from infer.run import Predictor
 from tiny import (checkpoint_of_order_one_weights, devices_for, placement_for, random_tokens, run_predict,
                   tiny_config, train)
@@ -254,3 +254,88 @@ def test_model_options_decode_with_the_cache_where_they_can_and_fall_back_where_
     out, out_lengths = sample(moe, tokens, lengths, temperature=1.0)
     np.testing.assert_array_equal(out_lengths, lengths + MAX_NEW)
     assert ((out >= 0) & (out < moe.n_vocab)).all()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The prefill over a prompt bucket (SamplingOptions.prefill_length)
+
+
+def test_prefill_bucket_is_the_smallest_power_of_two_holding_the_longest_prompt_up_to_n_ctx():
+    """Guards `prefill_bucket` one short of the prompt (`max(longest - 2, 0)`: 3 -> 2) or one power too long."""
+    for longest in range(1, 40):
+        bucket = prefill_bucket(longest, 32)
+        assert bucket == min(32, 2 ** int(np.ceil(np.log2(longest)))), longest
+        assert bucket >= min(longest, 32) and (bucket == 1 or bucket // 2 < longest), longest
+
+
+def test_prefill_span_is_the_option_unless_the_layout_splits_the_sequence_or_the_cache():
+    """A split sequence or cache memory (mtf slices and pads only whole dimensions) prefills the whole context;
+    a length outside [1, n_ctx] is refused with one line naming prefill_bucket."""
+    import mesh_tensorflow as mtf
+    cfg = tiny_config()
+    sequence = mtf.Dimension("sequence", cfg.n_ctx)
+    assert prefill_span(cfg, SamplingOptions.from_config(cfg, prefill_length=4), sequence) == 4
+    assert prefill_span(cfg, SamplingOptions.from_config(cfg), sequence) == cfg.n_ctx
+    for layout in ("sequence:x", "memory_length:x"):
+        split = tiny_config(attention_types=[[["global"], 2]], mesh_shape="x:2", layout=layout)
+        assert prefill_span(split, SamplingOptions.from_config(split, prefill_length=4), sequence) == cfg.n_ctx
+    for wrong in (0, cfg.n_ctx + 1):
+        with pytest.raises(ConfigError, match="prefill_bucket"):
+            prefill_span(cfg, SamplingOptions.from_config(cfg, prefill_length=wrong), sequence)
+
+
+@pytest.fixture(scope="module")
+def order_one(tmp_path_factory):
+    """cfg's model at weights of order one (where the tokens follow the logits' shifts: see the mask test above),
+    a Predictor of it and rows whose longest prompt, 7, is in the bucket of 8 and whose shortest is 3."""
+    cfg = tiny_config(n_layer=4, attention_types=[[["local", "global"], 2]], local_attention_radius=3)
+    checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path_factory.mktemp("order_one") / "model.ckpt-1"))
+    tokens, lengths = prompts(cfg, lengths=(5, 3, 7, 4), seed=3)
+    with Predictor(cfg, placement_for(cfg), checkpoint) as kept:
+        yield cfg, checkpoint, kept, (tokens, lengths)
+
+
+HOT = dict(temperature=8.0, max_new_tokens=16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [dict(temperature=0.0, max_new_tokens=16), HOT], ids=["greedy", "sampled"])
+def test_a_prefill_over_the_prompts_bucket_gives_the_tokens_of_the_whole_contexts_prefill(order_one, options):
+    """The prefill over the bucket of the longest prompt (8 of n_ctx 16) and over one position only (shorter
+    than the shortest prompt: the loop then starts just past it and feeds the prompts token by token) give the
+    tokens of a prefill over all n_ctx positions. Guards the bucket's tokens or positions offset by one
+    (`mtf.slice(tokens, 1, ...)`), its cache padded in front (`[cache_length - P, 0]`), and a loop that starts
+    at the shortest prompt past a shorter prefill (no `mtf.minimum(start, span + 1)`: zeros read as keys)."""
+    cfg, _, predictor, rows = order_one
+    bucket = prefill_bucket(rows[1].max(), cfg.n_ctx)
+    assert bucket == 8
+    full = sample(cfg, *rows, seeds=np.arange(4), predictor=predictor, **options)
+    np.testing.assert_array_equal(full[1], cfg.n_ctx)
+    assert len({tuple(row) for row in full[0][:, 8:]}) > 1  # rows differ: the tokens tell
+    spans = (bucket, 1) if options["temperature"] == 0 else (bucket,)
+    for span in spans:
+        short = sample(cfg, *rows, seeds=np.arange(4), predictor=predictor, prefill_length=span, **options)
+        np.testing.assert_array_equal(short[0], full[0], err_msg=f"prefill_length {span}")
+        np.testing.assert_array_equal(short[1], full[1])
+
+
+@pytest.mark.slow
+def test_a_bucket_prefill_split_over_two_devices_gives_the_tokens_of_one_devices_whole_prefill(order_one):
+    """Split over heads, the layout that splits the caches themselves (an embd split was seen to pass too: one more
+    program, ~20 s). Guards a bucket's caches padded or laid out per device slice other than the whole one's."""
+    cfg, checkpoint, predictor, rows = order_one
+    one = sample(cfg, *rows, seeds=np.arange(4), predictor=predictor, **HOT)
+    split = sample(replace(cfg, mesh_shape="x:2", layout="heads:x"), *rows, seeds=np.arange(4), checkpoint=checkpoint,
+                   prefill_length=8, **HOT)
+    np.testing.assert_array_equal(split[0], one[0])
+
+
+@pytest.mark.slow
+def test_models_without_a_cache_ignore_the_prefill_length(order_one):
+    """A rotary model recomputes in full: the prefill length changes nothing (guards a full-recompute path that
+    took the bucket for its context)."""
+    cfg = tiny_config(rotary_emb=True)
+    assert not uses_cache(cfg, SamplingOptions.from_config(cfg))
+    tokens, lengths = prompts(cfg, lengths=(3, 6))
+    np.testing.assert_array_equal(sample(cfg, tokens, lengths, temperature=1.0, prefill_length=8)[0],
+                                  sample(cfg, tokens, lengths, temperature=1.0)[0])
