@@ -27,7 +27,7 @@ import numpy as np
 
 from data.errors import DataError
 from infer import run
-from models.sampling import SamplingOptions, incremental_unsupported
+from models.sampling import SamplingOptions, incremental_unsupported, prefill_bucket
 from modelpath import checkpoints
 from devices import precision
 
@@ -116,10 +116,13 @@ def completion(cfg, prompt_length: int, tokens, length: int) -> tuple[list, bool
 
 
 def run_rows(cfg, placement, rows: Batch, checkpoint: str) -> dict:
-    """Samples every row from the checkpoint, predict_batch_size rows at a time: {"tokens", "lengths"}."""
+    """Samples every row from the checkpoint, predict_batch_size rows at a time: {"tokens", "lengths"}. The kv
+    cache's prefill runs over the bucket of the longest prompt (models/sampling.prefill_bucket), not all n_ctx."""
     features = {"tokens": rows.tokens, "prompt_length": rows.prompt_length, "seed": rows.seed}
     label = f"sampling {len(rows.tokens)} x {cfg.max_new_tokens} new tokens"
-    return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, progress=True, label=label)
+    options = SamplingOptions.from_config(cfg, prefill_length=prefill_bucket(rows.prompt_length.max(), cfg.n_ctx))
+    return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, options, progress=True,
+                       label=label)
 
 
 def unused_prefix(model_path: str, step: int) -> str:

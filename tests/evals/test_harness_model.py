@@ -244,6 +244,32 @@ def test_generation_settings_the_sampler_does_not_follow_are_named_once(checkpoi
 
 
 @pytest.mark.slow
+def test_each_group_of_generations_prefills_over_its_longest_prompts_bucket(checkpoint_run, monkeypatch):
+    """generate_until asks the sampler for a prefill over the smallest power of two that holds the group's longest
+    prompt (capped at n_ctx), per group of generation settings, not over all n_ctx positions.
+    Bugs caught: the bucket of the shortest prompt (`min` for `max`), one bucket for every group."""
+    from models.sampling import prefill_bucket
+    _, cfg = checkpoint_run
+    seen = []
+
+    def fake_predict(rows, batch_size, options=None, on_batch=None):
+        seen.append((int(rows["prompt_length"].max()), options.prefill_length))
+        on_batch(len(rows["tokens"]))
+        return {"tokens": rows["tokens"], "lengths": rows["prompt_length"]}
+
+    with checkpoint_lm(cfg) as lm:
+        monkeypatch.setattr(lm, "_predict", fake_predict)
+        greedy, longer = {"until": ["\n"], "max_gen_toks": 2}, {"until": ["\n"], "max_gen_toks": 4}
+        lm.generate_until(instances("generate_until", [("x", dict(greedy)), ("def read_header(self, name):",
+                                                                              dict(greedy)), ("import os", dict(longer))]))
+    assert [length for length, _ in seen] == [len(lm.tok_encode("def read_header(self, name):")),
+                                              len(lm.tok_encode("import os"))]
+    assert seen[0][0] > 4 and seen[1][0] > 1  # buckets other than one another's or the shortest's
+    assert [bucket for _, bucket in seen] == [prefill_bucket(length, cfg.n_ctx) for length, _ in seen]
+    assert seen[0][1] != seen[1][1]
+
+
+@pytest.mark.slow
 def test_a_sampled_request_draws_the_same_sample_whichever_requests_run_beside_it(checkpoint_run):
     """A sampled generation (do_sample, temperature 1) is a function of the request and the config's seed alone:
     the same whether its neighbours run too (as --limit changes them) or in another order; identical requests

@@ -5,7 +5,8 @@ test_bad_inputs.py; sampling through main.py: tests/scenarios/test_predict_expor
 import numpy as np
 import pytest
 
-from infer.predict import build_rows, completion
+from infer.predict import build_rows, completion, run_rows
+from models.sampling import SamplingOptions
 from tiny import tiny_config
 
 
@@ -33,6 +34,20 @@ def test_rows_keep_a_long_prompts_last_tokens_start_an_empty_one_at_eos_and_seed
     assert len(set(rows.seed.tolist())) == 6
     np.testing.assert_array_equal(build_rows(cfg, CharTokenizer(), prompts, 2, seed=7).seed, rows.seed)
     assert not set(build_rows(cfg, CharTokenizer(), prompts, 2, seed=8).seed.tolist()) & set(rows.seed.tolist())
+
+
+def test_the_rows_are_sampled_with_the_prefill_over_the_longest_prompts_bucket(monkeypatch):
+    """--predict's sampling options are the config's with the kv cache's prefill over the smallest power of two
+    that holds the longest prompt (here 5 of n_ctx 16 -> 8), not all n_ctx positions.
+    Bugs caught: the bucket of the first or shortest row (`prompt_length[0]`: 3 -> 4), options left None."""
+    from infer import run
+    cfg = tiny_config(eos_id=0, padding_id=1)
+    rows = build_rows(cfg, CharTokenizer(), ["abc", "abcde", "a"], 1, seed=7)
+    seen = []
+    monkeypatch.setattr(run, "predict", lambda cfg, placement, features, batch_size, checkpoint, options=None,
+                        **kwargs: seen.append(options) or {})
+    run_rows(cfg, None, rows, "model.ckpt-1")
+    assert seen == [SamplingOptions.from_config(cfg, prefill_length=8)]
 
 
 @pytest.mark.parametrize("remove_partial_sequences", [False, True])
