@@ -135,9 +135,8 @@ def drop_broken_entries(directory: str, tmp_age_s: float = 3600) -> None:
     for name in names:
         path = os.path.join(directory, name)
         try:
-            if name.endswith(".pb") and not _whole_cache_entry(path):
-                os.remove(path)
-            elif name.endswith(".tmp") and now - os.path.getmtime(path) > tmp_age_s:
+            broken = name.endswith(".pb") and not _whole_cache_entry(path)
+            if broken or (name.endswith(".tmp") and now - os.path.getmtime(path) > tmp_age_s):
                 os.remove(path)
         except OSError:  # another process removed or replaced it
             continue

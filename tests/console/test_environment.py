@@ -58,7 +58,7 @@ def test_xla_cache_folder_is_keyed_by_tensorflow_and_the_cpu(tmp_path):
     AVX-512 and an AVX2 machine, or a TensorFlow upgrade, must not hand one the other's executables. Bug caught:
     the CPU's flags (or TF's version) left out of xla_cache_key: two of these folders are the same."""
     from console.environment import XLA_CACHE_FOLDER
-    base = dict(tf_version="2.21.0", cpu_flags="fpu sse2 avx2 fma", machine="x86_64")
+    base = {"tf_version": "2.21.0", "cpu_flags": "fpu sse2 avx2 fma", "machine": "x86_64"}
     variants = [base, {**base, "tf_version": "2.22.0"}, {**base, "cpu_flags": "fpu sse2 avx2 fma avx512f"},
                 {**base, "machine": "aarch64"}]
     folders = [xla_cache_of(defaults_with_cache({"XDG_CACHE_HOME": str(tmp_path)}, **v)) for v in variants]
