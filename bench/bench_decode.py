@@ -73,45 +73,64 @@ def worker_ours(args, names: list | None = None) -> dict:
         n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_ctx=args.n_ctx, n_vocab=args.n_vocab,
         attention_types=attention_types(args.n_layer), local_attention_radius=args.window, temperature=0.0,
         predict_batch_size=1, mesh_shape="all:1", layout="", kv_cache=not args.recompute_worker), "bench config")
+    # prefill over the whole context (None), and with --prefill_bucket also over the prompt's bucket, as --predict
+    # and the harness run it (models/sampling.prefill_bucket); one program per generation length and prefill
+    prefills = {p: [None] + ([sampling.prefill_bucket(p, cfg.n_ctx)] if getattr(args, "prefill_bucket", False) else [])
+                for p in args.prompt_lengths}
     sessions = {}
     path = None
-    for new in args.new_tokens:
-        options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0)
-        path = "kv cache" if sampling.uses_cache(cfg, options) else "full recompute"
-        # --predict's program, the prompt length fed: one graph for every prompt
-        placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
-        rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}
-        program = run.prediction_program(cfg, placement, rows, 1, options)
-        session = program.open(None, inference=True)
-        fed = program.inputs.placeholders
-        sessions[new] = (session, program.lowered.outputs["tokens"], fed["tokens"], fed["prompt_length"])
+    for prefill in sorted({b for bs in prefills.values() for b in bs}, key=lambda b: b or 0):
+        for new in args.new_tokens:
+            options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0,
+                                                           prefill_length=prefill)
+            path = "kv cache" if sampling.uses_cache(cfg, options) else "full recompute"
+            # --predict's program, the prompt length fed: one graph for every prompt
+            placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
+            rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}
+            program = run.prediction_program(cfg, placement, rows, 1, options)
+            session = program.open(None, inference=True)
+            fed = program.inputs.placeholders
+            sessions[prefill, new] = (session, program.lowered.outputs["tokens"], fed["tokens"], fed["prompt_length"])
 
     rng = np.random.RandomState(0)
     results = {}
     for p in args.prompt_lengths:
         row = np.zeros([1, cfg.n_ctx], np.int32)
         row[0, :p] = rng.randint(0, cfg.n_vocab, p)
-        times = {}
-        for new, (session, fetch, tokens, length) in sessions.items():
-            feed = {tokens: row, length: [p]}
-            out = session.run(fetch, feed)  # warm-up
-            assert (out[0, :p] == row[0, :p]).all()
-        for _ in range(args.repeats):  # N1 and N2 interleaved: each repeat's pair sees the same machine
-            for new, (session, fetch, tokens, length) in sessions.items():
-                start = time.perf_counter()
+        ours = [(prefill, new) for prefill in prefills[p] for new in args.new_tokens]
+        outputs = {}
+        for key in ours:
+            session, fetch, tokens, length = sessions[key]
+            outputs[key] = session.run(fetch, {tokens: row, length: [p]})  # warm-up
+            assert (outputs[key][0, :p] == row[0, :p]).all()
+        for prefill, new in ours:  # the bucket's prefill changes nothing but the time
+            np.testing.assert_array_equal(outputs[prefill, new], outputs[None, new])
+        times, cpu = {}, {}
+        for _ in range(args.repeats):  # N1 and N2, and each prefill, interleaved: each repeat sees the same machine
+            for key in ours:
+                session, fetch, tokens, length = sessions[key]
+                start, start_cpu = time.perf_counter(), time.process_time()
                 session.run(fetch, {tokens: row, length: [p]})
-                times.setdefault(new, []).append(time.perf_counter() - start)
-        results[str(p)] = per_token(times, args.new_tokens)
+                times.setdefault(key, []).append(time.perf_counter() - start)
+                cpu.setdefault(key, []).append(time.process_time() - start_cpu)
+        results[str(p)] = per_token({new: times[None, new] for new in args.new_tokens}, args.new_tokens,
+                                    {new: cpu[None, new] for new in args.new_tokens})
+        if getattr(args, "prefill_bucket", False):
+            results[str(p)]["bucket"] = dict(prefill_length=prefills[p][1], **per_token(
+                {new: times[prefills[p][1], new] for new in args.new_tokens}, args.new_tokens,
+                {new: cpu[prefills[p][1], new] for new in args.new_tokens}))
     return {"path": path, "by_prompt": results}
 
 
-def per_token(times: dict, new_tokens) -> dict:
+def per_token(times: dict, new_tokens, cpu: dict | None = None) -> dict:
     """Per-new-token ms from each repeat's t(N1) and t(N2): their median (the figure) and the best (min t(N2) -
-    min t(N1)), and the median t(N1) (prefill and the first tokens)."""
+    min t(N1)), and the median t(N1) (prefill and the first tokens); with `cpu` (the process's CPU seconds of each
+    call), the median CPU seconds of a whole generation of N1 and of N2 tokens."""
     import statistics
     n1, n2 = new_tokens
     pairs = [(b - a) / (n2 - n1) for a, b in zip(times[n1], times[n2])]
-    return {"t_n1_s": statistics.median(times[n1]), "t_n2_s": statistics.median(times[n2]),
+    extra = {f"cpu_n{i + 1}_s": statistics.median(cpu[n]) for i, n in enumerate(new_tokens)} if cpu else {}
+    return {**extra, "t_n1_s": statistics.median(times[n1]), "t_n2_s": statistics.median(times[n2]),
             "per_token_ms": 1e3 * statistics.median(pairs),
             "per_token_best_ms": 1e3 * (min(times[n2]) - min(times[n1])) / (n2 - n1),
             "per_token_repeats_ms": [round(1e3 * x, 2) for x in pairs]}
@@ -218,6 +237,8 @@ def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, var
     command += ["--prompt_lengths", *map(str, args.prompt_lengths), "--new_tokens", *map(str, args.new_tokens)]
     if recompute:
         command += ["--recompute_worker"]
+    if getattr(args, "prefill_bucket", False) and kind == "ours" and not peer:
+        command += ["--prefill_bucket"]
     started = time.time()
     result = subprocess.run(command, capture_output=True, text=True, cwd=root)
     lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
@@ -247,6 +268,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="two generation lengths; per-token time is the difference over N2 - N1")
     p.add_argument("--repeats", type=int, default=5, help="runs of each generation length; the median counts")
     p.add_argument("--recompute", action="store_true", help="also time this project's full-recompute path")
+    p.add_argument("--prefill_bucket", action="store_true",
+                   help="also time ours with the prefill over the prompt's bucket (SamplingOptions.prefill_length, "
+                        "as --predict runs it), interleaved with the whole context's prefill")
     p.add_argument("--variants", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
                    help="this project's precisions (default float32, what auto resolves to for inference)")
     p.add_argument("--peers", nargs="+", choices=PEERS,
@@ -333,6 +357,16 @@ def print_table(s: dict, args) -> None:
                         for p in prompts)
         print(f"{'bandwidth use (fp32 bytes), ' + r['measure']:<40}{cells}")
     ours = s["runs"][0]
+    if any("bucket" in ours["by_prompt"][str(p)] for p in prompts):
+        print(f"whole generations of {n1} and {n2} new tokens (prefill included), ours, median wall / CPU seconds:")
+        for p in prompts:
+            whole, bucket = ours["by_prompt"][str(p)], ours["by_prompt"][str(p)]["bucket"]
+            print(f"  prompt {p}: prefill {m['n_ctx']}: " + ", ".join(
+                f"{whole[f't_n{i}_s']:.3f} / {whole[f'cpu_n{i}_s']:.3f} s" for i in (1, 2))
+                + f"; prefill {bucket['prefill_length']}: " + ", ".join(
+                f"{bucket[f't_n{i}_s']:.3f} / {bucket[f'cpu_n{i}_s']:.3f} s" for i in (1, 2))
+                + f"; {n2} tokens {whole['t_n2_s'] / bucket['t_n2_s']:.2f}x faster (wall), "
+                  f"{whole['cpu_n2_s'] / bucket['cpu_n2_s']:.2f}x less CPU")
     if any(best_peer(s, p) for p in prompts):
         print("decode tokens/s, ours / best peer: " + ", ".join(
             f"prompt {p}: " + (f"{ms(best_peer(s, p), p) / ms(ours, p):.2f}x ({best_peer(s, p)['measure']})"

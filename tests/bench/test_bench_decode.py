@@ -20,6 +20,15 @@ def test_per_token_time_is_the_median_of_the_repeats_so_one_disturbed_repeat_doe
     assert len(r["per_token_repeats_ms"]) == 5
 
 
+def test_a_generations_cpu_seconds_are_the_median_of_the_repeats():
+    """--prefill_bucket's whole-generation CPU seconds: the median per generation length (a mean would move with
+    repeat 4's burst). Bug caught: N1's figure taken from N2's calls."""
+    times = {8: [1.0] * 3, 40: [1.3] * 3}
+    r = bench_decode.per_token(times, (8, 40), cpu={8: [0.5, 0.4, 0.6], 40: [0.9, 3.0, 0.8]})
+    assert (r["cpu_n1_s"], r["cpu_n2_s"]) == (0.5, 0.9)
+    assert "cpu_n1_s" not in bench_decode.per_token(times, (8, 40))
+
+
 def test_bytes_per_token_are_every_weight_once_and_the_cache_each_layer_reads():
     args = SimpleNamespace(n_layer=2, n_embd=32, n_vocab=64, window=4, n_head=4)
     cfg = bench_train.bench_config(dict(n_layer=2, n_embd=32, n_head=4, n_ctx=16, n_vocab=64, batch=1, window=4),
