@@ -322,7 +322,7 @@ def test_a_prefill_over_the_prompts_bucket_gives_the_tokens_of_the_whole_context
 @pytest.mark.slow
 def test_a_bucket_prefill_split_over_two_devices_gives_the_tokens_of_one_devices_whole_prefill(order_one):
     """Split over heads, the layout that splits the caches themselves (an embd split was seen to pass too: one more
-    program, ~20 s). Guards a bucket's caches padded or laid out per device slice other than the whole one's."""
+    program, ~20 s). Guards the bucket's cache padded in front (`[cache_length - P, 0]`) here too."""
     cfg, checkpoint, predictor, rows = order_one
     one = sample(cfg, *rows, seeds=np.arange(4), predictor=predictor, **HOT)
     split = sample(replace(cfg, mesh_shape="x:2", layout="heads:x"), *rows, seeds=np.arange(4), checkpoint=checkpoint,
@@ -332,8 +332,8 @@ def test_a_bucket_prefill_split_over_two_devices_gives_the_tokens_of_one_devices
 
 @pytest.mark.slow
 def test_models_without_a_cache_ignore_the_prefill_length(order_one):
-    """A rotary model recomputes in full: the prefill length changes nothing (guards a full-recompute path that
-    took the bucket for its context)."""
+    """A rotary model recomputes in full: the prefill length changes nothing. Guards the cache's prefill taken on
+    `options.incremental` alone (`uses_cache` skipped: the rotary model's loop fails to build)."""
     cfg = tiny_config(rotary_emb=True)
     assert not uses_cache(cfg, SamplingOptions.from_config(cfg))
     tokens, lengths = prompts(cfg, lengths=(3, 6))
