@@ -75,3 +75,28 @@ def test_bfloat16_widened_and_stored_are_tf_casts():
     nan = (stored_cast & 0x7F80 == 0x7F80) & (stored_cast & 0x7F != 0)
     assert nan[:16].sum() == 4 and ((stored & 0x7F80 == 0x7F80) & (stored & 0x7F != 0) == nan).all()
     np.testing.assert_array_equal(stored[~nan], stored_cast[~nan])
+
+
+def _jit_kernel_names(scale: float, built_before: int) -> list[str]:
+    """The names of the jit_compile functions in a new graph that first builds `built_before` other ops (what
+    a process built earlier), then calls a compiled kernel `x * scale + 1` (a new tf.function, as each graph of a
+    process traces the project's kernels anew)."""
+    kernel = tf.function(lambda x: x * scale + 1.0, jit_compile=True)
+    with tf.Graph().as_default() as graph:
+        for _ in range(built_before):
+            tf.constant(0.0)
+        kernel(tf.ones([3]))
+    return [f.signature.name for f in graph.as_graph_def().library.function
+            if f.attr["_XlaMustCompile"].b]
+
+
+def test_compiled_kernels_are_named_after_their_body():
+    """XLA's compile caches know a kernel by its function's name (and its arguments' shapes): the same kernel
+    traced in another graph, after other ops, gets the same name, so TensorFlow's persistent compile cache finds
+    the executable compiled before (in this process or an earlier one) instead of compiling it again; another
+    body gets another name. The bug it guards: TensorFlow's own names (`_<uid>`, a counter of everything built
+    in the process before), under which the persistent cache missed every kernel traced after anything else."""
+    first, after_others, other_body = (_jit_kernel_names(2.0, 0), _jit_kernel_names(2.0, 50),
+                                       _jit_kernel_names(3.0, 0))
+    assert len(first) == 1 and first == after_others
+    assert other_body != first
