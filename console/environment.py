@@ -16,7 +16,8 @@ XLA_CACHE_FOLDER = "gpt-neo/xla"  # under $XDG_CACHE_HOME or ~/.cache
 
 
 def runtime_defaults(environ=os.environ, tpu_device_files: int | None = None, system: str | None = None,
-                     machine: str | None = None, tf_version: str | None = None, cpu_flags: str | None = None) -> None:
+                     machine: str | None = None, tf_version: str | None = None, cpu_flags: str | None = None,
+                     gpus: str | None = None) -> None:
     """Environment defaults TensorFlow and the accelerator runtimes read when TensorFlow loads (a value the user
     set is kept):
     * TF_ENABLE_ONEDNN_OPTS=1 on x86-64 Linux: TensorFlow's CPU matmuls through oneDNN. TensorFlow turns it on by
@@ -33,8 +34,8 @@ def runtime_defaults(environ=os.environ, tpu_device_files: int | None = None, sy
       kept, and a directory the user named is not replaced): XLA's compiled kernels are kept on disk, and a later
       process loads them instead of compiling again (docs/speed.md: a tiny model's training on a 2x2 mesh
       took 6-14 CPU s fewer, its selfcheck 6).
-    `tf_version`, `cpu_flags`: what keys the XLA cache's folder (read from the installed TensorFlow's metadata and
-    /proc/cpuinfo when not given)."""
+    `tf_version`, `cpu_flags`, `gpus`: what keys the XLA cache's folder (read from the installed TensorFlow's
+    metadata, /proc/cpuinfo and NVIDIA's driver files when not given)."""
     system = system if system is not None else sys.platform
     machine = machine if machine is not None else platform.machine()
     if system.startswith("linux") and machine in ("x86_64", "AMD64"):
@@ -47,20 +48,21 @@ def runtime_defaults(environ=os.environ, tpu_device_files: int | None = None, sy
         environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     xla_flags = environ.get("TF_XLA_FLAGS", "")
     if XLA_CACHE_FLAG not in xla_flags:
-        directory = xla_cache_directory(environ, machine, tf_version, cpu_flags)
+        directory = xla_cache_directory(environ, machine, tf_version, cpu_flags, gpus)
         if directory is not None:
             environ["TF_XLA_FLAGS"] = " ".join(filter(None, [xla_flags, f"{XLA_CACHE_FLAG}={directory}"]))
 
 
-def xla_cache_directory(environ, machine: str, tf_version: str | None = None, cpu_flags: str | None = None):
+def xla_cache_directory(environ, machine: str, tf_version: str | None = None, cpu_flags: str | None = None,
+                        gpus: str | None = None):
     """The folder XLA's compiled kernels are kept in, made if missing; None when GPT_NEO_XLA_CACHE turns the
     cache off or the folder cannot be written (then one line says so: the job runs without a cache, since
     TensorFlow fails a compile whose result it cannot write).
 
     The folder is $GPT_NEO_XLA_CACHE or $XDG_CACHE_HOME/gpt-neo/xla (~/.cache/...), then a subfolder
-    `xla_cache_key` names: an executable is machine code for the CPU it was compiled on (AVX-512 code would
-    crash an AVX2 machine sharing the home directory) by one TensorFlow's XLA, and TensorFlow's own key (the
-    cluster's signature and HLO) knows neither. Entries a killed process or a full disk left broken are removed
+    `xla_cache_key` names: an executable is machine code for the CPU (or GPU) it was compiled on (AVX-512 code
+    would crash an AVX2 machine sharing the home directory, an A100's kernels an older GPU) by one TensorFlow's
+    XLA, and TensorFlow's own key (the cluster's signature and HLO) knows neither. Entries a killed process or a full disk left broken are removed
     first (`drop_broken_entries`): TensorFlow fails the job on one it cannot read."""
     setting = environ.get(XLA_CACHE_VARIABLE)
     if setting is not None and setting.strip().lower() in ("", "0", "off", "no", "false"):
@@ -74,7 +76,9 @@ def xla_cache_directory(environ, machine: str, tf_version: str | None = None, cp
         tf_version = installed_tensorflow_version()
     if cpu_flags is None:
         cpu_flags = host_cpu_flags()
-    directory = os.path.join(root, xla_cache_key(tf_version, machine, cpu_flags, environ.get("XLA_FLAGS", "")))
+    if gpus is None:
+        gpus = host_gpu_models()
+    directory = os.path.join(root, xla_cache_key(tf_version, machine, cpu_flags, environ.get("XLA_FLAGS", ""), gpus))
     try:
         os.makedirs(directory, exist_ok=True)
         probe = os.path.join(directory, f".probe-{os.getpid()}")
@@ -89,11 +93,11 @@ def xla_cache_directory(environ, machine: str, tf_version: str | None = None, cp
     return directory
 
 
-def xla_cache_key(tf_version: str, machine: str, cpu_flags: str, xla_flags: str = "") -> str:
+def xla_cache_key(tf_version: str, machine: str, cpu_flags: str, xla_flags: str = "", gpus: str = "") -> str:
     """The XLA cache's subfolder for compiled code valid here: TensorFlow's version, the machine's architecture and
-    a hash of the CPU's feature flags (the instructions XLA compiled for) and XLA_FLAGS (which change the code
-    XLA emits for the same program)."""
-    digest = hashlib.sha256(f"{' '.join(sorted(cpu_flags.split()))}\n{xla_flags}".encode()).hexdigest()[:16]
+    a hash of the CPU's feature flags (the instructions XLA compiled for), the GPUs' models (the architecture
+    XLA:GPU compiled for) and XLA_FLAGS (which change the code XLA emits for the same program)."""
+    digest = hashlib.sha256(f"{' '.join(sorted(cpu_flags.split()))}\n{xla_flags}\n{gpus}".encode()).hexdigest()[:16]
     return f"tf{tf_version}-{machine}-{digest}"
 
 
@@ -107,6 +111,20 @@ def installed_tensorflow_version() -> str:
         except metadata.PackageNotFoundError:
             continue
     return "unknown"
+
+
+def host_gpu_models(information_files: str = "/proc/driver/nvidia/gpus/*/information") -> str:
+    """This host's NVIDIA GPUs' models, sorted ("" without NVIDIA's driver), read from the driver's files under
+    /proc (asking CUDA would start it before TensorFlow's environment is set)."""
+    import glob
+    models = []
+    for path in glob.glob(information_files):
+        try:
+            with open(path) as f:
+                models += [value.strip() for name, _, value in (line.partition(":") for line in f) if name == "Model"]
+        except OSError:
+            continue
+    return ",".join(sorted(models))
 
 
 def host_cpu_flags() -> str:

@@ -46,21 +46,24 @@ def xla_cache_of(environ) -> str | None:
     return flags[0].split("=", 1)[1] if flags else None
 
 
-def defaults_with_cache(environ, tf_version="2.21.0", cpu_flags="fpu sse2 avx2 fma", machine="x86_64") -> dict:
+def defaults_with_cache(environ, tf_version="2.21.0", cpu_flags="fpu sse2 avx2 fma", machine="x86_64",
+                        gpus="") -> dict:
     from console.environment import runtime_defaults
     runtime_defaults(environ, tpu_device_files=0, system="linux", machine=machine, tf_version=tf_version,
-                     cpu_flags=cpu_flags)
+                     cpu_flags=cpu_flags, gpus=gpus)
     return environ
 
 
 def test_xla_cache_folder_is_keyed_by_tensorflow_and_the_cpu(tmp_path):
-    """Compiled XLA kernels are machine code for one CPU kind from one TensorFlow: a home directory shared by an
-    AVX-512 and an AVX2 machine, or a TensorFlow upgrade, must not hand one the other's executables. Bug caught:
-    the CPU's flags (or TF's version) left out of xla_cache_key: two of these folders are the same."""
+    """Compiled XLA kernels are machine code for one CPU kind (or GPU model) from one TensorFlow: a home directory
+    shared by an AVX-512 and an AVX2 machine, by hosts with different GPUs, or a TensorFlow upgrade, must not hand
+    one the other's executables. Bug caught: the CPU's flags (or TF's version, or the GPUs) left out of
+    xla_cache_key: two of these folders are the same."""
     from console.environment import XLA_CACHE_FOLDER
     base = {"tf_version": "2.21.0", "cpu_flags": "fpu sse2 avx2 fma", "machine": "x86_64"}
     variants = [base, {**base, "tf_version": "2.22.0"}, {**base, "cpu_flags": "fpu sse2 avx2 fma avx512f"},
-                {**base, "machine": "aarch64"}]
+                {**base, "machine": "aarch64"}, {**base, "gpus": "NVIDIA A100-SXM4-40GB"},
+                {**base, "gpus": "NVIDIA H100 80GB HBM3"}]
     folders = [xla_cache_of(defaults_with_cache({"XDG_CACHE_HOME": str(tmp_path)}, **v)) for v in variants]
     folders.append(xla_cache_of(defaults_with_cache({"XDG_CACHE_HOME": str(tmp_path), "XLA_FLAGS": "--xla_cpu_x"})))
     assert len(set(folders)) == len(folders), folders
@@ -71,6 +74,18 @@ def test_xla_cache_folder_is_keyed_by_tensorflow_and_the_cpu(tmp_path):
     # without XDG_CACHE_HOME: ~/.cache
     home = defaults_with_cache({"HOME": str(tmp_path / "home")})
     assert xla_cache_of(home) == str(tmp_path / "home" / ".cache" / XLA_CACHE_FOLDER / os.path.basename(folders[0]))
+
+
+def test_gpu_models_are_read_from_the_drivers_files(tmp_path):
+    """The GPUs in the XLA cache's key come from NVIDIA's driver files, one Model line each, sorted (the order the
+    driver lists them in is not part of the key). Bug caught: the Model lines not parsed (every GPU host keyed as
+    one without GPUs)."""
+    from console.environment import host_gpu_models
+    for bus, model in (("0000:02:00.0", "NVIDIA H100 80GB HBM3"), ("0000:01:00.0", "NVIDIA A100-SXM4-40GB")):
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "information").write_text(f"Model: \t\t {model}\nIRQ:   \t\t 42\nGPU UUID: \t GPU-1\n")
+    assert host_gpu_models(str(tmp_path / "*" / "information")) == "NVIDIA A100-SXM4-40GB,NVIDIA H100 80GB HBM3"
+    assert host_gpu_models(str(tmp_path / "none" / "*" / "information")) == ""
 
 
 def test_xla_cache_keeps_the_users_flags(tmp_path):
