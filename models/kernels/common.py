@@ -7,7 +7,11 @@ import contextvars
 import hashlib
 
 import tensorflow.compat.v1 as tf
-from tensorflow.python.eager.polymorphic_function import atomic_function
+
+try:  # TensorFlow's internals (2.20, 2.21): without them kernels keep TF's names, and a cache finds fewer of them
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+except ImportError:
+    atomic_function = None
 
 
 def f32(x):
@@ -63,7 +67,8 @@ def _named_by_content(from_func_graph):
     return from_func_graph_named
 
 
-if not getattr(atomic_function.from_func_graph, "named_by_content", False):
+if (atomic_function is not None and hasattr(atomic_function, "from_func_graph")
+        and not getattr(atomic_function.from_func_graph, "named_by_content", False)):
     atomic_function.from_func_graph = _named_by_content(atomic_function.from_func_graph)
 
 # The fused kernels' path: XLA-compiled (the default) or plain TF ops (the same Python bodies, op by op), for
