@@ -10,7 +10,7 @@ from models.attention import ATTENTION, FULL_RECOMPUTE
 from models.sampling import SamplingOptions, incremental_unsupported, prefill_bucket, prefill_span, uses_cache
 from infer.run import Predictor
 from tiny import (checkpoint_of_order_one_weights, devices_for, placement_for, random_tokens, run_predict,
-                  tiny_config, train)
+                  tiny_config)
 
 PADDING = 0
 MAX_NEW = 6
@@ -24,15 +24,16 @@ def prompts(cfg, lengths, seed=1):
     return tokens, lengths
 
 
-def sample(cfg, tokens, lengths, seeds=None, checkpoint=None, predictor=None, **options):
+def sample(cfg, tokens, lengths, seeds=None, checkpoint=None, predictor=None, batch_size=None, **options):
     """The sampled tokens and lengths; through `predictor` (a Predictor of cfg) where given, whose program for
-    these options is built once and run again for each call with other rows or seeds."""
+    these options and `batch_size` (all rows by default) is built once and run again for each call with other rows
+    or seeds."""
     options = dict(dict(max_new_tokens=MAX_NEW, padding_id=PADDING), **options)
     opts = SamplingOptions.from_config(cfg, **options)
     seeds = np.full(len(tokens), 7, np.int32) if seeds is None else np.asarray(seeds, np.int32)
     features = {"tokens": tokens, "prompt_length": lengths, "seed": seeds}
     if predictor is not None:
-        out = predictor.predict(features, len(tokens), opts)
+        out = predictor.predict(features, batch_size or len(tokens), opts)
     else:
         out = run_predict(cfg, features, devices_for(cfg), checkpoint, opts)
     return out["tokens"], out["lengths"]
@@ -94,7 +95,7 @@ def test_kv_cache_gives_the_same_tokens_as_full_recompute(cfg, rows, greedy, sam
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("x:2", "memory_length:x")])
-def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_decides_them(tmp_path, mesh_shape,
+def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_decides_them(order_one, mesh_shape,
                                                                                          layout):
     """A cached step that masks a layer wrongly (a local layer seeing past its window, a global one held to it:
     the visibility bias of one window handed to a layer of the other) gives other tokens than recomputing the
@@ -102,12 +103,13 @@ def test_kv_cache_gives_the_tokens_of_full_recompute_where_each_layers_mask_deci
     follow the logits' shifts (greedy tokens at these weights settle on one token; at the initial weights, std
     0.02, the tests above do not tell). Local layers come first, so a global layer handed their bias is held to
     the window; with the cache's memory split the step takes mtf's attention, where the bias alone sets the
-    window (the in-place path reads only the window's rows)."""
-    cfg = tiny_config(n_layer=4, attention_types=[[["local", "global"], 2]], local_attention_radius=3,
-                      mesh_shape=mesh_shape, layout=layout)
-    checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path / "model.ckpt-1"))
+    window (the in-place path reads only the window's rows). On one device, order_one's Predictor (the same model
+    and weights) runs the rows 4 at a time: its cached program is the one the prefill tests below run too."""
+    one_device, checkpoint, predictor, _ = order_one
+    cfg = replace(one_device, mesh_shape=mesh_shape, layout=layout)
+    draw = dict(predictor=predictor, batch_size=4) if mesh_shape == "all:1" else dict(checkpoint=checkpoint)
     tokens, lengths = prompts(cfg, lengths=(2, 5, 8, 1, 3, 4, 6, 2), seed=3)
-    draw = dict(checkpoint=checkpoint, temperature=8.0, max_new_tokens=cfg.n_ctx, seeds=np.arange(8))
+    draw.update(temperature=8.0, max_new_tokens=cfg.n_ctx, seeds=np.arange(8))
     cached = sample(cfg, tokens, lengths, **draw)
     full = sample(cfg, tokens, lengths, incremental=False, **draw)
     np.testing.assert_array_equal(cached[1], cfg.n_ctx)
@@ -188,28 +190,30 @@ def test_greedy_decoding_matches_hf_transformers_generate(tmp_path):
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
     from transformers.models.gpt_neo.modeling_gpt_neo import load_tf_weights_in_gpt_neo
 
-    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], model_path=str(tmp_path / "run"),
-                      train_steps=2)
-    train(cfg, random_tokens([12, cfg.n_ctx + 1], seed=4))
+    # Weights of order one (GPT-Neo's variable names, as a training saves them): the tokens follow the logits'
+    # shifts, and no training is run to get a checkpoint.
+    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]])
+    checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path / "model.ckpt-1"))
     hf_config = GPTNeoConfig(
         vocab_size=cfg.n_vocab, max_position_embeddings=cfg.n_ctx, hidden_size=cfg.n_embd, num_layers=cfg.n_layer,
         attention_types=[[["global", "local"], 2]], num_heads=cfg.n_head, window_size=cfg.local_attention_radius,
         activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
     hf_model = GPTNeoForCausalLM(hf_config)
-    load_tf_weights_in_gpt_neo(hf_model, hf_config, tf.train.latest_checkpoint(cfg.model_path))
+    load_tf_weights_in_gpt_neo(hf_model, hf_config, checkpoint)
     hf_model.eval()
 
     tokens, lengths = prompts(cfg, lengths=(3, 6, 9, 1), seed=5)
     max_new = cfg.n_ctx - 9
+    with torch.no_grad():
+        hf_rows = [hf_model.generate(torch.tensor(tokens[row:row + 1, :length], dtype=torch.long),
+                                     attention_mask=torch.ones([1, length], dtype=torch.long),
+                                     max_new_tokens=max_new, do_sample=False, pad_token_id=PADDING,
+                                     eos_token_id=None)[0].numpy() for row, length in enumerate(lengths)]
+    assert len({tuple(theirs[length:]) for theirs, length in zip(hf_rows, lengths)}) > 1  # rows differ: tokens tell
     for incremental in (True, False):
-        out, out_lengths = sample(cfg, tokens, lengths, checkpoint=cfg.model_path, temperature=0.0,
+        out, out_lengths = sample(cfg, tokens, lengths, checkpoint=checkpoint, temperature=0.0,
                                   max_new_tokens=max_new, incremental=incremental)
-        for row, length in enumerate(lengths):
-            with torch.no_grad():
-                theirs = hf_model.generate(torch.tensor(tokens[row:row + 1, :length], dtype=torch.long),
-                                           attention_mask=torch.ones([1, length], dtype=torch.long),
-                                           max_new_tokens=max_new, do_sample=False, pad_token_id=PADDING,
-                                           eos_token_id=None)[0].numpy()
+        for row, (length, theirs) in enumerate(zip(lengths, hf_rows)):
             assert len(theirs) == length + max_new
             np.testing.assert_array_equal(out[row, :out_lengths[row]], theirs, err_msg=f"row {row}")
 
@@ -331,7 +335,7 @@ def test_a_bucket_prefill_split_over_two_devices_gives_the_tokens_of_one_devices
 
 
 @pytest.mark.slow
-def test_models_without_a_cache_ignore_the_prefill_length(order_one):
+def test_models_without_a_cache_ignore_the_prefill_length():
     """A rotary model recomputes in full: the prefill length changes nothing. Guards the cache's prefill taken on
     `options.incremental` alone (`uses_cache` skipped: the rotary model's loop fails to build)."""
     cfg = tiny_config(rotary_emb=True)
