@@ -45,6 +45,12 @@ def is_supported_file(path: str) -> bool:
     return lm_dataformat.has_valid_extension(os.path.basename(path))
 
 
+def _is_archive(path: str) -> bool:
+    """True for the files lm_dataformat streams; the rest (.txt, and what an explicit glob picked) are one document
+    each."""
+    return is_supported_file(path) and not path.endswith(PLAIN_TEXT_SUFFIX)
+
+
 def list_input_files(input_path: str, pattern: Optional[str] = None) -> list[str]:
     """Sorted input files under ``input_path`` (a folder, or a single file).
 
@@ -89,10 +95,10 @@ def iter_documents(files: list[str]) -> Iterator[Document]:
     the rest of that archive is skipped (its stream cannot be resumed past the bad bytes).
     """
     for path in files:
-        if path.endswith(PLAIN_TEXT_SUFFIX) or not is_supported_file(path):
-            yield _read_plain_text(path)
-        else:
+        if _is_archive(path):
             yield from _read_archive(path)
+        else:
+            yield _read_plain_text(path)
 
 
 def check_whole(files: list[str]) -> None:
@@ -105,7 +111,7 @@ def check_whole(files: list[str]) -> None:
     Damage that is not a cut (bad bytes) is left to ``iter_documents``, which counts the archive as undecodable.
     """
     for path in files:
-        if not is_supported_file(path) or path.endswith(PLAIN_TEXT_SUFFIX):
+        if not _is_archive(path):
             continue
         try:
             problem = _truncation(path)
