@@ -304,6 +304,11 @@ class GPTConfig:
         return parse_layout(self.layout)
 
     @property
+    def lr_decay_end_step(self) -> int:
+        """The step at which the learning rate has decayed to 10% of lr: lr_decay_end, by default train_steps."""
+        return self.lr_decay_end or self.train_steps
+
+    @property
     def n_devices(self) -> int:
         n = 1
         for _, size in self.mesh_dims:
@@ -609,7 +614,7 @@ def validate(cfg: GPTConfig) -> GPTConfig:
         raise ConfigError(f"lr_decay_share must be in (0, 1], the share of the run over which \"wsd\" decays (0.2: "
                           f"the last 20%), got {cfg.lr_decay_share}")
     if cfg.lr_decay == "wsd":
-        check_decay_after_warmup(cfg.warmup_steps, cfg.lr_decay_end or cfg.train_steps, cfg.lr_decay_share)
+        check_decay_after_warmup(cfg.warmup_steps, cfg.lr_decay_end_step, cfg.lr_decay_share)
     if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in cfg.keep_checkpoint_steps):
         raise ConfigError(f"keep_checkpoint_steps must be a list of steps >= 1, got {list(cfg.keep_checkpoint_steps)}")
     _check_ranges(cfg)

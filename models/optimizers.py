@@ -298,7 +298,7 @@ LR_DECAYS = {
 def learning_rate(cfg: GPTConfig, global_step: tf.Tensor) -> tf.Tensor:
     """Linear warmup from 0 to lr, then the lr_decay schedule down to 10% of lr at lr_decay_end."""
     step = tf.cast(global_step, tf.float32)
-    decay_end = float(cfg.lr_decay_end or cfg.train_steps)
+    decay_end = float(cfg.lr_decay_end_step)
     progress = tf.minimum(step / max(decay_end, 1.0), 1.0)
     decayed = cfg.lr * LR_DECAYS[cfg.lr_decay](progress, cfg)
     if cfg.warmup_steps > 0:
