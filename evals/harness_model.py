@@ -33,7 +33,6 @@ device, or float32 with `eval_precision`), resolved where the model is made, whi
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import sys
 from typing import Optional
@@ -47,7 +46,7 @@ from tqdm import tqdm
 
 from data.errors import DataError
 from infer import run
-from models.sampling import SamplingOptions, incremental_unsupported, prefill_bucket
+from models.sampling import SamplingOptions, incremental_unsupported
 from devices import precision
 
 MODEL_NAME = "gpt-neo-mtf"
@@ -281,8 +280,7 @@ class CheckpointLM(TemplateLM):
                 prompts = {i: (self.tok_encode(requests[i].args[0])[-keep:] or [self.prefix_token_id]) for i in members}
                 # the kv cache's prefill over the longest prompt's bucket, not all n_ctx positions: one program per
                 # bucket, kept by the Predictor
-                options = dataclasses.replace(options, prefill_length=prefill_bucket(
-                    max(len(p) for p in prompts.values()), self.cfg.n_ctx))
+                options = options.with_prefill_bucket([len(p) for p in prompts.values()], self.cfg.n_ctx)
                 members = sorted(members, key=lambda i: -len(prompts[i]))
                 tokens = np.full([len(members), self.cfg.n_ctx], self.padding, np.int32)
                 for row, i in enumerate(members):

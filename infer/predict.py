@@ -27,7 +27,7 @@ import numpy as np
 
 from data.errors import DataError
 from infer import run
-from models.sampling import SamplingOptions, incremental_unsupported, prefill_bucket
+from models.sampling import SamplingOptions, incremental_unsupported
 from modelpath import checkpoints
 from devices import precision
 
@@ -120,7 +120,7 @@ def run_rows(cfg, placement, rows: Batch, checkpoint: str) -> dict:
     cache's prefill runs over the bucket of the longest prompt (models/sampling.prefill_bucket), not all n_ctx."""
     features = {"tokens": rows.tokens, "prompt_length": rows.prompt_length, "seed": rows.seed}
     label = f"sampling {len(rows.tokens)} x {cfg.max_new_tokens} new tokens"
-    options = SamplingOptions.from_config(cfg, prefill_length=prefill_bucket(rows.prompt_length.max(), cfg.n_ctx))
+    options = SamplingOptions.from_config(cfg).with_prefill_bucket(rows.prompt_length, cfg.n_ctx)
     return run.predict(cfg, placement, features, cfg.predict_batch_size, checkpoint, options, progress=True,
                        label=label)
 

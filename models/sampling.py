@@ -10,7 +10,7 @@ Two ways to get each step's logits:
 * **incremental** (default): a prefill pass records every attention layer's keys and values, then each step
   runs the model on one token per row against that cache (models/kv_cache.py), so the cost of a new token does
   not grow with the prompt. The prefill runs over the first `prefill_length` positions (callers pick the
-  `prefill_bucket` of their longest prompt), or all n_ctx where it is None;
+  `prefill_bucket` of their longest prompt with `SamplingOptions.with_prefill_bucket`), or all n_ctx where it is None;
 * **full recompute**: each step runs the whole context again. Used when `kv_cache` is false or the model has a
   layer type or option without an incremental path (`incremental_unsupported`).
 
@@ -59,6 +59,11 @@ class SamplingOptions:
                       entmax_alpha=cfg.entmax_alpha if cfg.sampling_use_entmax else None)
         values.update(changes)
         return cls(**values)
+
+    def with_prefill_bucket(self, prompt_lengths, n_ctx: int) -> "SamplingOptions":
+        """These options with the kv cache's prefill over the bucket of the longest of `prompt_lengths`
+        (`prefill_bucket`), not all n_ctx positions: a few programs, one per bucket, serve every prompt length."""
+        return dataclasses.replace(self, prefill_length=prefill_bucket(max(prompt_lengths), n_ctx))
 
 
 def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:

@@ -272,6 +272,18 @@ def test_prefill_bucket_is_the_smallest_power_of_two_holding_the_longest_prompt_
         assert bucket >= min(longest, 32) and (bucket == 1 or bucket // 2 < longest), longest
 
 
+def test_with_prefill_bucket_prefills_over_the_longest_prompts_bucket_and_changes_nothing_else():
+    """The one place --predict and the harness pick their prefill (SamplingOptions.with_prefill_bucket): the bucket
+    of the longest prompt, whatever the order, capped at n_ctx; every other option kept. Guards the bucket of the
+    shortest or the first prompt (`min` for `max`)."""
+    options = SamplingOptions.from_config(tiny_config(), temperature=0.5, top_k=3)
+    for lengths, n_ctx in [([3, 5, 1], 16), (np.array([1, 9, 2], np.int32), 16), ([2, 40], 32), ([1], 16)]:
+        bucketed = options.with_prefill_bucket(lengths, n_ctx)
+        assert bucketed.prefill_length == prefill_bucket(max(lengths), n_ctx), lengths
+        assert bucketed == dataclasses.replace(options, prefill_length=bucketed.prefill_length)
+    assert options.with_prefill_bucket([3, 5, 1], 16).prefill_length == 8
+
+
 def test_prefill_span_is_the_option_unless_the_layout_splits_the_sequence_or_the_cache():
     """A split sequence or cache memory (mtf slices and pads only whole dimensions) prefills the whole context;
     a length outside [1, n_ctx] is refused with one line naming prefill_bucket."""
