@@ -148,3 +148,22 @@ def test_a_placement_whose_programs_cannot_share_keeps_a_graph_and_session_per_p
     with run.Predictor(cfg, placement_for(cfg), checkpoint) as shared:
         assert_same_outputs([short, whole], [shared.predict(scoring_rows(cfg, 8), 3),
                                              shared.predict(scoring_rows(cfg, cfg.n_ctx), 3)])
+
+
+def test_a_later_program_that_creates_variables_is_refused_naming_them():
+    """A Predictor's later programs must find every weight in the shared session: one that creates a variable the
+    first lacks (here a model whose output projection is untied, `no_weight_tie`, built after the tied model's
+    first program) is refused in one line naming the variables, and nothing is kept of it. Bug caught: the check
+    of `program.created_variables` dropped from `Predictor._program`, so the program runs on an uninitialised
+    variable (TensorFlow's FailedPreconditionError, or a TPU's garbage) instead."""
+    cfg = tiny_config()
+    with run.Predictor(cfg, placement_for(cfg)) as predictor:
+        predictor.predict(scoring_rows(cfg, 8), 3)
+        (first, _), = predictor._programs.values()
+        tied = runner.variable_names(first.graph)
+        predictor.cfg = dataclasses.replace(cfg, no_weight_tie=True)  # another model in the same Predictor
+        with pytest.raises(RuntimeError, match="created variables the first one lacks") as refused:
+            predictor.predict(scoring_rows(cfg, cfg.n_ctx), 3)
+        created = sorted(runner.variable_names(first.graph) - tied)
+        assert created and ", ".join(created[:3]) in str(refused.value)
+        assert len(predictor._programs) == 1
