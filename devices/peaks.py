@@ -10,6 +10,10 @@ number of mesh devices and then by this).
   runs as one graph-session call (the path the model's einsums take) and is reduced to one scalar, so the
   session call returns only when every matmul is done and the copy back is a few bytes; the first call
   (kernel selection, autotuning) is not timed, the best of the timed calls counts.
+* A CPU's calls are timed by the CPU time the process used, over the threads it runs the matmuls on, as well
+  as by the clock (the shorter counts): on a shared machine the clock also counts the time other processes held
+  the cores, so a peak timed by the clock alone came out low and MFU over 100% (a ladder's branch, started while
+  other work loaded the 2 cores: 17 GFLOP/s against the 133 its trunk measured).
 * A CPU split into logical devices (`device:CPU:i`): they share the cores, so one device's peak is the
   host CPU's measured rate divided by how many of them the mesh puts on this host.
 * A measurement is made once per process for a device, dtype and session config: the runs after it (a ladder's
@@ -17,6 +21,7 @@ number of mesh devices and then by this).
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import NamedTuple, Optional
@@ -88,17 +93,32 @@ def measure_matmul_peak(dtype: str = "float32", device: str = "/device:CPU:0", s
     if config is not None:
         session_config.CopyFrom(config)
     session_config.allow_soft_placement = False
+    threads = None if gpu else cpu_threads(session_config)
     with tf.compat.v1.Session(graph=graph, config=session_config) as session:
         session.run(init)
         session.run(fetch)  # kernel selection, autotuning, first allocation
         best, end = float("inf"), time.perf_counter() + seconds
         runs = 0
         while runs < 3 or time.perf_counter() < end:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             session.run(fetch)
-            best = min(best, time.perf_counter() - start)
+            took = time.perf_counter() - start
+            if threads:  # the cores' time this call needed, whoever else held them meanwhile
+                took = min(took, (time.process_time() - start_cpu) / threads)
+            best = min(best, took)
             runs += 1
     return chain * 2 * size ** 3 / best
+
+
+def cpu_threads(config) -> int:
+    """How many threads a session with `config` runs one matmul on: its intra-op pool, TensorFlow's default being
+    one per core this process may run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    intra = config.intra_op_parallelism_threads
+    return min(intra, cores) if intra > 0 else cores
 
 
 def _local_name(device: str) -> tuple[str, int]:
