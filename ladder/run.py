@@ -1,6 +1,9 @@
 """`python -m ladder run SPEC`: every run trained in turn, smallest size first, each in its own model_path, by the
-same command a user would type for it (`main.py --model OUT/configs/NAME.json`, in a child process), evaluating
-after each of its `eval_points` checkpoints (evenly spaced; the last at the end of the run).
+same command a user would type for it (`main.py --model OUT/configs/NAME.json`), evaluating after each of its
+`eval_points` checkpoints (evenly spaced; the last at the end of the run). The runs of one `ladder run` are run by
+one worker process (ladder/worker.py), which imports main.py once and calls its `main` with each run's arguments:
+TensorFlow's import and the peak measurement are paid once per ladder, not once per run, and the ladder's own
+process keeps no state of any run.
 
 Under the WSD schedule a size's trunk trains first, saving (and keeping) a checkpoint at each branch's start; then
 each branch gets a copy of that checkpoint in its own model_path (modelpath/checkpoints.copy) and trains from it to
@@ -9,7 +12,8 @@ its own end, where it is evaluated: main.py resumes it as it resumes any run.
 Resumable: a run whose last checkpoint is at its train_steps and whose final evaluation is recorded is skipped; one
 trained to the end but not evaluated is evaluated (`main.py --eval`); one cut off resumes from its last checkpoint
 (main.py's own resume: the same batches, no step trained twice), a branch too. Ctrl-C (or SIGTERM) is passed once
-to the run training: it saves after its current step, and the ladder stops with a line saying how to go on.
+to the worker while a run is under way: the run saves after its current step, and the ladder stops with a line
+saying how to go on (between runs, nothing more is started).
 Finished runs are never touched again.
 
 Progress: each size's own progress lines (with its ETA), each followed by the ladder's share of FLOPs done and its
@@ -20,9 +24,11 @@ Indexed Job) into OUT/launch/ and prints how to submit them.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -39,9 +45,8 @@ from ladder import plan as ladder_plan
 from ladder.plan import Ladder, SizePlan, duration
 from ladder.spec import LadderError
 from ladder.status import results_file, validation_losses
-from execution.preemption import install
+from execution.preemption import exit_code, install
 
-MAIN = os.path.join(REPO_ROOT, "main.py")
 _STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)")
 
 
@@ -169,11 +174,80 @@ class Progress:
         return f"{shown}, eta {duration(left + overhead * len(self.waiting))}"
 
 
-class _Forward:
-    """While a size trains: SIGINT and SIGTERM to the ladder are passed to it (once each), and noted."""
+class Worker:
+    """The process that runs the ladder's runs (ladder/worker.py), started at the first run that trains: `run(argv)`
+    runs main.py's `main(argv)` there and yields the run's output lines; its exit code is `code` after them. In
+    its own session: a terminal's Ctrl-C reaches the ladder only, which passes it on once (twice would stop the run
+    at once, without its checkpoint)."""
 
-    def __init__(self):
-        self.child: Optional[subprocess.Popen] = None
+    def __init__(self, cpu_devices: int = 1):
+        self.cpu_devices = cpu_devices
+        self.process: Optional[subprocess.Popen] = None
+        self.busy = False                # a run is under way: signals are passed on
+        self.code: Optional[int] = None  # the last run's exit code
+        self._token = secrets.token_hex(8)  # the line after a run's output: no run prints it
+
+    def _start(self) -> subprocess.Popen:
+        command = [sys.executable, "-m", "ladder.worker", self._token, str(self.cpu_devices)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, cwd=REPO_ROOT, env=env, start_new_session=True)
+
+    def run(self, argv: list):
+        if self.process is None:
+            self.process = self._start()
+        self.code, self.busy = None, True
+        try:
+            self.process.stdin.write(json.dumps(argv) + "\n")
+            self.process.stdin.flush()
+        except OSError:  # the worker is gone (a broken pipe): its code below
+            pass
+        end = f"{self._token} "
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            if end in line:  # after the run's last line, or after a last line without its end
+                before, _, code = line.rpartition(end)
+                if before:
+                    yield before
+                self.code, self.busy = int(code), False
+                return
+            yield line
+        code = self.process.wait()  # the worker ended during the run (killed, or a crash below Python)
+        self.code, self.busy, self.process = 128 - code if code < 0 else code or 1, False, None
+
+    def send_signal(self, signum: int) -> None:
+        if self.busy and self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def close(self) -> None:
+        """The worker ends at the end of its input; a run still under way (the ladder stopped by an error of its
+        own) is stopped as by SIGTERM: it saves after its step."""
+        if self.process is None:
+            return
+        if self.busy and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.stdin.close()
+        except OSError:  # gone already
+            pass
+        for _ in self.process.stdout:  # what it still says (a run's last lines): the ladder has stopped listening
+            pass
+        self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Forward:
+    """While the ladder trains: SIGINT and SIGTERM to the ladder are passed to the worker's run under way (once
+    each), and noted."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
         self.signum: Optional[int] = None
         self._previous = {}
 
@@ -188,20 +262,13 @@ class _Forward:
 
     def _handle(self, signum, frame):
         self.signum = signum
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+        self.worker.send_signal(signum)
 
 
-def _train_size(size: SizePlan, evaluate_only: bool, progress: Progress, forward: _Forward, say) -> int:
-    command = [sys.executable, MAIN, "--model", size.run.config_path] + (["--eval"] if evaluate_only else [])
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # Its own session: a terminal's Ctrl-C reaches the ladder only, which passes it on once (twice would stop the
-    # size at once, without its checkpoint).
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
-                             env=env, start_new_session=True)
-    forward.child = child
-    for line in child.stdout:
-        line = line.rstrip("\n")
+def _train_size(size: SizePlan, evaluate_only: bool, progress: Progress, worker: Worker, say) -> int:
+    """main.py's run of `size` (training, or with `evaluate_only` its final evaluation) in the worker, its lines
+    shown with the size's name and the ladder's progress; returns main.py's exit code."""
+    for line in worker.run(["--model", size.run.config_path] + (["--eval"] if evaluate_only else [])):
         match = _STEP_LINE.match(line)
         if match:
             progress.update(size, int(match.group(1)))
@@ -209,7 +276,7 @@ def _train_size(size: SizePlan, evaluate_only: bool, progress: Progress, forward
         else:
             progress.gap()
         say(f"[{size.name}] {line}")
-    return child.wait()
+    return worker.code
 
 
 def run_here(ladder: Ladder, say=print) -> int:
@@ -217,7 +284,9 @@ def run_here(ladder: Ladder, say=print) -> int:
     states = {s.name: size_state(s) for s in ladder.sizes}
     progress = Progress(ladder, states)
     total = len(ladder.sizes)
-    with _Forward() as forward:
+    # The worker's CPU is split once, before TensorFlow starts there: into the most devices a run's mesh uses
+    cpu_devices = max([s.cfg.n_devices for s in ladder.sizes if not states[s.name].done], default=1)
+    with Worker(cpu_devices) as worker, _Forward(worker) as forward:
         for i, size in enumerate(ladder.sizes, 1):
             state = states[size.name]
             r = size.run
@@ -228,6 +297,9 @@ def run_here(ladder: Ladder, say=print) -> int:
                 say(f"{head}: done, skipped (final eval loss {eval_results(size)[r.steps]:.4f})")
                 continue
             say(f"{head}: {state.describe()}")
+            if forward.signum is not None:  # a Ctrl-C between runs: stop before starting another
+                say(f"ladder stopped before {size.name} trained (run the same command to resume)")
+                return exit_code(forward.signum)
             started = time.monotonic()
             progress.start(size)
             if state.branch_from:
@@ -235,7 +307,7 @@ def run_here(ladder: Ladder, say=print) -> int:
                 if forward.signum is not None:  # a Ctrl-C during the copy: stop before training anything
                     say(f"ladder stopped before {size.name} trained (run the same command to resume)")
                     return 130
-            code = _train_size(size, state.step >= r.steps, progress, forward, say)
+            code = _train_size(size, state.step >= r.steps, progress, worker, say)
             if forward.signum is not None or code in (130, 143):
                 say(f"ladder stopped during {size.name} (its last checkpoint is kept; finished runs are untouched): "
                     f"run the same command to resume")
