@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional
 
 import tensorflow as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
 
 from devices import gpus, peaks, tpu_access
 from execution import meshes, runner
@@ -124,7 +123,8 @@ class Placement:
         config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_count={"CPU": self.cpu_devices})
         gpus.session_gpu_options(config, self)  # only the --gpu_ids GPUs, their memory setting; none for CPUs
         if inference and self.devices and all("CPU" in d.upper() for d in self.devices):
-            config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
+            rewrites = config.graph_options.rewrite_options
+            rewrites.remapping = rewrites.OFF  # the RewriterConfig message's own enum: no TF-internal import
         return config
 
     def mesh(self, cfg):

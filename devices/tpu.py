@@ -350,13 +350,13 @@ def _control_flow_v1():
     """TF 1's while loop for the program: mesh-tensorflow creates the SIMD mesh's slice variables while it
     lowers the step, inside the loop body, and lifts their initial values out of the loop with
     `control_dependencies(None)`, which leaves a v1 loop's context but not a v2 loop's function graph."""
-    from tensorflow.python.ops import control_flow_util
-    before = control_flow_util.ENABLE_CONTROL_FLOW_V2
-    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    before = tf.control_flow_v2_enabled()  # TF's public switch (not its internal flag)
+    tf.disable_control_flow_v2()
     try:
         yield
     finally:
-        control_flow_util.ENABLE_CONTROL_FLOW_V2 = before
+        if before:
+            tf.enable_control_flow_v2()
 
 
 def count_variable(initial: int) -> tf.Variable:
