@@ -16,6 +16,7 @@ for bit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -26,7 +27,11 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import deprecation
+
+try:  # TensorFlow's internals (2.20, 2.21): without them tf_record_iterator's deprecation warning is printed
+    from tensorflow.python.util.deprecation import silence as silenced_deprecation
+except ImportError:
+    silenced_deprecation = None
 
 from schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
@@ -227,7 +232,8 @@ def _count_by_reading(path: str) -> int:
 def _iterate_records(path: str, limit: Optional[int] = None):
     """Serialized records of one file, via TF's CRC-checking reader; corruption -> DataError."""
     try:
-        with deprecation.silence():  # tf_record_iterator is the reader that works in graph and eager mode alike
+        quiet = silenced_deprecation() if silenced_deprecation else contextlib.nullcontext()
+        with quiet:  # tf_record_iterator is the reader that works in graph and eager mode alike
             iterator = tf.compat.v1.io.tf_record_iterator(path)
         for number, record in enumerate(iterator):
             if limit is not None and number >= limit:

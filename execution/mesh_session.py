@@ -15,7 +15,11 @@ import models  # noqa: F401  (mesh-tensorflow's compatibility alias, before mesh
 import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
-from tensorflow.core.protobuf import config_pb2
+
+try:  # TensorFlow's internals (2.20, 2.21): without them `run_once` keeps its executor (see there)
+    from tensorflow.core.protobuf import config_pb2
+except ImportError:
+    config_pb2 = None
 
 from modelpath import checkpoints
 
@@ -138,8 +142,11 @@ def run_once(session: tf.Session, op) -> None:
     tensor in memory), and a session keeps every executor it ran, with its kernels and their tensors, until it
     closes: each Adam slot's folded zeros outlived its initialisation, held beside the slot once the first update
     gave it a buffer of its own (two weight-sized copies: 0.93 GiB at GPT-Neo 125M)."""
-    options = config_pb2.CallableOptions(target=[op.name])
-    initialise = session._make_callable_from_options(options)  # Session.make_callable takes run()'s path instead
+    make_callable = getattr(session, "_make_callable_from_options", None)  # Session.make_callable takes run()'s path
+    if make_callable is None or config_pb2 is None:  # a TensorFlow without them: run once, the executor kept
+        session.run(op)
+        return
+    initialise = make_callable(config_pb2.CallableOptions(target=[op.name]))
     initialise()
     del initialise  # TF_SessionReleaseCallable
 

@@ -133,12 +133,20 @@ def reusing_variables():
     return tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE)
 
 
+# TensorFlow's internal way to add ops to a finalized graph (2.20, 2.21; no public one): without it a Predictor's
+# programs each keep a graph, session and copy of the weights of their own (infer/run.py), as on a TPU.
+GRAPHS_REOPEN = hasattr(tf.Graph, "_unsafe_unfinalize")
+
+
 @contextlib.contextmanager
 def unfinalized(graph: tf.Graph):
     """`graph` open to new ops inside, finalized again after if it was: a session's graph stays closed to the
     ops a running loop might add by mistake (execution/mesh_session.py), but takes a program built into it."""
     was_finalized = graph.finalized
     if was_finalized:
+        if not GRAPHS_REOPEN:
+            raise RuntimeError(f"TensorFlow {tf.__version__} cannot add ops to a finalized graph (no "
+                               f"Graph._unsafe_unfinalize): build the program into a graph of its own")
         graph._unsafe_unfinalize()  # TF's own way back (no public one): the graph is extended, not rewritten
     try:
         yield graph

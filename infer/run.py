@@ -37,7 +37,8 @@ class Predictor:
     Every program is built into one graph, whose one session holds one copy of the model's weights (no optimizer
     state) for them all until `close`: the mesh's variables are found by name by each later build, so a program
     adds its ops and no weights, and a restore reads the checkpoint once. On a TPU (placement.programs_share_weights
-    false) each program keeps a graph and session of its own, and a copy of the weights each."""
+    false), or on a TensorFlow that cannot reopen a finalized graph (runner.GRAPHS_REOPEN), each program keeps a
+    graph and session of its own, and a copy of the weights each."""
 
     def __init__(self, cfg: GPTConfig, placement: Placement, checkpoint: Optional[str] = None):
         if checkpoint and tf.io.gfile.isdir(checkpoint):
@@ -75,7 +76,7 @@ class Predictor:
                                        f"variables the first one lacks ({', '.join(program.created_variables[:3])}"
                                        f"): its weights cannot be shared")
             else:
-                graph = tf.Graph() if self.placement.programs_share_weights else None
+                graph = tf.Graph() if self.placement.programs_share_weights and runner.GRAPHS_REOPEN else None
                 program = prediction_program(self.cfg, self.placement, rows, batch_size, options, graph)
                 session = program.open(self.checkpoint, slot_patterns(), inference=True)
                 if graph is not None:

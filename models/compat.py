@@ -113,11 +113,15 @@ _tf = import_tensorflow()
 for _name in ("tensorflow_datasets", "gin.tf", "pkg_resources"):
     lazy_module(_name)
 
-from tensorflow.python.framework import ops as _ops  # noqa: E402
-from tensorflow.python.framework import tensor_conversion_registry as _registry  # noqa: E402
-
-if not hasattr(_ops, "register_tensor_conversion_function"):
-    _ops.register_tensor_conversion_function = _registry.register_tensor_conversion_function
+try:  # TensorFlow's internals, which mesh-tensorflow itself imports: without them it cannot load at all
+    from tensorflow.python.framework import ops as _ops  # noqa: E402
+    if not hasattr(_ops, "register_tensor_conversion_function"):
+        from tensorflow.python.framework import tensor_conversion_registry as _registry  # noqa: E402
+        _ops.register_tensor_conversion_function = _registry.register_tensor_conversion_function
+except ImportError as _missing:
+    raise ImportError(f"mesh-tensorflow 0.1.21 needs TensorFlow's tensorflow.python.framework.ops."
+                      f"register_tensor_conversion_function, which TensorFlow {_tf.__version__} lacks ({_missing}): "
+                      f"install the TensorFlow requirements.txt pins") from _missing
 
 
 class ModeKeys:
@@ -156,6 +160,8 @@ def _install() -> None:
     for name in ("tpu_estimator", "tpu_config"):
         full = f"tensorflow.python.tpu.{name}"
         if full not in sys.modules:
+            if "tensorflow.python.tpu" not in sys.modules:  # a TensorFlow without it: the folder stood in too
+                sys.modules["tensorflow.python.tpu"] = types.ModuleType("tensorflow.python.tpu")
             sys.modules[full] = _Removed(full)
             setattr(sys.modules["tensorflow.python.tpu"], name, sys.modules[full])
 

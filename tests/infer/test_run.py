@@ -167,3 +167,21 @@ def test_a_later_program_that_creates_variables_is_refused_naming_them():
         created = sorted(runner.variable_names(first.graph) - tied)
         assert created and ", ".join(created[:3]) in str(refused.value)
         assert len(predictor._programs) == 1
+
+
+@pytest.mark.slow
+def test_on_a_tensorflow_that_cannot_reopen_a_graph_each_program_keeps_its_own(monkeypatch, tmp_path):
+    """Without Graph._unsafe_unfinalize (runner.GRAPHS_REOPEN false; tests/test_tensorflow_internals.py fails
+    loudly there) a Predictor degrades to a graph and session per program, as on a TPU, with the same outputs.
+    Bug caught: `Predictor._program` sharing the graph whatever GRAPHS_REOPEN says (its second program refused by
+    runner.unfinalized)."""
+    cfg = tiny_config()
+    checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path / "model.ckpt-1"))
+    with run.Predictor(cfg, placement_for(cfg), checkpoint) as shared:
+        want = [shared.predict(scoring_rows(cfg, 8), 3), shared.predict(scoring_rows(cfg, cfg.n_ctx), 3)]
+    monkeypatch.setattr(runner, "GRAPHS_REOPEN", False)
+    with run.Predictor(cfg, placement_for(cfg), checkpoint) as alone:
+        got = [alone.predict(scoring_rows(cfg, 8), 3), alone.predict(scoring_rows(cfg, cfg.n_ctx), 3)]
+        graphs = {id(program.graph) for program, _ in alone._programs.values()}
+    assert len(graphs) == 2
+    assert_same_outputs(got, want)

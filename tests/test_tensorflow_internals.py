@@ -1,0 +1,83 @@
+"""The private TensorFlow APIs the product relies on (docs/repository.md, "Private TensorFlow APIs we rely on and
+why"). Each is guarded where it is used, so that a TensorFlow without it still runs, slower or with more memory;
+this file is what fails, loudly and naming the API, on such a TensorFlow (.ci/run runs it on 2.20 as well).
+Bug each test catches: its guard's import or attribute name misspelled, so the product silently runs the
+degraded path on every TensorFlow."""
+import re
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from data import inputs
+from execution import mesh_session, runner
+from models.kernels import common
+
+GONE = "TensorFlow {} has no {}: {}. Find its new place, or update docs/repository.md's list and this test"
+
+
+def test_xla_kernels_are_named_by_their_content():
+    """models/kernels/common.py wraps atomic_function.from_func_graph so that a jit_compile function's name is a
+    digest of its body: the same kernel traced in two graphs, after other ops, gets one name (XLA's persistent
+    compile cache is keyed by it)."""
+    assert common.atomic_function is not None and getattr(
+        common.atomic_function.from_func_graph, "named_by_content", False), GONE.format(
+        tf.__version__, "tensorflow.python.eager.polymorphic_function.atomic_function.from_func_graph",
+        "the fused kernels get counter names again and the persistent XLA cache misses them")
+
+    @tf.function(jit_compile=True)
+    def doubled(x):
+        return x * 2.0
+
+    names = []
+    for ops_before in (0, 5):
+        with tf.Graph().as_default() as graph:
+            for i in range(ops_before):
+                tf.constant(float(i))
+            doubled(tf.constant([1.0, 2.0]))
+        names.append([f.signature.name for f in graph.as_graph_def().library.function])
+    assert names[0] == names[1] and len(names[0]) == 1, names
+    assert re.fullmatch(r"__inference_doubled_[0-9a-f]{20}", names[0][0]), names
+
+
+def test_a_finalized_graph_takes_a_program_built_into_it():
+    """execution/runner.py's `unfinalized` (Graph._unsafe_unfinalize): a Predictor's later programs are built
+    into the graph its open session finalized; without it each program keeps a copy of the weights of its own."""
+    assert runner.GRAPHS_REOPEN, GONE.format(tf.__version__, "tf.Graph._unsafe_unfinalize",
+                                             "a Predictor's programs each hold a copy of the weights")
+    graph = tf.Graph()
+    graph.finalize()
+    with runner.unfinalized(graph), graph.as_default():
+        added = tf.constant(3.0, name="added")
+    assert graph.finalized and graph.get_tensor_by_name("added:0") is added
+
+
+def test_an_initializer_runs_through_a_callable_released_after(monkeypatch):
+    """execution/mesh_session.py's `run_once` (Session._make_callable_from_options, config_pb2.CallableOptions),
+    not Session.run: without them the executor of the variables' initialisation, its folded zeros included, stays
+    in memory."""
+    runs = []
+    session_run = tf.Session.run
+    monkeypatch.setattr(tf.Session, "run", lambda self, *a, **k: runs.append(a) or session_run(self, *a, **k))
+    with tf.Graph().as_default():
+        variable = tf.get_variable("v", initializer=np.arange(3, dtype=np.float32))
+        with tf.Session() as session:
+            mesh_session.run_once(session, variable.initializer)
+            assert runs == [], GONE.format(
+                tf.__version__, "tf.Session._make_callable_from_options or tensorflow.core.protobuf.config_pb2",
+                "each session keeps its initialisation's executor (a weight-sized copy per Adam slot)")
+            np.testing.assert_array_equal(session.run(variable), np.arange(3))
+
+
+def test_the_record_readers_deprecation_warning_is_silenced():
+    """data/inputs.py quiets tf_record_iterator's deprecation warning (tensorflow.python.util.deprecation.silence)."""
+    assert inputs.silenced_deprecation is not None, GONE.format(
+        tf.__version__, "tensorflow.python.util.deprecation.silence", "reading records prints a deprecation warning")
+
+
+def test_mesh_tensorflow_finds_its_tensor_conversion_registration():
+    """models/compat.py gives mesh-tensorflow 0.1.21 `ops.register_tensor_conversion_function` back (moved in TF
+    2.13); without it mesh-tensorflow cannot be imported at all (compat.py's error line says so)."""
+    from tensorflow.python.framework import ops
+    assert callable(getattr(ops, "register_tensor_conversion_function", None)), GONE.format(
+        tf.__version__, "tensorflow.python.framework.ops.register_tensor_conversion_function",
+        "mesh-tensorflow cannot be imported")
