@@ -68,13 +68,13 @@ def _shown(value, pattern: str) -> str:
 def table(spec: LadderSpec) -> str:
     rows = [overview(r) for r in size_records(spec)]
     lines = [f"ladder {spec.name} ({spec.out})",
-             f"{'run':<16}{'N':>9}{'tokens':>16}{'pflop-days':>11}{'done':>6}{'tok/s':>8}{'MFU':>6}"
+             f"{'run':<16}{'N':>9}{'tokens':>16}{'pflop-days':>11}{'done':>6}{'tok/s':>8}{'MFU':>7}"
              f"{'train':>8}{'eval':>8}{'eta':>8}  state"]
     for r in rows:
         tokens = f"{_short(r['done_tokens'])} / {_short(r['target_tokens'])}"
         lines.append(
             f"{r['name']:<16}{r['non_embedding']:>9,}{tokens:>16}{r['pflop_days']:>11.2e}{100 * r['fraction']:>5.0f}%"
-            f"{_shown(r['tokens_per_s'], '{:,.0f}'):>8}{_shown(r['mfu'] and 100 * r['mfu'], '{:.1f}%'):>6}"
+            f"{_shown(r['tokens_per_s'], '{:,.0f}'):>8}{_shown(r['mfu'] and 100 * r['mfu'], '{:.1f}%'):>7}"
             f"{_shown(r['train_loss'], '{:.3f}'):>8}{_shown(r['eval_loss'], '{:.3f}'):>8}"
             f"{duration(r['eta']) if r['eta'] is not None else '-':>8}  {r['state']}")
     done = sum(r["pflop_days"] for r in rows)
