@@ -17,7 +17,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from schema import GPTConfig
-from models.kernels.common import xla_kernels
+from models.kernels.common import xla_function, xla_kernels
 
 # Norm gains/biases and other biases are not decayed (GPT-2/GPT-Neo practice).
 NO_DECAY = [r"norm", r"ln_f", r"/b$", r"bias", r"o_b"]
@@ -56,7 +56,7 @@ def _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon
     return assigns
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _adam_compiled(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays):
     _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays)
     return tf.constant(0.0)  # an output for the caller to depend on: the assignments run inside the call

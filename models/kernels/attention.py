@@ -10,7 +10,7 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from models.kernels.common import compiled, f32
+from models.kernels.common import compiled, f32, xla_function
 
 
 def local_attention_block_length(n_ctx: int, radius: int) -> int:
@@ -28,7 +28,7 @@ def local_attention_blocks(n_ctx: int, radius: int) -> int:
     return n_ctx // local_attention_block_length(n_ctx, radius)
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _softmax_backward(y, dy):
     dtype, y, dy = y.dtype, f32(y), f32(dy)
     return tf.cast((dy - tf.reduce_sum(dy * y, axis=-1, keepdims=True)) * y, dtype)
@@ -118,7 +118,7 @@ def _visible_keys(start: int, end: int, radius: int | None) -> int:
     return 0 if radius is None else max(0, start - radius + 1)
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _softmax_backward_as(y, dy, dtype):
     """`_softmax_backward` computed in fp32 for weights `y` (recomputed in fp32, or kept in the activations' dtype)
     and their gradient `dy`, stored in `dtype` (the dtype of q and k, which the logits' gradient is multiplied with

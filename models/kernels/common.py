@@ -102,6 +102,16 @@ def kernels(path: str):
         _path.reset(token)
 
 
+def xla_function(fn):
+    """`fn` as a tf.function(jit_compile=True), traced as plain Python (autograph off). The kernels' bodies branch
+    and loop on Python values only (dtypes, lists of slices), so autograph's conversion changes nothing in the
+    traced graph (the same body, the same content-digest name), but converting them (parsing and rewriting their
+    source, and that of every function they call) cost each process ~1.5 CPU s on a 2-core EPYC before its first
+    step (cProfile of a tiny training: Adam's update alone was most of it). A kernel that needs
+    tensor-dependent control flow writes tf.cond / tf.while_loop."""
+    return tf.function(fn, jit_compile=True, autograph=False)
+
+
 def compiled(fn, *args):
     """fn(*args) for a tf.function(jit_compile=True) `fn`: XLA-compiled, or its Python body as plain TF ops where
     the kernels run plain (`xla_kernels`)."""

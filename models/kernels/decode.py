@@ -11,7 +11,7 @@ import mesh_tensorflow as mtf
 import mesh_tensorflow.transformer.attention as mtf_attention
 import tensorflow.compat.v1 as tf
 
-from models.kernels.common import compiled
+from models.kernels.common import compiled, xla_function
 
 
 class WriteAtPositionOperation(mtf.Operation):
@@ -89,7 +89,7 @@ def _attend_one_query(q, k_cache, v_cache, bias, position, window=None):
 # One XLA launch for the slices, products and softmax: about a dozen small TF ops per layer and token, whose
 # dispatch (oneDNN's above all, for [heads, 1, kv] products) cost more than the reads. 1.9 of 7.4 ms a token
 # went to attention at prompt 16 on a 2-core AVX2 CPU (bench/bench_decode.py's model); compiled, 1.4.
-_attend_one_query_compiled = tf.function(_attend_one_query, jit_compile=True)
+_attend_one_query_compiled = xla_function(_attend_one_query)
 
 
 def _write_row_in_place(cache, value, position):

@@ -10,7 +10,7 @@ import math
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums, stored, widened
+from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums, stored, widened, xla_function
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -20,13 +20,13 @@ from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums, store
 _GELU_C = math.sqrt(2 / math.pi)
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _gelu_forward(x):
     y = widened(x)
     return stored(y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y)))), x.dtype)
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _gelu_backward(x, dy):
     x, dtype, dy = widened(x), dy.dtype, widened(dy)
     t = tf.tanh(_GELU_C * (x + 0.044715 * x * x * x))
@@ -52,7 +52,7 @@ def gelu(x: mtf.Tensor) -> mtf.Tensor:
 # Layer norm
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _layer_norm_forward(x, g, b, epsilon):
     """y, and each row's mean and 1/sqrt(var + eps) for the backward pass (which then reads x once instead of
     three times: its moments were two more passes over x)."""
@@ -63,7 +63,7 @@ def _layer_norm_forward(x, g, b, epsilon):
     return stored(xc * r * g + b, dtype), mean[..., 0], r[..., 0]
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _layer_norm_backward_fused(x, g, dy, mean, r):
     dtype, x, g, dy = x.dtype, widened(x), widened(g), widened(dy)
     r = r[..., None]

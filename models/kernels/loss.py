@@ -9,17 +9,17 @@ from __future__ import annotations
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models.kernels.common import compiled, stored, widened
+from models.kernels.common import compiled, stored, widened, xla_function
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _xent_forward(logits: tf.Tensor, labels: tf.Tensor):
     log_z = tf.reduce_logsumexp(widened(logits), axis=-1)
     target = widened(tf.gather(logits, labels, axis=-1, batch_dims=len(labels.shape)))
     return log_z - target, log_z
 
 
-@tf.function(jit_compile=True)
+@xla_function
 def _xent_backward(logits: tf.Tensor, labels: tf.Tensor, log_z: tf.Tensor, d_xent: tf.Tensor, d_log_z: tf.Tensor):
     """d logits = softmax * (d_xent + d_log_z) - one_hot(label) * d_xent, one fused pass (XLA), computed in fp32
     and stored in the logits' dtype."""

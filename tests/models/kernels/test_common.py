@@ -100,3 +100,26 @@ def test_compiled_kernels_are_named_after_their_body():
                                        _jit_kernel_names(3.0, 0))
     assert len(first) == 1 and first == after_others
     assert other_body != first
+
+
+def test_the_kernels_are_traced_without_autograph(monkeypatch):
+    """Building a training step traces the fused kernels (cross-entropy, the softmax gradient, Adam's update) as
+    plain Python: autograph converts none of the project's functions (parsing and rewriting their source cost
+    every process ~1.5 CPU s before its first step, for a graph that came out the same). The bug it guards:
+    `common.xla_function` without `autograph=False` (the kernels converted again)."""
+    from tensorflow.python.autograph.impl import api
+    from devices.placement import Placement
+    from execution.runner import fixed_batches
+    from tiny import random_tokens, tiny_config
+    from train.loop import training_program
+
+    converted = []
+    convert = api._convert_actual
+    monkeypatch.setattr(api, "_convert_actual", lambda entity, *a: converted.append(entity) or convert(entity, *a))
+    cfg = tiny_config()
+    program = training_program(cfg, Placement(devices=("/device:CPU:0",)), fixed_batches(random_tokens([4, 17]), 4),
+                               0)
+    kernels = [f.signature.name for f in program.graph.as_graph_def().library.function
+               if f.attr["_XlaMustCompile"].b]
+    assert any("_adam_compiled" in name for name in kernels) and any("_xent_forward" in name for name in kernels)
+    assert [f"{e.__module__}.{e.__qualname__}" for e in converted] == []
