@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_decode.py --repeats 2 --prompt_lengths 16   # a quick check
     .venv/bin/python bench/bench_decode.py --prompt_lengths 16 1024 --new_tokens 8 40 --recompute
     .venv/bin/python bench/bench_decode.py --peers float32 bfloat16+compile --variants float32 bfloat16
+    .venv/bin/python bench/bench_decode.py --auto_jit --kernels plain --skip_hf --prompt_lengths 16 256 --rounds 3
 
 Same model in both (default: 6 layers, 512 wide, 8 heads, vocabulary 8192, context 2048, global/local with
 GPT-Neo's 256-token window), batch 1, greedy. For each prompt length, each side generates N1 and then N2 new
@@ -27,6 +28,13 @@ under torch.compile (dynamic shapes: the cache grows every token; GPTNeo has no 
 not compile it by itself), each in float32 and, where the CPU has bf16 matrix units, with the weights in
 bfloat16. Ours runs in float32 (--variants; what `precision: auto` resolves to for inference). The headline is
 ours / the best peer at each prompt length.
+
+--auto_jit measures ours also under TensorFlow's XLA auto-clustering of the whole program (bench/worker.py's
+JIT_MODES: auto_jit, and auto_jit+onednn with XLA:CPU's oneDNN matmuls), each mode in its own processes,
+interleaved with the default over --rounds, and prints each mode's median per-token time over every repeat of
+every round, its ratio to the default's, and the warm-up calls' seconds (--warmup; XLA's compiles, cold in the
+first round unless XLA's compile cache held them). --kernels plain runs the model's fused kernels as plain TF
+ops, as --predict does on CPUs (infer/job.py); the default, xla, is what the harness and training's programs run.
 """
 from __future__ import annotations
 
@@ -93,7 +101,7 @@ def worker_ours(args, names: list | None = None) -> dict:
             sessions[prefill, new] = (session, program.lowered.outputs["tokens"], fed["tokens"], fed["prompt_length"])
 
     rng = np.random.RandomState(0)
-    results = {}
+    results, first_call = {}, {}
     for p in args.prompt_lengths:
         row = np.zeros([1, cfg.n_ctx], np.int32)
         row[0, :p] = rng.randint(0, cfg.n_vocab, p)
@@ -101,7 +109,10 @@ def worker_ours(args, names: list | None = None) -> dict:
         outputs = {}
         for key in ours:
             session, fetch, tokens, length = sessions[key]
-            outputs[key] = session.run(fetch, {tokens: row, length: [p]})  # warm-up
+            for call in range(args.warmup):  # XLA compiles here, if at all: auto-clustering over several calls
+                start = time.perf_counter()
+                outputs[key] = session.run(fetch, {tokens: row, length: [p]})
+                first_call.setdefault(f"{p}/{key[0]}/{key[1]}", []).append(round(time.perf_counter() - start, 3))
             assert (outputs[key][0, :p] == row[0, :p]).all()
         for prefill, new in ours:  # the bucket's prefill changes nothing but the time
             np.testing.assert_array_equal(outputs[prefill, new], outputs[None, new])
@@ -119,7 +130,9 @@ def worker_ours(args, names: list | None = None) -> dict:
             results[str(p)]["bucket"] = dict(prefill_length=prefills[p][1], **per_token(
                 {new: times[prefills[p][1], new] for new in args.new_tokens}, args.new_tokens,
                 {new: cpu[prefills[p][1], new] for new in args.new_tokens}))
-    return {"path": path, "by_prompt": results}
+        results[str(p)]["tokens"] = outputs[None, args.new_tokens[1]][0, p:p + args.new_tokens[1]].tolist()
+    # the warm-up calls' seconds by "prompt/prefill/new tokens" (prefill None: the whole context)
+    return {"path": path, "by_prompt": results, "first_call_s": first_call}
 
 
 def per_token(times: dict, new_tokens, cpu: dict | None = None) -> dict:
@@ -224,31 +237,38 @@ def bytes_per_token(args, position: float) -> float:
 WORKERS = {"ours": worker_ours, "hf": worker_hf, "bandwidth": worker_bandwidth}
 
 
-def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, variant: str = "float32") -> dict:
+def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, variant: str = "float32",
+               jit: str = "default") -> dict:
     """One measurement in a fresh process: this checkout's worker, or (peer) the peer checkout's own worker
-    under the peer's Python (its stack). `variant`: a precision, +compile for HF under torch.compile."""
+    under the peer's Python (its stack). `variant`: a precision, +compile for HF under torch.compile; `jit`: a
+    mode of worker.JIT_MODES (ours: XLA auto-clustering)."""
     python, root = (args.peer_python, os.path.abspath(args.peer_repo)) if peer else (sys.executable, ROOT)
     precision, _, extra = variant.partition("+")
     command = [python, os.path.join(root, "bench", "bench_decode.py"), "--worker", kind]
     if variant != "float32":  # (a peer checkout's older bench may not know the flags)
         command += ["--precision", precision] + (["--compile"] if extra == "compile" else [])
-    for key in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window", "repeats", "cpus"):
+    for key in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window", "repeats", "cpus") + \
+            (("warmup",) if args.warmup != 1 else ()):  # (a peer's older bench may not know --warmup)
         command += [f"--{key}", str(getattr(args, key))]
     command += ["--prompt_lengths", *map(str, args.prompt_lengths), "--new_tokens", *map(str, args.new_tokens)]
     if recompute:
         command += ["--recompute_worker"]
     if getattr(args, "prefill_bucket", False) and kind == "ours" and not peer:
         command += ["--prefill_bucket"]
+    if getattr(args, "kernels", "xla") != "xla" and kind == "ours" and not peer:
+        command += ["--kernels", args.kernels]
     started = time.time()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=root)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=root, env=worker.jit_environment(jit))
     lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
     if result.returncode != 0 or not lines:
         killed = " (killed by SIGKILL: out of memory? see dmesg)" if result.returncode == -9 else ""
         raise SystemExit(f"error: the {kind} worker failed with exit code {result.returncode}{killed}:\n"
                          f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
-    name = {"ours": "ours " + variant, "hf": bench_train.peer_name(variant)}.get(kind, kind)
+    name = {"ours": "ours " + variant + ("" if jit == "default" else " " + jit),
+            "hf": bench_train.peer_name(variant)}.get(kind, kind)
     values.update(measure=("peer " if peer else "") + name + (" recompute" if recompute else ""), variant=variant,
+                  jit=jit,
                   wall_s=round(time.time() - started, 1),
                   load=[round(x, 2) for x in os.getloadavg()])
     print(json.dumps(values), flush=True)
@@ -267,6 +287,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--new_tokens", type=int, nargs=2, default=[8, 40], metavar=("N1", "N2"),
                    help="two generation lengths; per-token time is the difference over N2 - N1")
     p.add_argument("--repeats", type=int, default=5, help="runs of each generation length; the median counts")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls of each program first (auto-clustering "
+                   "compiles a cluster at its first call and again at a later one for each new shape)")
     p.add_argument("--recompute", action="store_true", help="also time this project's full-recompute path")
     p.add_argument("--prefill_bucket", action="store_true",
                    help="also time ours with the prefill over the prompt's bucket (SamplingOptions.prefill_length, "
@@ -277,6 +299,13 @@ def parse(argv=None) -> argparse.Namespace:
                    help="HF's set-ups: the weights' dtype, +compile for the forward under torch.compile (default: "
                         "float32 and float32+compile, and their bfloat16 where the CPU has bf16 matrix units)")
     p.add_argument("--skip_hf", action="store_true")
+    p.add_argument("--auto_jit", action="store_true",
+                   help="also measure ours under XLA auto-clustering, and with XLA's oneDNN matmuls (bench/worker.py's "
+                        "JIT_MODES), interleaved with the default over --rounds; prints the ratios")
+    p.add_argument("--rounds", type=int, default=2, help="with --auto_jit: rounds of every mode, one after another")
+    p.add_argument("--kernels", choices=["xla", "plain"], default="xla",
+                   help="ours: the model's fused kernels XLA-compiled (the default) or as plain TF ops (--predict's "
+                        "on CPUs)")
     p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0 or 0,1 (default: "
                    "all); on a shared machine one pinned core is disturbed less than all cores")
     p.add_argument("--peer_python", help="also measure the peer checkout --peer_repo under this Python (its own "
@@ -298,6 +327,8 @@ def measure(args) -> dict:
         raise SystemExit("error: --peer_python and --peer_repo go together")
     if args.repeats < 1:
         raise SystemExit(f"error: --repeats must be at least 1 (got {args.repeats})")
+    if args.warmup < 1 or args.rounds < 1:
+        raise SystemExit(f"error: --warmup and --rounds must be at least 1 (got {args.warmup} and {args.rounds})")
     from devices import precision
     cpu_name, flags = precision.cpu_info()
     if args.peers is None:
@@ -311,6 +342,13 @@ def measure(args) -> dict:
           f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: TensorFlow decides by the CPU)')}", flush=True)
     bandwidth = [run_worker("bandwidth", args)]
     runs = [run_worker("ours", args, variant=v) for v in args.variants]
+    jit_runs = {}
+    if args.auto_jit:
+        for round_ in range(args.rounds):  # every mode once a round: the machine's drift moves them all
+            for mode in worker.JIT_MODES:
+                run = runs[0] if round_ == 0 and mode == "default" else \
+                    run_worker("ours", args, variant=args.variants[0], jit=mode)
+                jit_runs.setdefault(mode, []).append(run)
     if args.peer_python:
         runs.append(run_worker("ours", args, peer=True))
     if args.recompute:
@@ -318,9 +356,30 @@ def measure(args) -> dict:
     runs += [run_worker("hf", args, variant=v) for v in args.peers]
     bandwidth.append(run_worker("bandwidth", args))  # before and after: how much the machine moved meanwhile
     return dict(cpu=cpu, runs=runs, bandwidth=bandwidth, load_start=load_start,
+                auto_jit=jit_summary(jit_runs, args.new_tokens),
                 load_end=[round(x, 2) for x in os.getloadavg()], prompt_lengths=args.prompt_lengths,
                 new_tokens=args.new_tokens, repeats=args.repeats,
                 model={k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_ctx", "n_vocab", "window")})
+
+
+def jit_summary(jit_runs: dict, new_tokens) -> dict:
+    """Per mode of --auto_jit and prompt: the median per-token ms over every repeat of every round, and the
+    first calls' seconds of each round; whether its greedy tokens were the default's."""
+    import statistics
+    n1, n2 = new_tokens
+    summary = {}
+    for mode, runs in jit_runs.items():
+        prompts = runs[0]["by_prompt"]
+        summary[mode] = {p: dict(per_token_ms=statistics.median(x for r in runs for x in r["by_prompt"][p][
+            "per_token_repeats_ms"]), rounds_ms=[round(r["by_prompt"][p]["per_token_ms"], 2) for r in runs],
+            # CPU ms per token from each round's median CPU seconds of N1 and N2 tokens: what a loaded machine
+            # stretches less than the wall time
+            cpu_per_token_ms=statistics.median(1e3 * (r["by_prompt"][p]["cpu_n2_s"] - r["by_prompt"][p]["cpu_n1_s"])
+                                               / (n2 - n1) for r in runs),
+            same_tokens=all(r["by_prompt"][p]["tokens"] == jit_runs["default"][0]["by_prompt"][p]["tokens"]
+                            for r in runs)) for p in prompts}
+        summary[mode]["first_call_s"] = [r["first_call_s"] for r in runs]
+    return summary
 
 
 def ms(r: dict, p: int):
@@ -376,6 +435,21 @@ def print_table(s: dict, args) -> None:
         print(f"decode tokens/s, ours / peer ({args.peer_repo}): " + ", ".join(
             f"prompt {p}: " + (f"{ms(peer, p) / ms(ours, p):.2f}x" if ms(peer, p) and ms(ours, p) else "-")
             for p in prompts))
+    if s.get("auto_jit"):
+        jit = s["auto_jit"]
+        print("XLA auto-clustering (--auto_jit): per-token ms, median over every repeat of every round (each "
+              "round's median in brackets), / the default's; CPU ms per token (median over rounds), / the default's; "
+              "warm-up calls' seconds per round")
+        for mode, by_prompt in jit.items():
+            cells = "; ".join(
+                f"prompt {p}: {by_prompt[str(p)]['per_token_ms']:.2f} ms {by_prompt[str(p)]['rounds_ms']} "
+                f"{by_prompt[str(p)]['per_token_ms'] / jit['default'][str(p)]['per_token_ms']:.2f}x"
+                + f", CPU {by_prompt[str(p)]['cpu_per_token_ms']:.2f} ms "
+                  f"{by_prompt[str(p)]['cpu_per_token_ms'] / jit['default'][str(p)]['cpu_per_token_ms']:.2f}x"
+                + ("" if by_prompt[str(p)]["same_tokens"] else " OTHER TOKENS") for p in prompts)
+            first = [round(sum(c[0] for c in calls.values()), 1) for calls in by_prompt["first_call_s"]]
+            later = [round(sum(sum(c[1:]) for c in calls.values()), 1) for calls in by_prompt["first_call_s"]]
+            print(f"  {mode:<16} {cells}; warm-up: first calls {first} s, later ones {later} s")
     if any(ms(r, p) is None for r in s["runs"] for p in prompts):
         print("# too noisy: the median t(N2) - t(N1) was not positive (other work on the machine); rerun with more "
               "--repeats or on pinned --cpus")

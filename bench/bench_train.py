@@ -7,6 +7,7 @@
     .venv/bin/python bench/bench_train.py --peers float32 bfloat16+compile    # some of HF's set-ups only
     .venv/bin/python bench/bench_train.py --cpus 0            # the same on one pinned core (a shared machine)
     .venv/bin/python bench/bench_train.py --variants float32 float32+xla --repeats 2 --steps 8
+    .venv/bin/python bench/bench_train.py --auto_jit --skip_hf --variants float32 --repeats 3   # XLA auto-clustering
     .venv/bin/python bench/bench_train.py --skip_hf --peer_python OLD/.venv/bin/python --peer_repo OLD   # vs another stack
 
 Trains the same GPT-Neo model (--shape bench, the default: 6 layers, 512 wide, 8 heads, context 256, vocabulary
@@ -30,6 +31,11 @@ against TensorFlow's measured matmul peak in the precision that ran (fp32 or bf1
 bf16 peak), the peak resident memory (RSS) of each side's process, and the fp32 and bf16 matmul peaks of both
 frameworks (TF's and PyTorch's), measured in the same run. One JSON object per measurement on stdout, then a
 table; `measure` returns the same as a dict (bench/measure.py prints the docs' tables from it).
+
+--auto_jit measures each of ours also under TensorFlow's XLA auto-clustering of the whole step (bench/worker.py's
+JIT_MODES: auto_jit, and auto_jit+onednn with XLA:CPU's oneDNN matmuls), interleaved with the default in every
+repeat, and prints each mode's median tokens/s over the repeats, its ratio to the default's, and the seconds to
+the first step's end (graph, session, XLA's compiles) and of the other warm-up steps.
 """
 from __future__ import annotations
 
@@ -167,6 +173,7 @@ def worker_ours(args, names: list | None = None) -> dict:
     names = names or configure(["device:CPU:0"])
     rss_framework = current_rss()
     total = args.warmup + args.steps
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         cfg = bench_config(m, args.precision, os.path.join(folder, "run"), train_steps=total)
         data = np.random.RandomState(0).randint(0, cfg.n_vocab, size=[64, cfg.n_ctx + 1]).astype(np.int32)
@@ -191,7 +198,11 @@ def worker_ours(args, names: list | None = None) -> dict:
             "step_times": [round(b - a, 3) for a, b in zip(times[args.warmup - 1:], times[args.warmup:])],
             # the process's CPU seconds per step (all its threads): on a shared machine, what other work does not
             # stretch as it stretches the wall time (two commits compared on one pinned core: --cpus 0)
-            "cpu_s_per_step": (cpu_times[-1] - cpu_times[args.warmup - 1]) / args.steps}
+            "cpu_s_per_step": (cpu_times[-1] - cpu_times[args.warmup - 1]) / args.steps,
+            # the graph's build, the session and the first step (XLA's compiles), then the other warm-up steps
+            "to_first_step_s": round(times[0] - started, 2),
+            "warmup_step_times": [round(b - a, 3) for a, b in zip(times[:args.warmup - 1], times[1:args.warmup])],
+            "loss_trajectory": losses}
 
 
 def worker_hf(args, device: str = "cpu") -> dict:
@@ -277,7 +288,8 @@ WORKERS = {"peak": worker_peak, "ours": worker_ours, "hf": worker_hf}
 def run_worker(kind: str, args, variant: str = "float32", peer: bool = False) -> dict:
     """One measurement in a fresh process: this checkout's worker, or (peer) the peer checkout's own worker
     under the peer's Python (its stack: e.g. an older commit on TensorFlow 2.15). `variant` is a precision with
-    an optional +xla (ours) or +compile (HF)."""
+    an optional +xla (ours) or +compile (HF), and for ours an optional @mode of worker.JIT_MODES (--auto_jit)."""
+    variant, _, jit = variant.partition("@")
     precision, _, extra = variant.partition("+")
     python, root = (args.peer_python, os.path.abspath(args.peer_repo)) if peer else (sys.executable, ROOT)
     command = [python, os.path.join(root, "bench", "bench_train.py"), "--worker", kind, "--precision", precision]
@@ -285,18 +297,20 @@ def run_worker(kind: str, args, variant: str = "float32", peer: bool = False) ->
         command.append("--" + extra)
     for key, value in vars(args).items():
         if key in ("worker", "precision", "variants", "peers", "repeats", "skip_hf", "xla", "compile", "peer_python",
-                   "peer_repo", "shape"):
+                   "peer_repo", "shape", "auto_jit"):
             continue
         command += [f"--{key}", str(value)]
     started = time.time()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=root)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=root,
+                            env=worker.jit_environment(jit or "default"))
     lines = [l for l in result.stdout.splitlines() if l.startswith(MARK)]
     if result.returncode != 0 or not lines:
         killed = " (killed by SIGKILL: out of memory? see dmesg)" if result.returncode == -9 else ""
         raise SystemExit(f"error: the {kind} worker failed with exit code {result.returncode}{killed}:\n"
                          f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     values = json.loads(lines[-1][len(MARK):])
-    values.update(measure=("peer " if peer else "") + kind, variant=variant, wall_s=round(time.time() - started, 1),
+    values.update(measure=("peer " if peer else "") + kind, variant=variant + (f"@{jit}" if jit else ""),
+                  wall_s=round(time.time() - started, 1),
                   load=load())
     print(json.dumps(values), flush=True)
     return values
@@ -333,6 +347,10 @@ def parse(argv=None) -> argparse.Namespace:
                         "(default: float32 and float32+compile, and their bfloat16 where the CPU has bf16 matrix "
                         "units)")
     p.add_argument("--skip_hf", action="store_true", help="only this project")
+    p.add_argument("--auto_jit", action="store_true",
+                   help="also measure each of ours under XLA auto-clustering, and with XLA's oneDNN matmuls "
+                        "(bench/worker.py's JIT_MODES), interleaved with the default in every repeat; prints the "
+                        "ratios")
     p.add_argument("--peak_size", type=int, default=1024)
     p.add_argument("--peak_seconds", type=float, default=3.0)
     p.add_argument("--cpus", default="", help="run every measurement on these CPUs only, e.g. 0 or 0,1 (default: "
@@ -382,10 +400,13 @@ def measure(args) -> dict:
     load_start = load()
     peaks, ours, hf = [], {v: [] for v in args.variants}, {v: [] for v in args.peers}
     peer = {v: [] for v in args.variants}
+    jit = {(v, mode): [] for v in args.variants for mode in worker.JIT_MODES}
     for _ in range(args.repeats):
         peaks.append(run_worker("peak", args))
         for variant in args.variants:
             ours[variant].append(run_worker("ours", args, variant))
+            for mode in list(worker.JIT_MODES)[1:] if args.auto_jit else []:
+                jit[variant, mode].append(run_worker("ours", args, f"{variant}@{mode}"))
             if args.peer_python:
                 peer[variant].append(run_worker("ours", args, variant, peer=True))
         for variant in args.peers:
@@ -396,7 +417,29 @@ def measure(args) -> dict:
                    repeats=args.repeats, cpu=cpu, bf16_units=bf16_units, load_start=load_start, load_end=load())
     if args.peer_python:
         summary["peer"] = {v: (best(ours[v])["tokens_per_s"], best(peer[v])["tokens_per_s"]) for v in args.variants}
+    if args.auto_jit:
+        summary["auto_jit"] = jit_summary({**{(v, "default"): ours[v] for v in args.variants},
+                                           **{k: runs for k, runs in jit.items() if runs}})
     return summary
+
+
+def jit_summary(runs: dict) -> list:
+    """--auto_jit's rows, per (variant, mode): the median tokens/s over the repeats and its ratio to the same
+    variant's default, the median seconds to the first step's end and of the other warm-up steps, and the largest
+    difference of its losses from the default's (its first repeat's, step by step)."""
+    import statistics
+    rows = []
+    for (variant, mode), results in runs.items():
+        default = runs[variant, "default"]
+        tokens = statistics.median(r["tokens_per_s"] for r in results)
+        reference = default[0]["loss_trajectory"]
+        rows.append(dict(variant=variant, mode=mode, tokens_per_s=tokens, repeats=[round(r["tokens_per_s"], 1)
+                         for r in results], ratio=tokens / statistics.median(r["tokens_per_s"] for r in default),
+                         to_first_step_s=statistics.median(r["to_first_step_s"] for r in results),
+                         warmup_steps_s=statistics.median(sum(r["warmup_step_times"]) for r in results),
+                         loss_difference=max(abs(a - b) for r in results for a, b in zip(r["loss_trajectory"],
+                                                                                          reference))))
+    return rows
 
 
 def summarize(peaks: list, ours: dict, hf: dict, auto: str) -> dict:
@@ -465,6 +508,12 @@ def print_table(s: dict, args) -> None:
         if fp32 and bf16:
             print(f"bf16 / fp32{suffix} (this project): {bf16['tokens_per_s'] / fp32['tokens_per_s']:.2f}x; "
                   f"bf16 / fp32 matmul peak: {s['peak']['bfloat16'] / s['peak']['float32']:.2f}x")
+    if s.get("auto_jit"):
+        print(f"XLA auto-clustering (--auto_jit), median of {s['repeats']} interleaved repeats:")
+        for r in s["auto_jit"]:
+            print(f"  ours {r['variant']:<10} {r['mode']:<16} {r['tokens_per_s']:>8,.0f} tokens/s {r['repeats']} "
+                  f"{r['ratio']:.2f}x the default; first step's end {r['to_first_step_s']:.1f} s, other warm-up "
+                  f"steps {r['warmup_steps_s']:.1f} s; losses differ by {r['loss_difference']:.2g} at most")
     if s["ratio"]:
         print(f"headline: ours ({s['auto']}, what precision auto picks here) / best peer ({s['best_peer']}): "
               f"{s['ratio']:.2f}x")

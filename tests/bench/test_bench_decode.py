@@ -43,3 +43,39 @@ def test_bytes_per_token_are_every_weight_once_and_the_cache_each_layer_reads():
 def test_the_copy_bandwidth_is_a_plausible_rate():
     r = bench_decode.copy_bandwidth(megabytes=8, repeats=2)
     assert 1e8 < r["copy_bytes_per_s"] <= r["copy_best_bytes_per_s"] < 1e13
+
+
+def test_auto_jit_modes_add_their_flags_and_a_changed_xla_flags_gets_its_own_compile_cache():
+    """--auto_jit's worker environments (bench/worker.py): the clustering flags added to the user's, the XLA
+    compile cache's folder kept where XLA_FLAGS stays, and dropped where a mode sets XLA_FLAGS, so the worker keys
+    its own cache by them. Bug caught: the parent's cache folder kept for auto_jit+onednn (code compiled with
+    oneDNN's flag would be loaded by runs without it, and the reverse)."""
+    import worker
+    parent = {"TF_XLA_FLAGS": "--tf_xla_min_cluster_size=4 --tf_xla_persistent_cache_directory=/c/key", "HOME": "/h"}
+    assert worker.jit_environment("default", parent) == parent
+    auto = worker.jit_environment("auto_jit", parent)
+    assert auto["TF_XLA_FLAGS"].split() == worker.AUTO_JIT_FLAGS.split() + parent["TF_XLA_FLAGS"].split()
+    assert "XLA_FLAGS" not in auto
+    onednn = worker.jit_environment("auto_jit+onednn", dict(parent, XLA_FLAGS="--xla_cpu_enable_fast_math=false"))
+    assert onednn["XLA_FLAGS"].split() == ["--xla_cpu_use_onednn=true", "--xla_cpu_enable_fast_math=false"]
+    assert onednn["TF_XLA_FLAGS"].split() == worker.AUTO_JIT_FLAGS.split() + ["--tf_xla_min_cluster_size=4"]
+    assert parent["TF_XLA_FLAGS"].endswith("/c/key")  # the parent's own environment untouched
+
+
+def test_auto_jit_summary_takes_the_median_of_every_repeat_and_compares_tokens_and_cpu_with_the_default():
+    """--auto_jit's table: per mode the median over every repeat of every round (one disturbed round does not
+    move it), CPU ms per token from each round's N1 and N2 CPU seconds, and whether its greedy tokens were the
+    default's. Bug caught: a mode's tokens compared with its own first round instead of the default's."""
+    def run(repeats, cpu_n1, cpu_n2, tokens):
+        return {"by_prompt": {"16": dict(per_token_repeats_ms=repeats, per_token_ms=sorted(repeats)[1],
+                                         cpu_n1_s=cpu_n1, cpu_n2_s=cpu_n2, tokens=tokens)},
+                "first_call_s": {"16/None/8": [2.0, 0.5], "16/None/40": [3.0, 0.5]}}
+    runs = {"default": [run([4.0, 5.0, 6.0], 1.0, 1.32, [1, 2]), run([5.0, 5.5, 30.0], 1.0, 1.64, [1, 2])],
+            "auto_jit": [run([8.0, 9.0, 10.0], 1.0, 1.96, [1, 3]), run([9.0, 9.5, 9.0], 1.0, 1.96, [1, 3])]}
+    s = bench_decode.jit_summary(runs, (8, 40))
+    assert s["default"]["16"]["per_token_ms"] == pytest.approx(5.25)   # median of the six repeats
+    assert s["auto_jit"]["16"]["per_token_ms"] == pytest.approx(9.0)
+    assert s["default"]["16"]["cpu_per_token_ms"] == pytest.approx(1e3 * (0.32 + 0.64) / 2 / 32)
+    assert s["auto_jit"]["16"]["cpu_per_token_ms"] == pytest.approx(1e3 * 0.96 / 32)
+    assert s["default"]["16"]["same_tokens"] and not s["auto_jit"]["16"]["same_tokens"]
+    assert s["auto_jit"]["first_call_s"][0]["16/None/8"] == [2.0, 0.5]

@@ -68,3 +68,23 @@ def test_the_headline_is_ours_in_autos_precision_over_the_best_peer_and_mfu_uses
     import measure
     table = measure.train_table([dict(s, shape="neo", model=bench_train.SHAPES["neo"])])
     assert "**2.00x** (HF compile bfloat16)" in table and "not met (≥ 2.5x)" in table
+
+
+def test_auto_jit_rows_compare_each_mode_with_the_same_variants_default():
+    """--auto_jit's rows: a mode's median tokens/s over the default of its own precision (not of another
+    variant), its warm-up seconds, and how far its losses moved from the default's. Bug caught: every ratio taken
+    against the first variant's default (a bfloat16 mode held to float32's tokens/s)."""
+    def run(tokens, losses, first=10.0):
+        return dict(tokens_per_s=tokens, loss_trajectory=losses, to_first_step_s=first, warmup_step_times=[1.0, 2.0])
+    runs = {("float32", "default"): [run(100.0, [5.0, 4.0]), run(120.0, [5.0, 4.0]), run(110.0, [5.0, 4.0])],
+            ("bfloat16", "default"): [run(200.0, [5.0, 4.1])],
+            ("float32", "auto_jit"): [run(55.0, [5.0, 4.001], 40.0), run(50.0, [5.0, 4.0], 30.0),
+                                      run(60.0, [5.0, 4.0], 50.0)],
+            ("bfloat16", "auto_jit"): [run(300.0, [5.0, 4.1])]}
+    rows = {(r["variant"], r["mode"]): r for r in bench_train.jit_summary(runs)}
+    assert rows["float32", "auto_jit"]["ratio"] == pytest.approx(55.0 / 110.0)
+    assert rows["bfloat16", "auto_jit"]["ratio"] == pytest.approx(1.5)
+    assert rows["float32", "default"]["ratio"] == 1.0
+    assert rows["float32", "auto_jit"]["to_first_step_s"] == 40.0
+    assert rows["float32", "auto_jit"]["warmup_steps_s"] == 3.0
+    assert rows["float32", "auto_jit"]["loss_difference"] == pytest.approx(0.001)
