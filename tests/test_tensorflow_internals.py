@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from data import inputs
-from execution import mesh_session, runner
+from execution import mesh_session, meshes, runner
 from models.kernels import common
 
 GONE = "TensorFlow {} has no {}: {}. Find its new place, or update docs/repository.md's list and this test"
@@ -66,6 +66,14 @@ def test_an_initializer_runs_through_a_callable_released_after(monkeypatch):
                 tf.__version__, "tf.Session._make_callable_from_options or tensorflow.core.protobuf.config_pb2",
                 "each session keeps its initialisation's executor (a weight-sized copy per Adam slot)")
             np.testing.assert_array_equal(session.run(variable), np.arange(3))
+
+
+def test_the_devices_slices_are_made_without_initializers():
+    """execution/meshes.py makes mesh-tensorflow's slice variables as resource_variable_ops.UninitializedVariable:
+    without it each slice keeps an initializer that is never run (its constant in the graph)."""
+    assert meshes.UninitializedVariable is not None, GONE.format(
+        tf.__version__, "tensorflow.python.ops.resource_variable_ops.UninitializedVariable",
+        "the slices keep mesh-tensorflow's unused initializers")
 
 
 def test_the_record_readers_deprecation_warning_is_silenced():
