@@ -79,8 +79,9 @@ class SlicedMeshImpl(mtf.placement_mesh_impl.PlacementMeshImpl):
     ever assigned, from the masters (`copy_masters_to_slices`, which every session runs after restoring or
     initialising: execution/mesh_session.py), yet mesh-tensorflow made each with get_variable's default glorot
     initializer (a random-uniform chain, an assignment and an is-initialized check: 9 ops a slice, never run):
-    2,736 of the 11,814 ops a tiny training step had on a 2x2 mesh, a third of its build's CPU. A slice read
-    before the copy fails as uninitialized rather than holding random values."""
+    2,846 of the 11,814 ops a tiny training step had on a 2x2 mesh (its build: 11.6-12.5 -> 9.6-10.0 CPU s with
+    autograph off for the kernels, docs/speed.md). A slice read before the copy fails as uninitialized rather than
+    holding random values."""
 
     class LaidOutVariable(mtf.placement_mesh_impl.PlacementMeshImpl.LaidOutVariable):
         def __init__(self, variable, mesh_impl):
