@@ -66,18 +66,19 @@ pytest_plugins = ["cpu_durations"]  # `--cpu-durations=N`: the tests and files t
 # ~8 GB) while both workers of `pytest -n 2` are fresh (a long-lived worker holds GBs of graphs the other's big test
 # would find missing), then the others of about 40 CPU seconds and more, longest first, so that no long file starts
 # last and runs alone. The order follows CI's own figures (`.ci/run` ends with every file's CPU seconds:
-# tests/cpu_durations.py) from a fresh clone's run on a 2-core AVX2 EPYC (2026-11-28, 20f1abb), less what later
-# commits took off: the loop 200, model options 195, the real ladder 150, the bf16 oracle 140, sampling 100, training
-# options 100, the selfcheck 95, HF conversions 90, precision 90, preemption 85, checkpoint safety 85, the attention
-# kernels 55, the optimizers 55, multi-host 50, bad inputs 45, the input pipeline 45, the ladder's fits 45, the model
-# 40, the TPU pods 40. `--no-loadscope-reorder` keeps this order.
-FIRST_FILES = ("scenarios/test_finetune.py", "train/test_loop.py", "models/test_model_options.py",
-               "ladder/test_run.py", "train/test_bf16_training.py", "models/test_sampling.py",
-               "train/test_training_options.py", "selfcheck/test_job.py", "tools/test_hf.py",
-               "devices/test_precision.py", "execution/test_preemption.py", "scenarios/test_checkpoint_safety.py",
-               "models/kernels/test_attention.py", "models/test_optimizers.py", "scenarios/test_multihost.py",
-               "scenarios/test_bad_inputs.py", "data/test_inputs.py", "ladder/test_fit.py", "models/test_gpt.py",
-               "devices/test_tpu.py")
+# tests/cpu_durations.py) from a fresh clone's run on a 2-core AVX2 EPYC (2026-11-28, 3116a6d: the fine-tune 130, the
+# loop 155, the real ladder 130, sampling 100, training options 80, the bf16 oracle 80, precision 80, preemption 75,
+# the selfcheck 70, HF conversions 70, checkpoint safety 60, attention kernels 60, the TPU pods 55, the input
+# pipeline 50, multi-host 50, the ladder's fits 45, bad inputs 45, the cluster 40, the optimizers 40, the model 35),
+# less what later commits took off (the model options 185 -> about 75 in groups; the real ladder to one worker) and
+# with the ladder's worker test (about 40). `--no-loadscope-reorder` keeps this order.
+FIRST_FILES = ("scenarios/test_finetune.py", "train/test_loop.py", "ladder/test_run.py", "models/test_sampling.py",
+               "train/test_training_options.py", "train/test_bf16_training.py", "devices/test_precision.py",
+               "execution/test_preemption.py", "models/test_model_options.py", "selfcheck/test_job.py",
+               "tools/test_hf.py", "scenarios/test_checkpoint_safety.py", "models/kernels/test_attention.py",
+               "devices/test_tpu.py", "data/test_inputs.py", "scenarios/test_multihost.py", "ladder/test_fit.py",
+               "scenarios/test_bad_inputs.py", "ladder/test_worker.py", "devices/test_cluster.py",
+               "models/test_optimizers.py", "models/test_gpt.py")
 
 
 def pytest_collection_modifyitems(config, items):
