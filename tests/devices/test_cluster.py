@@ -127,6 +127,12 @@ def test_two_tasks_train_on_loopback_from_the_launchers_environment(tmp_path, la
                  for task in (1, 0)]
     try:
         worker_out, chief_out = (p.communicate(timeout=240)[0] for p in processes)
+    except subprocess.TimeoutExpired:  # both tasks' own words on what they waited for
+        for p in processes:
+            p.kill()
+        worker_out, chief_out = (p.communicate()[0] for p in processes)
+        pytest.fail(f"the tasks did not end within 240 s; the worker printed:\n{worker_out[-3000:]}\n"
+                    f"the chief printed:\n{chief_out[-3000:]}")
     finally:
         for p in processes:
             if p.poll() is None:
