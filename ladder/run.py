@@ -279,6 +279,13 @@ def _train_size(size: SizePlan, evaluate_only: bool, progress: Progress, worker:
     return worker.code
 
 
+def _stopped_before(size: SizePlan, signum: int, say) -> int:
+    """The ladder's end on a signal that came before `size` trained: its line, and the shell's code for the signal
+    (130 for SIGINT, 143 for SIGTERM), as a run cut off by it would return."""
+    say(f"ladder stopped before {size.name} trained (run the same command to resume)")
+    return exit_code(signum)
+
+
 def run_here(ladder: Ladder, say=print) -> int:
     """Trains the sizes not done, smallest first; returns 0, or the exit code of the size that stopped."""
     states = {s.name: size_state(s) for s in ladder.sizes}
@@ -298,15 +305,13 @@ def run_here(ladder: Ladder, say=print) -> int:
                 continue
             say(f"{head}: {state.describe()}")
             if forward.signum is not None:  # a Ctrl-C between runs: stop before starting another
-                say(f"ladder stopped before {size.name} trained (run the same command to resume)")
-                return exit_code(forward.signum)
+                return _stopped_before(size, forward.signum, say)
             started = time.monotonic()
             progress.start(size)
             if state.branch_from:
                 say(f"[{size.name}] starts from {start_branch([s.record() for s in ladder.sizes], size.name)}")
                 if forward.signum is not None:  # a Ctrl-C during the copy: stop before training anything
-                    say(f"ladder stopped before {size.name} trained (run the same command to resume)")
-                    return 130
+                    return _stopped_before(size, forward.signum, say)
             code = _train_size(size, state.step >= r.steps, progress, worker, say)
             if forward.signum is not None or code in (130, 143):
                 say(f"ladder stopped during {size.name} (its last checkpoint is kept; finished runs are untouched): "

@@ -171,3 +171,24 @@ def test_run_refuses_a_dataset_without_files(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(r"dataset 'tiny' has no training files matching", err), err
     assert not os.path.exists(os.path.join(str(tmp_path), "out"))
+
+
+def test_a_signal_during_a_branchs_copy_stops_the_ladder_with_its_code(tmp_path, monkeypatch):
+    """SIGTERM while a branch's model_path is made from its trunk's checkpoint stops the ladder before the branch
+    trains (no worker started), with 143 as the shell's code for SIGTERM, as SIGTERM at any other point of the
+    ladder. (Bug: that stop returning a fixed 130, Ctrl-C's code, whatever the signal.)"""
+    spec = load_spec(write_spec(tmp_path, make_workspace(tmp_path), sizes=["6.6K"], chinchilla_multiples=[0.1],
+                                rules=dict(SMALL_RULES, branch_fractions=[0.5], warmup_tokens_per_param=0.25)))
+    ladder = ladder_plan.make_ladder(spec)
+    branch = [s for s in ladder.sizes if s.run.kind == "branch"]
+    assert len(branch) == 1
+    ladder.sizes[:] = branch  # the trunk as if done: the branch is the next run, not started
+
+    def copy_then_terminated(records, name):
+        os.kill(os.getpid(), signal.SIGTERM)  # as a cluster's preemption notice reaches the ladder
+        return os.path.join(spec.out, name, "model.ckpt-10")
+
+    monkeypatch.setattr(ladder_run, "start_branch", copy_then_terminated)
+    said = []
+    assert ladder_run.run_here(ladder, say=said.append) == 143, said
+    assert said[-1] == f"ladder stopped before {branch[0].name} trained (run the same command to resume)"
