@@ -27,8 +27,9 @@ import sys
 import traceback
 
 
-def _exit_code(e: SystemExit) -> int:
-    """The exit code a `sys.exit(e.code)` would give the process (argparse's errors exit 2, a message exits 1)."""
+def system_exit_code(e: SystemExit) -> int:
+    """The exit code a `sys.exit(e.code)` would give the process (argparse's errors exit 2, a message exits 1,
+    printed to stderr as the interpreter would); tests/workspace.run_main_in_process takes it too."""
     if e.code is None or isinstance(e.code, int):
         return e.code or 0
     print(e.code, file=sys.stderr)
@@ -41,7 +42,7 @@ def run_one(main_module, argv: list) -> int:
     try:
         return main_module.main(argv)
     except SystemExit as e:
-        return _exit_code(e)
+        return system_exit_code(e)
     except KeyboardInterrupt:  # a second Ctrl-C, or one where main.main does not catch it
         print("interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130

@@ -23,6 +23,8 @@ import pytest
 
 import corpus
 
+from ladder.worker import system_exit_code
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(REPO, "data", "tokenizers", "stdlib-bpe-4096.json")
 
@@ -93,9 +95,10 @@ def run_main_in_process(*args) -> subprocess.CompletedProcess:
     stdin, sys.stdin = sys.stdin, io.StringIO()  # no terminal to ask on, as run_main's process under pytest
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main.main(sys.argv[1:])
-    except SystemExit as e:  # argparse's errors and --help, as the process would exit
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            try:
+                code = main.main(sys.argv[1:])
+            except SystemExit as e:  # argparse's errors and --help, as the process would exit
+                code = system_exit_code(e)
     finally:
         sys.argv, sys.stdin = argv, stdin
     return subprocess.CompletedProcess(sys.argv[:1] + list(args), code, out.getvalue(), err.getvalue())
