@@ -195,6 +195,12 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
               f"do not determine {them}: no intervals, and the compute-optimal split below means nothing{why}")
     if "E" in result.degenerate:
         report["e_profile"] = e_profile(used, [p for p in annealed if p.size in hold_out])
+    entropy = data_entropy(spec, records)
+    if entropy is not None:
+        report["data_entropy"] = entropy
+        print(f"  the data's entropy per token, recorded beside its files ({entropy['dataset']}): {entropy['nats']:.4f} "
+              f"nats, the lowest loss any model can reach; the fitted E is {result.params['E'] / entropy['nats'] - 1:+.1%} "
+              f"off it")
     residuals = [math.log(p.loss) - math.log(result.predict(p.n, p.d)) for p in used]
     print(f"  residuals of log loss on the fitted points: rms {np.sqrt(np.mean(np.square(residuals))):.4f}")
     if noise is not None:
@@ -245,6 +251,22 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
     os.replace(os.path.join(folder, "fit.json") + ".tmp", os.path.join(folder, "fit.json"))
     print(f"wrote {os.path.join(folder, 'fit.json')} and {', '.join(os.path.basename(p) for p in files)}")
     return 0
+
+
+def data_entropy(spec: LadderSpec, records: list) -> Optional[dict]:
+    """{"dataset", "nats"}: the entropy per token the ladder's evaluation data records beside its files (a synthetic
+    language's, data/facts.py: NAME.entropy.json), else None. Read from the first run's config and its dataset
+    config as `plan` wrote them (OUT/configs/), so no TensorFlow."""
+    from data.facts import read_entropy
+    try:
+        with open(os.path.join(spec.out, "configs", f"{records[0]['name']}.json"), encoding="utf-8") as f:
+            dataset = json.load(f)["datasets"][0][0]
+        with open(os.path.join(spec.out, "configs", "dataset_configs", f"{dataset}.json"), encoding="utf-8") as f:
+            eval_path = json.load(f).get("eval_path")
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    nats = read_entropy(eval_path) if isinstance(eval_path, str) else None
+    return None if nats is None else {"dataset": dataset, "nats": nats}
 
 
 E_HELD = (0.001, 0.5, 1.0, 1.5, 2.0)  # E values of the profile a fit with E at a bound prints

@@ -114,6 +114,29 @@ def test_a_degenerate_fit_is_reported_as_such_with_no_interval(tmp_path, capsys)
     assert not re.search(r"bootstrap \d+/\d+ resamples", out)  # nothing resampled
 
 
+def test_fit_shows_the_data_s_entropy_beside_e_when_the_data_records_it(tmp_path, capsys):
+    """A ladder whose eval data records its entropy per token (data/facts.py's NAME.entropy.json beside the files):
+    fit prints it and how far the fitted E is from it, and writes it to fit.json; without the record, neither.
+    (Bug: data_entropy reading the run config's dataset id from the wrong place, so a synthetic ladder's E is never
+    checked against its truth.)"""
+    spec = synthetic_ladder(tmp_path, ["6.6K", "22K", "51K"], np.random.default_rng(0), point_noise=0.003)
+    assert ladder_fit.command(spec, [], [], [], resamples=4, seed=0) == 0
+    assert "entropy per token" not in capsys.readouterr().out and "data_entropy" not in read_report(spec)
+    first = status.size_records(spec)[0]["name"]
+    with open(os.path.join(spec.out, "configs", f"{first}.json")) as f:
+        dataset = json.load(f)["datasets"][0][0]
+    with open(os.path.join(spec.out, "configs", "dataset_configs", f"{dataset}.json")) as f:
+        eval_folder = os.path.dirname(json.load(f)["eval_path"])
+    with open(os.path.join(eval_folder, "made.entropy.json"), "w") as f:
+        json.dump({"entropy_per_token_nats": 1.9}, f)
+    assert ladder_fit.command(spec, [], [], [], resamples=4, seed=0) == 0
+    out, report = capsys.readouterr().out, read_report(spec)
+    assert report["data_entropy"] == {"dataset": dataset, "nats": 1.9}
+    off = report["params"]["E"] / 1.9 - 1
+    assert f"entropy per token, recorded beside its files ({dataset}): 1.9000 nats" in out
+    assert f"the fitted E is {off:+.1%} off it" in out
+
+
 @pytest.mark.slow
 def test_hold_out_leaves_out_every_run_of_the_size(tmp_path, capsys):
     """Four sizes on WSD, the biggest also on another data order, results of a known law (0.3% noise): --hold_out n99K
