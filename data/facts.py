@@ -55,7 +55,7 @@ FACT_TOKENS = 3
 class Language:
     """The generator's parameters: what decides the stream (with the seed) and its entropy."""
 
-    keys: int = 4096
+    keys: int = 16384
     zipf: float = 1.2
     values: int = 128
     noise: float = 0.0
