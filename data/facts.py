@@ -23,7 +23,7 @@ key's first token, at most 1/128 of its tokens.)
 Deterministic from the seed on every machine: numpy's PCG64 raw 64-bit output (its stream is fixed across
 numpy versions), mapped to uniforms and inverted through the cumulative distribution here.
 
-    python data/facts.py --output_dir data --name facts      # data/facts/, data/facts_eval/, configs/dataset_configs/facts.json
+    python data/facts.py     # data/facts/ and data/facts_eval/, which configs/dataset_configs/facts.json names
 """
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--values", type=int, default=defaults.values, help="how many value tokens")
     parser.add_argument("--noise", type=float, default=defaults.noise, help="probability that a fact's value is drawn uniformly instead")
     parser.add_argument("--seed", type=int, default=1, help="the key-value table's and the streams' seed")
-    parser.add_argument("--train_tokens", type=int, default=6_000_000)
+    parser.add_argument("--train_tokens", type=int, default=12_000_000, help="at least the largest run's tokens (the CPU ladder's: 9M), so no fact is seen twice in order")
     parser.add_argument("--eval_tokens", type=int, default=66_048)
     parser.add_argument("--document_facts", type=int, default=344, help="facts per document (3 tokens each)")
     parser.add_argument("--dataset_config_dir", default=None, help="write the dataset config NAME.json here (the repository's configs/dataset_configs for the shipped one)")
