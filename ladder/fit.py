@@ -339,6 +339,8 @@ def plots(spec: LadderSpec, result, found: list, hold_out: list, fpt: FlopsPerTo
     for s in sizes:
         curve = trunk_curve(s)
         ax.plot([p.d for p in curve], [p.loss for p in curve], "-", color=colours[s], lw=0.8, alpha=0.5)
+        if not any(p.size == s for p in annealed):  # a size still training: no annealed end to draw the fit through
+            continue
         n = curve[0].n
         d = np.logspace(math.log10(min(p.d for p in annealed if p.size == s) / 1.5),
                         math.log10(max(p.d for p in annealed if p.size == s) * 1.5), 40)

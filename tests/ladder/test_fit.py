@@ -21,6 +21,7 @@ from ladder import cli as ladder_cli
 from ladder import fit as ladder_fit
 from ladder import plan as ladder_plan
 from ladder import scaling_law, status
+from ladder.records import results_file
 from ladder.spec import load_spec
 
 # A law in the range the CPU ladder measures (eval losses 5 to 7 from 6.6K to 170K parameters at 5 to 20 tokens/param).
@@ -135,6 +136,23 @@ def test_fit_shows_the_data_s_entropy_beside_e_when_the_data_records_it(tmp_path
     off = report["params"]["E"] / 1.9 - 1
     assert f"entropy per token, recorded beside its files ({dataset}): 1.9000 nats" in out
     assert f"the fitted E is {off:+.1%} off it" in out
+
+
+def test_fit_runs_while_the_held_out_size_is_still_training(tmp_path, capsys):
+    """The held-out size's trunk halfway (its first evaluations, no run ended): fit says it has no annealed
+    evaluation yet and still draws its plots. (Bug: the loss-against-tokens plot drawing the fit's curve over the
+    range of a size's annealed points when it has none: a ValueError after the fit, and no fit.json.)"""
+    spec = synthetic_ladder(tmp_path, ["6.6K", "22K", "51K", "99K"], np.random.default_rng(0), point_noise=0.003)
+    for record in status.size_records(spec):
+        if record["size"] == "n99K":
+            path = results_file(record)
+            with open(path) as f:
+                first = f.readline() if record["kind"] == "trunk" else ""
+            with open(path, "w") as f:
+                f.write(first)
+    assert ladder_fit.command(spec, ["n99K"], [], [], resamples=4, seed=0) == 0
+    assert "held out n99K: no annealed evaluation yet" in capsys.readouterr().out
+    assert os.path.getsize(os.path.join(spec.out, "fit", spec.name, "loss_vs_tokens.png")) > 1000
 
 
 @pytest.mark.slow
