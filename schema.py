@@ -266,6 +266,7 @@ class GPTConfig:
     stop_token: Optional[int] = None     # a sample ends at this id; None: eos_id; -1: only at max_new_tokens
     remove_partial_sequences: bool = False  # output only the new tokens, without the prompt
     kv_cache: bool = True                # incremental decoding with a key/value cache where the model allows it
+    compiled_decoding: bool = True       # the kv-cache generation as one XLA program where supported
     sampling_use_entmax: bool = False    # sample from entmax(logits / temperature) instead of the softmax
 
     # Evaluation tasks (--eval, and after each checkpoint when eval_steps > 0).

@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
                    help="sample from entmax instead of the softmax (GPT-Neo's flag; the config's sampling_use_entmax)")
     p.add_argument("--no_kv_cache", action="store_true",
                    help="sample by recomputing the whole context each step instead of using the key/value cache")
+    p.add_argument("--no_compiled_decoding", action="store_true",
+                   help="sample with the mtf loop instead of the whole generation as one XLA program")
     p.add_argument("--export_dir", help="where --export writes the SavedModel (default: <model_path>/export/<step>)")
 
 
@@ -39,6 +41,8 @@ def config_overrides(args) -> dict:
         overrides["sampling_use_entmax"] = True
     if getattr(args, "no_kv_cache", False):
         overrides["kv_cache"] = False
+    if getattr(args, "no_compiled_decoding", False):
+        overrides["compiled_decoding"] = False
     return {k: v for k, v in overrides.items() if v is not None}
 
 

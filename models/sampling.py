@@ -28,7 +28,7 @@ from typing import Optional
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from models import gpt, kv_cache
+from models import compiled_decoding, gpt, kv_cache
 from models.entmax import entmax_tf
 from models.attention import ATTENTION, FULL_RECOMPUTE
 from schema import ConfigError, GPTConfig, dimension_is_split
@@ -49,6 +49,7 @@ class SamplingOptions:
     entmax_alpha: Optional[float] = None  # sample from entmax_α(logits / temperature); None: the softmax
     stop_ids: tuple = ()       # more ids a row also ends at (the harness's stop sequences), the id kept like stop_id's
     prefill_length: Optional[int] = None  # positions the kv cache's prefill runs over (`prefill_bucket`); None: n_ctx
+    compiled: bool = True      # the whole generation as one XLA program where supported (models/compiled_decoding.py)
 
     @classmethod
     def from_config(cls, cfg: GPTConfig, **changes) -> "SamplingOptions":
@@ -56,7 +57,8 @@ class SamplingOptions:
         values = dict(max_new_tokens=cfg.max_new_tokens or cfg.n_ctx, temperature=cfg.temperature, top_k=cfg.top_k,
                       top_p=cfg.top_p, stop_id=stop, padding_id=cfg.padding_id if cfg.padding_id is not None else 0,
                       remove_partial_sequences=cfg.remove_partial_sequences, incremental=cfg.kv_cache,
-                      entmax_alpha=cfg.entmax_alpha if cfg.sampling_use_entmax else None)
+                      entmax_alpha=cfg.entmax_alpha if cfg.sampling_use_entmax else None,
+                      compiled=cfg.compiled_decoding)
         values.update(changes)
         return cls(**values)
 
@@ -179,9 +181,14 @@ def choose_tokens(logits: mtf.Tensor, seeds: mtf.Tensor, position: mtf.Tensor, d
                          output_dtype=tf.int32, splittable_dims=[dims.batch], name="choose_tokens")
 
 
-def is_one_of(ids: mtf.Tensor, values: tuple) -> mtf.Tensor:
+def is_one_of_tf(ids: tf.Tensor, values: tuple) -> tf.Tensor:
     """Where `ids` is one of `values` (one comparison against all of them, however many)."""
-    return mtf.slicewise(lambda t: tf.reduce_any(tf.equal(t[..., None], tf.constant(values, t.dtype)), -1), [ids],
+    return tf.reduce_any(tf.equal(ids[..., None], tf.constant(values, ids.dtype)), -1)
+
+
+def is_one_of(ids: mtf.Tensor, values: tuple) -> mtf.Tensor:
+    """`is_one_of_tf` on a mesh-tensorflow tensor."""
+    return mtf.slicewise(lambda t: is_one_of_tf(t, values), [ids],
                          output_shape=ids.shape, output_dtype=tf.bool, splittable_dims=ids.shape.dims, name="stop_ids")
 
 
@@ -202,6 +209,9 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
                           "sample from a causal model")
     mesh = tokens.mesh
     seq = dims.sequence
+    if compiled_decoding.unsupported(cfg, options) is None:  # one XLA program for the whole generation
+        return compiled_decoding.sample(tokens, prompt_lengths, seeds, cfg, dims, options,
+                                        prefill_span(cfg, options, seq))
     incremental = uses_cache(cfg, options)
     # The first pass builds the variables (a while_loop body may only reuse them) and, when incremental,
     # records the key/value caches of the prompts: over the first `prefill_span` positions only, the caches

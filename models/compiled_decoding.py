@@ -1,0 +1,303 @@
+"""A whole generation as one XLA program: the prefill over the prompts' bucket and the token loop inside one
+`tf.function(jit_compile=True)`, for the models and layouts it supports; models/sampling.py's `sample` runs it
+where `unsupported` says None, and its mtf loop otherwise.
+
+The mtf sampler's loop body is some 545 small TF ops a token (LayerNorm and GELU unfused at batch 1, reshapes
+around every matrix-vector product, the cache writes), launched one by one: 9-12 ms a token on the bench model,
+where reading its weights takes 3.6-4.2. Here XLA compiles the prefill, the loop (an XLA While, the caches its
+state, written in place by dynamic-update-slice) and the token choice (models/sampling.choose_tokens_tf: the same
+stateless draw, so the same tokens for a seed) into one program, launched once per generation.
+
+It reads the weights as the mesh's variables hand them to the model (fp32, or bf16 under `precision: bfloat16`,
+cast once per generation), so it needs every weight whole on one device: one-device meshes. Supported: GPT-Neo's
+own model (global and local attention, LayerNorm, GELU MLP, learned positions, tied or untied output), in
+float32 or bfloat16, with every sampling option (temperature, top-k, top-p, entmax, stop ids, per-row prompt
+lengths, remove_partial_sequences). `compiled_decoding: false` (or `--no_compiled_decoding`) keeps the mtf loop.
+
+The arithmetic is the mtf step's: LayerNorm over fp32, GELU's tanh form, attention logits and softmax in fp32
+over the cache with the step's visibility mask (global layers read the whole cache, masked; local layers only
+their window), so in float32 the tokens are the mtf sampler's (tested, greedy and sampled). In bfloat16 the
+matrix products read bf16 weights and bf16 activations and accumulate in fp32, and the residual stream stays fp32.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import mesh_tensorflow as mtf
+import tensorflow.compat.v1 as tf
+from tensorflow.compiler.tf2xla.python import xla
+
+from models.kernels.common import widened, xla_kernels
+from models.kernels.elementwise import _GELU_C
+from schema import GPTConfig
+
+NEG_INF = -1e10
+_OPTIONS = {"no_weight_tie"}  # model options the compiled path computes (the rest fall back to the mtf loop)
+_PRECISIONS = {"float32", "bfloat16", "auto"}  # "auto" reaching a model unresolved builds in float32
+
+
+def unsupported(cfg: GPTConfig, options) -> Optional[str]:
+    """None if a generation of `cfg` with sampling `options` runs compiled, else why not (then models/sampling.py
+    runs its mtf loop)."""
+    from models import sampling
+    if not options.compiled:
+        return "compiled_decoding is false"
+    if not sampling.uses_cache(cfg, options):
+        return "the model decodes by full recompute"
+    if math.prod(size for _, size in cfg.mesh_dims) != 1:
+        return f"mesh_shape {cfg.mesh_shape!r} has more than one device"
+    kinds = sorted(set(cfg.attention_types) - {"global", "local"})
+    if kinds:
+        return f"attention type {kinds[0]!r}"
+    extra = [o for o in cfg.model_options() if o.split("=")[0] not in _OPTIONS]
+    if extra:
+        return f"option {extra[0]}"
+    if cfg.activation_function != "gelu":
+        return f"activation_function {cfg.activation_function!r}"
+    if cfg.precision not in _PRECISIONS:
+        return f"precision {cfg.precision!r}"
+    if not cfg.causal:
+        return "a bidirectional model"
+    if not xla_kernels():
+        return "the kernels run as plain TF ops (no XLA on these devices)"
+    return None
+
+
+def _layer_norm(x, g, b, epsilon=1e-5):
+    """models/kernels/elementwise.py's LayerNorm formula, fp32 in and out."""
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    xc = x - mean
+    r = tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon)
+    return xc * r * widened(g) + widened(b)
+
+
+def _gelu(y):
+    return y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y))))
+
+
+def _dense(x, kernel, bias=None):
+    """x [..., in] fp32 @ kernel [in, out] (+ bias): fp32 in and out, the product in the kernel's dtype (bf16
+    operands accumulate in fp32)."""
+    shape = tf.shape(x)
+    flat = tf.reshape(x, [-1, x.shape[-1]])
+    if kernel.dtype == tf.float32:
+        y = tf.matmul(flat, kernel)
+    else:
+        y = widened(tf.matmul(tf.cast(flat, kernel.dtype), kernel))
+    y = tf.reshape(y, tf.concat([shape[:-1], [kernel.shape[-1]]], 0))
+    return y if bias is None else y + widened(bias)
+
+
+class _Model:
+    """The weights by role, from {variable name: tensor}."""
+
+    def __init__(self, cfg: GPTConfig, weights: dict):
+        self.cfg = cfg
+        w = lambda name: weights["gpt2/" + name]  # noqa: E731
+        self.wte, self.wpe = w("wte"), w("wpe")
+        self.layers = []
+        for i in range(cfg.n_layer):
+            p = f"h{i}/"
+            self.layers.append(dict(
+                kind=cfg.attention_types[i],
+                ln1=(w(p + "norm_1/g"), w(p + "norm_1/b")), ln2=(w(p + "norm_2/g"), w(p + "norm_2/b")),
+                # q, k and v side by side: one product a token (stacked once per generation)
+                qkv=tf.concat([w(p + "attn/q"), w(p + "attn/k"), w(p + "attn/v")], axis=1),
+                o=w(p + "attn/o"), o_b=w(p + "attn/compute_output_bias/o_b"),
+                fc=(w(p + "mlp/conv1d_main/c_fc/kernel"), w(p + "mlp/conv1d_main/c_fc/bias")),
+                proj=(w(p + "mlp/conv1d_main/c_proj/kernel"), w(p + "mlp/conv1d_main/c_proj/bias"))))
+        self.ln_f = (w("ln_f/g"), w("ln_f/b"))
+        if cfg.no_weight_tie:
+            self.out = (w("wte_final_linear/conv1d_main/linear_out/kernel"),
+                        w("wte_final_linear/conv1d_main/linear_out/bias"))
+        else:
+            self.out = None
+
+    def window(self, kind: str) -> Optional[int]:
+        return self.cfg.local_attention_radius if kind == "local" else None
+
+    def logits(self, h):
+        """h [..., embd] fp32 -> logits [..., vocab] fp32."""
+        h = _layer_norm(h, *self.ln_f)
+        if self.out is not None:
+            return _dense(h, *self.out)
+        shape = tf.shape(h)
+        flat = tf.reshape(h, [-1, h.shape[-1]])
+        if self.wte.dtype == tf.float32:
+            y = tf.matmul(flat, self.wte, transpose_b=True)
+        else:
+            y = widened(tf.matmul(tf.cast(flat, self.wte.dtype), self.wte, transpose_b=True))
+        return tf.reshape(y, tf.concat([shape[:-1], [self.wte.shape[0]]], 0))
+
+    def mlp(self, x, layer):
+        return _dense(_gelu(_dense(_layer_norm(x, *layer["ln2"]), *layer["fc"])), *layer["proj"])
+
+    def qkv(self, x, layer):
+        """x [..., embd] -> q, k, v [..., heads, kv] fp32."""
+        y = _dense(_layer_norm(x, *layer["ln1"]), layer["qkv"])
+        y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [3, self.cfg.n_head, self.cfg.head_size]], 0))
+        return tf.unstack(y, axis=-3)
+
+
+def _attend(q, k, v, bias):
+    """q [..., kv], k and v [..., memory, kv], bias [memory] or [queries, memory] -> [..., kv], fp32 logits and
+    softmax (the mtf step's formula)."""
+    logits = tf.matmul(q, widened(k), transpose_b=True) + bias
+    return tf.matmul(tf.nn.softmax(logits, axis=-1), widened(v))
+
+
+def _prefill(model: _Model, tokens, span: int, length: int, cache_dtype):
+    """Every layer's keys and values over the first `span` positions of tokens [batch, >= span], as caches
+    [batch * heads, length, kv] (zeros after `span`). Three axes, none of size 1: with [batch, heads, ...] at batch 1,
+    XLA fused each step's cache write twice (once bitcast to [heads, ...] for the attention's product, once for
+    the loop's state), each into a buffer of its own, and copied every global layer's cache twice a token (48 of
+    the bench model's ~90 MB a token)."""
+    cfg = model.cfg
+    x = widened(tf.gather(model.wte, tokens[:, :span])) + widened(model.wpe[:span])[None]
+    query = tf.range(span)[:, None]
+    memory = tf.range(span)[None, :]
+    caches = []
+    for layer in model.layers:
+        q, k, v = (tf.transpose(t, [0, 2, 1, 3]) for t in model.qkv(x, layer))     # [batch, heads, span, kv]
+        hidden = memory > query
+        window = model.window(layer["kind"])
+        if window is not None:
+            hidden = tf.logical_or(hidden, memory <= query - window)
+        bias = tf.cast(hidden, tf.float32) * NEG_INF
+        k, v = tf.cast(k, cache_dtype), tf.cast(v, cache_dtype)
+        a = tf.transpose(_attend(q, k, v, bias), [0, 2, 1, 3])                      # [batch, span, heads, kv]
+        a = tf.reshape(a, tf.concat([tf.shape(a)[:2], [cfg.n_embd]], 0))
+        x = x + _dense(a, layer["o"], layer["o_b"])
+        x = x + model.mlp(x, layer)
+        pad = [[0, 0], [0, length - span], [0, 0]]
+        caches += [tf.pad(tf.reshape(t, [-1, span, cfg.head_size]), pad) for t in (k, v)]
+    return caches
+
+
+def _step(model: _Model, token, position, caches):
+    """token [batch] at position - 1 -> logits [batch, vocab] for `position`, and the caches with this token's
+    keys and values written at position - 1.
+
+    The attention reads the caches as they came in (every row before position - 1 it may see) and this token's
+    key and value beside them, and only then are they written: a write read by anything but the loop's state
+    was fused by XLA into each of its readers, each copy in a buffer of its own, which copied every cache twice
+    a token (48 of the bench model's ~90 MB a token)."""
+    cfg = model.cfg
+    query = position - 1
+    x = widened(tf.gather(model.wte, token)) + widened(tf.gather(model.wpe, query))[None]
+    new_caches = []
+    for i, layer in enumerate(model.layers):
+        q, k, v = (tf.reshape(t, [-1, 1, cfg.head_size]) for t in model.qkv(x, layer))  # [batch * heads, 1, kv]
+        k_cache, v_cache = caches[2 * i], caches[2 * i + 1]
+        rows, length, kv = k_cache.shape.as_list()
+        window = model.window(layer["kind"])
+        if window is not None and window < length:  # only the window's rows
+            start = tf.clip_by_value(query - window + 1, 0, length - window)
+            k_rows = xla.dynamic_slice(k_cache, [0, start, 0], [rows, window, kv])
+            v_rows = xla.dynamic_slice(v_cache, [0, start, 0], [rows, window, kv])
+            memory = start + tf.range(window)
+        else:
+            k_rows, v_rows, memory = k_cache, v_cache, tf.range(length)
+        hidden = memory >= query  # this position's own key and value come from k and v
+        if window is not None:
+            hidden = tf.logical_or(hidden, memory <= query - window)
+        bias = tf.cast(hidden, tf.float32) * NEG_INF
+        logits = tf.concat([tf.matmul(q, widened(k_rows), transpose_b=True) + bias,
+                            tf.reduce_sum(q * k, axis=-1, keepdims=True)], axis=-1)   # [batch * heads, 1, seen + 1]
+        weights = tf.nn.softmax(logits, axis=-1)
+        a = tf.matmul(weights[..., :-1], widened(v_rows)) + weights[..., -1:] * v
+        x = x + _dense(tf.reshape(a, [-1, cfg.n_embd]), layer["o"], layer["o_b"])
+        x = x + model.mlp(x, layer)
+        # query itself, computed from the attention's output: the writes then depend on the reads, so XLA orders
+        # them after and writes in place (reads and writes unordered, it copied each cache twice a token)
+        read = tf.cast(tf.reduce_any(tf.math.is_nan(a)), tf.int32)
+        at = [0, tf.minimum(query, query + read), 0]
+        new_caches += [xla.dynamic_update_slice(k_cache, tf.cast(k, k_cache.dtype), at),
+                       xla.dynamic_update_slice(v_cache, tf.cast(v, v_cache.dtype), at)]
+    return model.logits(x), new_caches
+
+
+def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_lengths, seeds, *weights):
+    """models/sampling.sample's loop on TF tensors: tokens [batch, length] int32, prompt_lengths and seeds [batch]
+    int32, the weights in the order of `names` -> (tokens, lengths) as `sample` returns them. The prefill runs
+    over the first `span` positions."""
+    from models.sampling import choose_tokens_tf, is_one_of_tf
+    model = _Model(cfg, dict(zip(names, weights)))
+    batch, length = tokens.shape.as_list()
+    cache_dtype = model.wte.dtype
+    caches = _prefill(model, tokens, span, length, cache_dtype)
+    start = tf.reduce_min(prompt_lengths)
+    if span < length:
+        start = tf.minimum(start, span + 1)
+    limit = tf.minimum(prompt_lengths + options.max_new_tokens, length)
+    end = tf.reduce_max(limit)
+    done = tf.cast(prompt_lengths >= limit, tf.int32)
+    rows = tf.range(batch)
+
+    def cond(position, tokens_, done_, lengths_, *caches_):
+        return tf.logical_and(position < end, tf.reduce_min(done_) < 1)
+
+    def body(position, tokens_, done_, lengths_, *caches_):
+        step_logits, new_caches = _step(model, tokens_[:, position - 1], position, list(caches_))
+        new = choose_tokens_tf(step_logits, seeds, rows, position, options)
+        in_prompt = position < prompt_lengths
+        active = tf.logical_and(tf.logical_not(in_prompt), tf.equal(done_, 0))
+        value = tf.where(in_prompt, tokens_[:, position], tf.where(active, new, tf.fill([batch], options.padding_id)))
+        tokens_ = xla.dynamic_update_slice(tokens_, value[:, None], [0, position])
+        lengths_ = tf.where(active, tf.fill([batch], position + 1), lengths_)
+        finished = position + 1 >= limit
+        if options.stop_id is not None:
+            finished = tf.logical_or(finished, tf.equal(new, options.stop_id))
+        if options.stop_ids:
+            finished = tf.logical_or(finished, is_one_of_tf(new, options.stop_ids))
+        done_ = tf.maximum(done_, tf.cast(tf.logical_and(active, finished), tf.int32))
+        return [position + 1, tokens_, done_, lengths_] + new_caches
+
+    outputs = tf.while_loop(cond, body, [start, tokens, done, prompt_lengths] + caches)
+    tokens, lengths = outputs[1], outputs[3]
+    if options.remove_partial_sequences:  # each row shifted left by its prompt, zeros after
+        index = tf.range(length)[None, :] + prompt_lengths[:, None]
+        tokens = tf.where(index < length, tf.gather(tokens, tf.minimum(index, length - 1), batch_dims=1),
+                          tf.zeros_like(tokens))
+        lengths = lengths - prompt_lengths
+    filled = tf.range(length)[None, :] < lengths[:, None]
+    return tf.where(filled, tokens, tf.fill(tf.shape(tokens), options.padding_id)), lengths
+
+
+class CompiledSampleOperation(mtf.Operation):
+    """`generate` as one XLA program on the mesh's one device: inputs tokens, prompt_lengths, seeds and the
+    model's weights (the variables' tensors in the activations' dtype), outputs tokens and lengths."""
+
+    def __init__(self, cfg, options, span, tokens, prompt_lengths, seeds, variables: list):
+        super().__init__([tokens, prompt_lengths, seeds] + [v.outputs[0] for v in variables], name="compiled_sample")
+        self._cfg, self._options, self._span = cfg, options, span
+        self._names = [v.name for v in variables]
+        self._outputs = [mtf.Tensor(self, tokens.shape, tf.int32), mtf.Tensor(self, prompt_lengths.shape, tf.int32)]
+
+    def lower(self, lowering):
+        mesh_impl = lowering.mesh_impl(self)
+        if mesh_impl.size != 1:
+            raise ValueError(f"compiled decoding runs on one device, not a mesh of {mesh_impl.size}")
+        cfg, options, span, names = self._cfg, self._options, self._span, self._names
+
+        def run(*args):
+            fn = tf.function(lambda *a: generate(cfg, options, span, names, *a), jit_compile=True, autograph=False)
+            return tuple(fn(*args))
+
+        outputs = mesh_impl.slicewise(run, *(lowering.tensors[t] for t in self.inputs))
+        for output, value in zip(self.outputs, outputs):
+            lowering.set_tensor_lowering(output, value)
+
+
+def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cfg: GPTConfig, dims, options,
+           span: int) -> dict:
+    """models/sampling.sample's outputs, compiled. The model's variables are made as the mtf sampler makes them
+    (its forward over the prefill's span, never run: a graph's variables are made by the model's own code)."""
+    from models import gpt
+    gpt.logits(mtf.slice(tokens, 0, span, dims.sequence.name), cfg,
+               dataclasses.replace(dims, sequence=mtf.Dimension(dims.sequence.name, span)), train=False)
+    variables = [v for v in tokens.mesh.graph.all_variables if v.name.startswith("gpt2/")]
+    op = CompiledSampleOperation(cfg, options, span, tokens, prompt_lengths, seeds, variables)
+    return {"tokens": op.outputs[0], "lengths": op.outputs[1]}

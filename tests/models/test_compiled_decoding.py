@@ -1,0 +1,194 @@
+"""Compiled decoding (models/compiled_decoding.py): the same tokens as the mtf sampler's loop in float32, logits
+within bf16's rounding of an fp32 full recompute in bfloat16, and the mtf loop wherever it does not apply."""
+import numpy as np
+import pytest
+
+from models import compiled_decoding
+from models.sampling import SamplingOptions
+from models.kernels.common import kernels
+from infer.run import Predictor
+from tiny import placement_for, random_tokens, tiny_config
+
+MAX_NEW = 6
+SAMPLED = dict(temperature=1.0, top_k=20, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    # Local window 4 < the positions sampled, so the step's window (a slice of the cache) is exercised.
+    return tiny_config(local_attention_radius=4)
+
+
+@pytest.fixture(scope="module")
+def rows(cfg):
+    """Prompts of different lengths in one batch (row 4 fills the context, row 2 is longer than a bucket of 4),
+    each row its own seed."""
+    lengths = np.array((3, 5, 9, 3, cfg.n_ctx, 2), np.int32)
+    tokens = random_tokens([len(lengths), cfg.n_ctx], vocab=cfg.n_vocab, seed=1)
+    tokens[np.arange(cfg.n_ctx)[None, :] >= lengths[:, None]] = 0
+    return {"tokens": tokens, "prompt_length": lengths, "seed": np.arange(7, 7 + len(lengths), dtype=np.int32)}
+
+
+@pytest.fixture(scope="module")
+def predictor(cfg):
+    with Predictor(cfg, placement_for(cfg)) as kept:
+        yield kept
+
+
+def both(cfg, predictor, rows, **options):
+    """(mtf loop's outputs, compiled outputs) for these sampling options."""
+    out = []
+    for compiled in (False, True):
+        opts = SamplingOptions.from_config(cfg, max_new_tokens=MAX_NEW, padding_id=0, compiled=compiled, **options)
+        out.append(predictor.predict(rows, len(rows["tokens"]), opts))
+    return out
+
+
+@pytest.mark.parametrize("options", [
+    dict(temperature=0.0), SAMPLED, dict(temperature=0.0, prefill_length=4),
+    dict(SAMPLED, stop_id=None, stop_ids=(3, 11, 17, 29, 40, 51, 60), remove_partial_sequences=True)],
+    ids=["greedy", "sampled", "bucket-4", "stops-remove-partial"])
+def test_compiled_tokens_are_the_mtf_loops(cfg, predictor, rows, options):
+    assert compiled_decoding.unsupported(cfg, SamplingOptions.from_config(cfg)) is None
+    mtf_loop, compiled = both(cfg, predictor, rows, **options)
+    np.testing.assert_array_equal(compiled["tokens"], mtf_loop["tokens"])
+    np.testing.assert_array_equal(compiled["lengths"], mtf_loop["lengths"])
+    if "stop_ids" in options:  # some row stopped early at one of the ids, so the stops were exercised
+        assert (mtf_loop["lengths"] < MAX_NEW).any()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The compiled step's logits against an fp32 full recompute written in NumPy (an oracle of its own)
+
+
+def random_weights(cfg, seed=0) -> dict:
+    """{variable name: float32 array} at scales where every part of the model moves the logits."""
+    from models import gpt
+    rng = np.random.RandomState(seed)
+    weights = {}
+    for name, shape in sorted(gpt.variable_shapes(cfg).items()):
+        if name.endswith("/g"):
+            weights[name] = 1.0 + 0.1 * rng.randn(*shape)
+        elif name.endswith(("/b", "bias", "o_b")):
+            weights[name] = 0.1 * rng.randn(*shape)
+        elif name.endswith(("wte", "wpe")):
+            weights[name] = 0.3 * rng.randn(*shape)
+        else:
+            weights[name] = rng.randn(*shape) / np.sqrt(shape[0])
+    return {name: value.astype(np.float32) for name, value in weights.items()}
+
+
+def numpy_logits(cfg, w, tokens) -> np.ndarray:
+    """GPT-Neo's forward over one row of tokens [length] in float64 -> logits [length, vocab]."""
+    w = {name: value.astype(np.float64) for name, value in w.items()}
+
+    def norm(x, scope):
+        x = x - x.mean(-1, keepdims=True)
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w[scope + "/g"] + w[scope + "/b"]
+
+    length, heads, size = len(tokens), cfg.n_head, cfg.head_size
+    x = w["gpt2/wte"][tokens] + w["gpt2/wpe"][:length]
+    query, memory = np.arange(length)[:, None], np.arange(length)[None, :]
+    for i in range(cfg.n_layer):
+        p = f"gpt2/h{i}/"
+        h = norm(x, p + "norm_1")
+        q, k, v = (np.reshape(h @ w[p + "attn/" + n], [length, heads, size]).transpose(1, 0, 2) for n in "qkv")
+        hidden = memory > query
+        if cfg.attention_types[i] == "local":
+            hidden |= memory <= query - cfg.local_attention_radius
+        logits = np.where(hidden, -np.inf, q @ k.transpose(0, 2, 1))   # unscaled, as GPT-Neo
+        weights = np.exp(logits - logits.max(-1, keepdims=True))
+        a = (weights / weights.sum(-1, keepdims=True)) @ v
+        x = x + a.transpose(1, 0, 2).reshape(length, -1) @ w[p + "attn/o"] + w[p + "attn/compute_output_bias/o_b"]
+        h = norm(x, p + "norm_2") @ w[p + "mlp/conv1d_main/c_fc/kernel"] + w[p + "mlp/conv1d_main/c_fc/bias"]
+        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+        x = x + h @ w[p + "mlp/conv1d_main/c_proj/kernel"] + w[p + "mlp/conv1d_main/c_proj/bias"]
+    if cfg.no_weight_tie:
+        out = "gpt2/wte_final_linear/conv1d_main/linear_out/"
+        return norm(x, "gpt2/ln_f") @ w[out + "kernel"] + w[out + "bias"]
+    return norm(x, "gpt2/ln_f") @ w["gpt2/wte"].T
+
+
+def compiled_step_logits(cfg, weights, tokens, span, dtype):
+    """The compiled path's logits for positions span + 1 .. len(tokens) of one row (a prefill over `span`, then
+    one step per position), the weights in `dtype` -> [len(tokens) - span, vocab]."""
+    import tensorflow.compat.v1 as tf
+    names = sorted(weights)
+
+    @tf.function(jit_compile=True, autograph=False)
+    def run(row, *values):
+        model = compiled_decoding._Model(cfg, {n: tf.cast(v, dtype) for n, v in zip(names, values)})
+        caches = compiled_decoding._prefill(model, row, span, cfg.n_ctx, dtype)
+        out = []
+        for position in range(span + 1, row.shape[1] + 1):
+            logits, caches = compiled_decoding._step(model, row[:, position - 1], tf.constant(position), caches)
+            out.append(logits[0])
+        return tf.stack(out)
+
+    row = np.zeros([1, cfg.n_ctx], np.int32)
+    row[0, :len(tokens)] = tokens
+    with tf.Graph().as_default(), tf.Session() as session:
+        return session.run(run(tf.constant(row), *[tf.constant(weights[n]) for n in names]))[:len(tokens) - span]
+
+
+@pytest.mark.parametrize("no_weight_tie", [False, True], ids=["tied", "untied"])
+def test_compiled_step_logits_are_an_fp32_full_recomputes_in_float32_and_within_bf16_rounding_in_bfloat16(
+        no_weight_tie):
+    """Positions past the local window (4) and a prefill shorter than the row, so the window's slice of the
+    cache, the global layer's masked read and the steps' cache writes all decide logits. bf16: every weight and
+    the caches rounded to 8 bits, activations in fp32 between the products; the error bound is the oracle's own
+    sensitivity (its logits moved by rounding the weights to bf16) times 4."""
+    import tensorflow.compat.v1 as tf
+    cfg = tiny_config(local_attention_radius=4, no_weight_tie=no_weight_tie)
+    weights = random_weights(cfg)
+    tokens = random_tokens([12], vocab=cfg.n_vocab, seed=3)
+    span = 3
+    want = numpy_logits(cfg, weights, tokens)[span:]
+    fp32 = compiled_step_logits(cfg, weights, tokens, span, tf.float32)
+    np.testing.assert_allclose(fp32, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    rounded = {n: tf.bfloat16.as_numpy_dtype(v).astype(np.float32) for n, v in weights.items()}
+    sensitivity = np.abs(numpy_logits(cfg, rounded, tokens)[span:] - want).max()
+    assert sensitivity > 1e-3 * np.abs(want).max()  # the bf16 rounding matters at these scales
+    bf16 = compiled_step_logits(cfg, weights, tokens, span, tf.bfloat16)
+    error = np.abs(bf16 - want).max()
+    assert error < 4 * sensitivity, (error, sensitivity)
+    assert (bf16.argmax(-1) == want.argmax(-1)).mean() >= 0.75
+
+
+def built_ops(cfg, options) -> list:
+    """The mtf operations' names of cfg's sampling graph (built, not run)."""
+    import mesh_tensorflow as mtf
+    import tensorflow.compat.v1 as tf
+    from infer import outputs
+    from models import gpt
+    from tiny import cpu_mesh_impl
+    with tf.Graph().as_default():
+        mesh = mtf.Mesh(mtf.Graph(), "mesh")
+        features = {"tokens": tf.zeros([2, cfg.n_ctx], tf.int32), "prompt_length": tf.ones([2], tf.int32)}
+        outputs.predict_outputs(features, mesh, cfg, gpt.Dims.of(cfg, 2), options)
+        return [op.name for op in mesh.graph.operations]
+
+
+@pytest.mark.parametrize("change,why", [
+    (dict(compiled_decoding=False), "compiled_decoding is false"),
+    (dict(kv_cache=False), "full recompute"),
+    (dict(mesh_shape="x:2", layout="batch:x"), "more than one device"),
+    (dict(activation_function="relu"), "activation_function 'relu'"),
+    (dict(scalenorm=True), "option scalenorm"),
+    (dict(attention_types=[[["global", "none"], 1]]), "attention type 'none'"),
+    (dict(precision="float16"), "precision 'float16'")])
+def test_what_the_compiled_path_does_not_compute_falls_back_to_the_mtf_loop(change, why):
+    cfg = tiny_config(**change)
+    options = SamplingOptions.from_config(cfg, max_new_tokens=2)
+    assert why in compiled_decoding.unsupported(cfg, options)
+    ops = built_ops(cfg, options)
+    assert not any(name.startswith("compiled_sample") for name in ops) and any("while_loop" in n for n in ops)
+
+
+def test_supported_models_build_the_compiled_program_and_plain_kernels_keep_the_mtf_loop():
+    cfg = tiny_config(no_weight_tie=True, precision="bfloat16")
+    options = SamplingOptions.from_config(cfg, max_new_tokens=2)
+    assert any(name.startswith("compiled_sample") for name in built_ops(cfg, options))
+    with kernels("plain"):  # devices where XLA cannot compile (XLA:GPU without ptxas)
+        assert "plain" in compiled_decoding.unsupported(cfg, options)
+        assert not any(name.startswith("compiled_sample") for name in built_ops(cfg, options))
