@@ -20,7 +20,9 @@ fp32: the blocks and the tied embedding for the logits; the key/value cache up t
 layers, the window for local ones) divided by the time per token and by the copy's bandwidth. Ours runs models/sampling.py's in-graph loop (infer/outputs.py's PREDICT graph, one
 session.run per call, the prompt length fed, so one graph serves every prompt length); it uses the kv cache
 (models/kv_cache.py) where the model allows it (`sampling.uses_cache`) and says which path it took.
---recompute also times the full-recompute path (every new token recomputes the whole context).
+--recompute also times the full-recompute path (every new token recomputes the whole context). Ours is the
+whole generation compiled as one XLA program (models/compiled_decoding.py) where the model allows it (path
+"compiled"); --mtf_loop also times the mtf sampler's loop it replaces (compiled_decoding false) and prints the ratio.
 Every side runs in its own process, one after another.
 
 HF runs as a PyTorch user on this CPU would pick (--peers): generate in eager mode and with the model's forward
@@ -72,7 +74,7 @@ def worker_ours(args, names: list | None = None) -> dict:
     import tensorflow.compat.v1 as tf
     from devices.placement import Placement, configure
     from infer import run
-    from models import sampling
+    from models import compiled_decoding, sampling
     from config import config_from_dict
 
     tf.get_logger().setLevel("ERROR")
@@ -90,8 +92,10 @@ def worker_ours(args, names: list | None = None) -> dict:
     for prefill in sorted({b for bs in prefills.values() for b in bs}, key=lambda b: b or 0):
         for new in args.new_tokens:
             options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0,
-                                                           prefill_length=prefill)
-            path = "kv cache" if sampling.uses_cache(cfg, options) else "full recompute"
+                                                           prefill_length=prefill,
+                                                           compiled=not getattr(args, "mtf_loop_worker", False))
+            path = ("compiled" if compiled_decoding.unsupported(cfg, options) is None else "kv cache") \
+                if sampling.uses_cache(cfg, options) else "full recompute"
             # --predict's program, the prompt length fed: one graph for every prompt
             placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
             rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}
@@ -238,7 +242,7 @@ WORKERS = {"ours": worker_ours, "hf": worker_hf, "bandwidth": worker_bandwidth}
 
 
 def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, variant: str = "float32",
-               jit: str = "default") -> dict:
+               jit: str = "default", mtf_loop: bool = False) -> dict:
     """One measurement in a fresh process: this checkout's worker, or (peer) the peer checkout's own worker
     under the peer's Python (its stack). `variant`: a precision, +compile for HF under torch.compile; `jit`: a
     mode of worker.JIT_MODES (ours: XLA auto-clustering)."""
@@ -253,6 +257,8 @@ def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, var
     command += ["--prompt_lengths", *map(str, args.prompt_lengths), "--new_tokens", *map(str, args.new_tokens)]
     if recompute:
         command += ["--recompute_worker"]
+    if mtf_loop:
+        command += ["--mtf_loop_worker"]
     if getattr(args, "prefill_bucket", False) and kind == "ours" and not peer:
         command += ["--prefill_bucket"]
     if getattr(args, "kernels", "xla") != "xla" and kind == "ours" and not peer:
@@ -267,7 +273,8 @@ def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, var
     values = json.loads(lines[-1][len(MARK):])
     name = {"ours": "ours " + variant + ("" if jit == "default" else " " + jit),
             "hf": bench_train.peer_name(variant)}.get(kind, kind)
-    values.update(measure=("peer " if peer else "") + name + (" recompute" if recompute else ""), variant=variant,
+    values.update(measure=("peer " if peer else "") + name + (" recompute" if recompute else "")
+                  + (" mtf loop" if mtf_loop else ""), variant=variant,
                   jit=jit,
                   wall_s=round(time.time() - started, 1),
                   load=[round(x, 2) for x in os.getloadavg()])
@@ -290,6 +297,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed calls of each program first (auto-clustering "
                    "compiles a cluster at its first call and again at a later one for each new shape)")
     p.add_argument("--recompute", action="store_true", help="also time this project's full-recompute path")
+    p.add_argument("--mtf_loop", action="store_true", help="also time the mtf sampler's loop (compiled_decoding "
+                   "false), in each of --variants")
     p.add_argument("--prefill_bucket", action="store_true",
                    help="also time ours with the prefill over the prompt's bucket (SamplingOptions.prefill_length, "
                         "as --predict runs it), interleaved with the whole context's prefill")
@@ -313,6 +322,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--peer_repo", help="the peer checkout, e.g. a worktree of an older commit")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--recompute_worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mtf_loop_worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -353,6 +363,8 @@ def measure(args) -> dict:
         runs.append(run_worker("ours", args, peer=True))
     if args.recompute:
         runs.append(run_worker("ours", args, recompute=True))
+    if args.mtf_loop:
+        runs += [run_worker("ours", args, variant=v, mtf_loop=True) for v in args.variants]
     runs += [run_worker("hf", args, variant=v) for v in args.peers]
     bandwidth.append(run_worker("bandwidth", args))  # before and after: how much the machine moved meanwhile
     return dict(cpu=cpu, runs=runs, bandwidth=bandwidth, load_start=load_start,
@@ -386,6 +398,12 @@ def ms(r: dict, p: int):
     """The median per-token time at prompt `p`, None where noise made it meaningless (t(N2) <= t(N1))."""
     value = r["by_prompt"][str(p)]["per_token_ms"]
     return value if value > 0 else None
+
+
+def cpu_ms(r: dict, p: int, n1: int, n2: int) -> float:
+    """The process's CPU ms per new token at prompt `p`, from the median CPU seconds of N1 and N2 tokens."""
+    prompt = r["by_prompt"][str(p)]
+    return 1e3 * (prompt["cpu_n2_s"] - prompt["cpu_n1_s"]) / (n2 - n1)
 
 
 def best_peer(s: dict, p: int):
@@ -430,6 +448,12 @@ def print_table(s: dict, args) -> None:
         print("decode tokens/s, ours / best peer: " + ", ".join(
             f"prompt {p}: " + (f"{ms(best_peer(s, p), p) / ms(ours, p):.2f}x ({best_peer(s, p)['measure']})"
                                if best_peer(s, p) and ms(ours, p) else "-") for p in prompts))
+    mtf_loop = next((r for r in s["runs"] if r["measure"].endswith(" mtf loop")), None)
+    if mtf_loop:  # the compiled generation against the mtf loop it replaces; CPU ms a token beside (load-proof)
+        print("per token, ours / the mtf loop (compiled_decoding false), wall and CPU ms: " + ", ".join(
+            f"prompt {p}: " + (f"{ms(mtf_loop, p) / ms(ours, p):.2f}x faster ({ms(ours, p):.2f} / {ms(mtf_loop, p):.2f}"
+                               f" ms; CPU {cpu_ms(ours, p, n1, n2):.2f} / {cpu_ms(mtf_loop, p, n1, n2):.2f} ms)"
+                               if ms(mtf_loop, p) and ms(ours, p) else "-") for p in prompts))
     peer = next((r for r in s["runs"] if r["measure"].startswith("peer ")), None)
     if peer:
         print(f"decode tokens/s, ours / peer ({args.peer_repo}): " + ", ".join(
