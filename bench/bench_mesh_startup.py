@@ -14,10 +14,12 @@ XLA's compilations) and the second step's. Modes:
     warm    the same again: the cache now holds this run's kernels
     after   the same cache, in a process that first built a 1-device training graph (the cache is found only
             when a kernel's name does not depend on what the process built before: models/kernels/common.py)
+    tfdefault  warm, with grappler's passes as TensorFlow sets them (the CPU sessions' cuts undone:
+            devices/placement.py's lean_grappler and the remapper)
     plain   the fused kernels as plain TF ops (--plain_kernels): no XLA at all
     bare    plain, and grappler off (RewriterConfig.disable_meta_optimizer): what is left is TF's own
 
-cold - plain is XLA's share of the first call, plain - bare grappler's. /proc/loadavg is printed before and
+cold - plain is XLA's share of the first call, plain - bare grappler's, tfdefault - warm what the CPU cuts save. /proc/loadavg is printed before and
 after: on a machine shared with other work the CPU seconds inflate too (TensorFlow's threads spin while waiting).
 """
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = {"all:1": "", "x:2": "batch:x", "x:2,y:2": "batch:x,heads:y"}
-MODES = ("cold", "warm", "after", "plain", "bare")
+MODES = ("cold", "warm", "after", "tfdefault", "plain", "bare")
 
 
 def worker(mesh_shape: str, layout: str, mode: str) -> dict:
@@ -45,14 +47,15 @@ def worker(mesh_shape: str, layout: str, mode: str) -> dict:
     from tiny import random_tokens, tiny_config
     from train.loop import training_program
 
-    if mode == "bare":
+    if mode in ("bare", "tfdefault"):
         session_config = Placement.session_config
 
-        def without_grappler(self, inference=False):
+        def grappler_changed(self, inference=False):
             config = session_config(self, inference)
-            config.graph_options.rewrite_options.disable_meta_optimizer = True
+            config.graph_options.rewrite_options.Clear()  # TF's defaults
+            config.graph_options.rewrite_options.disable_meta_optimizer = mode == "bare"
             return config
-        Placement.session_config = without_grappler
+        Placement.session_config = grappler_changed
     kernels = "plain" if mode in ("plain", "bare") else "xla"
     data = random_tokens([8, 17])
     if mode == "after":
@@ -99,12 +102,12 @@ def main() -> None:
                             text=True).stdout.strip()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
           f"load average {open('/proc/loadavg').read().split()[:3]}")
-    print(f"{'mesh':10s} {'mode':6s} {'ops':>6s} {'build':>6s} {'open':>6s} {'first':>6s} {'second':>7s}   CPU s")
+    print(f"{'mesh':10s} {'mode':9s} {'ops':>6s} {'build':>6s} {'open':>6s} {'first':>6s} {'second':>7s}   CPU s")
     for mesh_shape in args.meshes:
         with tempfile.TemporaryDirectory(prefix="bench-xla-cache-") as cache:
             for mode in args.modes:
                 r = run(mesh_shape, MESHES[mesh_shape], mode, cache)
-                print(f"{mesh_shape:10s} {mode:6s} {r['ops']:6d} {r['build']:6.2f} {r['open']:6.2f} "
+                print(f"{mesh_shape:10s} {mode:9s} {r['ops']:6d} {r['build']:6.2f} {r['open']:6.2f} "
                       f"{r['first']:6.2f} {r['second']:7.3f}", flush=True)
     print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
 

@@ -114,17 +114,20 @@ class Placement:
         return None
 
     def session_config(self, inference: bool = False) -> tf.compat.v1.ConfigProto:
-        """The session's options. `inference` (predict's programs: sampling, scoring) on CPUs only: grappler's
-        remapper stays off. It fuses a matmul and the bias added to it into one oneDNN kernel, which for decoding's
-        matrix-vector products is slower than the product and the add: 6.9 -> 6.5 ms a token with it off
-        (bench/bench_decode.py's model, prompt 16, 9 of 9 paired runs, on a 2-core AVX2 CPU); at whole-sequence
-        shapes (prefill, scoring, training) the two measured the same."""
+        """The session's options. On CPU devices grappler's remapper stays off. It fuses a matmul and the bias
+        added to it into one oneDNN kernel, which for decoding's matrix-vector products (`inference`: predict's
+        programs, sampling and scoring) is slower than the product and the add: 6.9 -> 6.5 ms a token with it off
+        (bench/bench_decode.py's model, prompt 16, 9 of 9 paired runs, on a 2-core AVX2 CPU); in training and
+        evaluation it fuses nothing (the step's partition graphs hold the same ops with it on or off) and costs
+        start-up only, as do the passes `lean_grappler` turns off there."""
         # Soft placement: ops with no GPU kernel run on the CPU (training lists them once, devices/gpus.py)
         config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_count={"CPU": self.cpu_devices})
         gpus.session_gpu_options(config, self)  # only the --gpu_ids GPUs, their memory setting; none for CPUs
-        if inference and self.devices and all("CPU" in d.upper() for d in self.devices):
+        if self.devices and all("CPU" in d.upper() for d in self.devices):
             rewrites = config.graph_options.rewrite_options
             rewrites.remapping = rewrites.OFF  # the RewriterConfig message's own enum: no TF-internal import
+            if not inference:
+                lean_grappler(rewrites)
         return config
 
     def mesh(self, cfg):
@@ -221,6 +224,29 @@ def local_placement(names: list[str], gpu_memory: Optional[str] = None, kernels:
     # only the named GPUs visible, with their memory setting; one line on what is missing (devices/gpus.py)
     setting = gpus.configure_gpus([index for _, index in parsed], gpu_memory)
     return Placement(devices=setting.names, gpu=setting if setting.memory else None, kernels=kernels)
+
+
+def lean_grappler(rewrites) -> None:
+    """Turns off what grappler spends on a CPU training or evaluation graph and buys nothing there (CPU sessions'
+    `rewrites`, a RewriterConfig; Placement.session_config). Every new set of fetches (initialise, copy to the
+    mesh's slices, the step, a save) runs grappler over its part of the graph, in time that grows with the graph
+    and so with the mesh's devices. With these off the step's partition graphs hold the same ops as with TF's
+    defaults, but for the Identity nodes the second pass of the model pruner would have removed (38 and a Const at
+    bench_train's bench shape in fp32, 28 for the tiny model on `x:2,y:2`; the remapper and the other two off
+    alone: the same ops, in fp32 and bf16), which cost ~1 µs a step each; the first session calls of the
+    tiny model's training on `x:2,y:2` cost about 1 CPU s less (bench/bench_mesh_startup.py, mode `tfdefault`
+    for TF's defaults; docs/speed.md). Off:
+
+    - the meta-optimizer's second iteration (the first does every pass; the second only pruned Identity nodes);
+    - the memory optimizer (swapping to the host and recomputation are for GPUs; it rewrote no node);
+    - the layout optimizer (converts NCHW convolutions; these graphs have none).
+
+    Kept: the TFG (MLIR) pipeline, which costs as much as the remapper and leaves the step's ops as they are, but
+    without it a session kept a weight-sized copy of Adam's slots after the first step
+    (tests/execution/test_mesh_session.py's check of the optimizer state's copies)."""
+    rewrites.meta_optimizer_iterations = rewrites.ONE
+    rewrites.memory_optimization = rewrites.NO_MEM_OPT
+    rewrites.layout_optimizer = rewrites.OFF
 
 
 def xla_cpu_problem() -> Optional[str]:

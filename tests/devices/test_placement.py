@@ -27,14 +27,15 @@ def test_device_errors_are_one_line_and_say_what_to_pass():
 
 def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypatch):
     """Predict's sessions on CPUs keep the remapper off (its fused matmul + bias kernel is slower for decoding's
-    matrix-vector products); training's keep TF's default, and so do GPUs."""
+    matrix-vector products); so do training's, where it fuses nothing; GPUs keep TF's default."""
     off = rewriter_config_pb2.RewriterConfig.OFF
     cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
     assert cpus.session_config(inference=True).graph_options.rewrite_options.remapping == off
-    assert cpus.session_config().graph_options.rewrite_options.remapping != off
+    assert cpus.session_config().graph_options.rewrite_options.remapping == off
     names = ("/device:GPU:0",)
     on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
     assert on_gpu.session_config(inference=True).graph_options.rewrite_options.remapping != off
+    assert on_gpu.session_config().graph_options.rewrite_options.remapping != off
     opened = []
     def refuse(self, *args, **kwargs):
         opened.append(kwargs)
@@ -45,6 +46,26 @@ def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypa
         cfg = tiny_config()
         run.predict(cfg, placement_for(cfg), {"tokens": np.zeros([1, cfg.n_ctx], np.int32)}, 1)
     assert opened == [{"inference": True}]
+
+
+def test_cpu_training_sessions_skip_the_grappler_passes_that_buy_nothing_there():
+    """Training's and evaluation's sessions on CPUs run grappler once over each graph, without its memory and
+    layout optimizers (start-up they cost, the step's ops stay the same: lean_grappler); predict's and GPUs'
+    sessions keep TF's defaults for these."""
+    config = rewriter_config_pb2.RewriterConfig
+    cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
+    training = cpus.session_config().graph_options.rewrite_options
+    assert training.meta_optimizer_iterations == config.ONE
+    assert not training.disable_tfg_optimizer  # without it a copy of Adam's slots outlived their initialisation
+    assert training.memory_optimization == config.NO_MEM_OPT
+    assert training.layout_optimizer == config.OFF
+    assert not training.disable_meta_optimizer  # the passes the step needs still run
+    names = ("/device:GPU:0",)
+    on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
+    untouched = config()
+    untouched.remapping = config.OFF  # predict's one change on CPUs
+    assert cpus.session_config(inference=True).graph_options.rewrite_options == untouched
+    assert on_gpu.session_config().graph_options.rewrite_options == config()
 
 
 class _Refused(Exception):
