@@ -175,7 +175,7 @@ def worker_hf(args, device: str = "cpu") -> dict:
     results = {}
     for p in args.prompt_lengths:
         ids = torch.randint(1, args.n_vocab, (1, p), generator=generator).to(device)
-        times = {}
+        times, cpu = {}, {}
 
         def kwargs(new):
             return dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0,
@@ -186,12 +186,13 @@ def worker_hf(args, device: str = "cpu") -> dict:
                 assert out.shape[1] == p + new
             for _ in range(args.repeats):  # N1 and N2 interleaved, as ours
                 for new in args.new_tokens:
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     model.generate(ids, **kwargs(new))
                     if device != "cpu":
                         torch.cuda.synchronize()
                     times.setdefault(new, []).append(time.perf_counter() - start)
-        results[str(p)] = per_token(times, args.new_tokens)
+                    cpu.setdefault(new, []).append(time.process_time() - start_cpu)
+        results[str(p)] = per_token(times, args.new_tokens, cpu)
     return {"path": "DynamicCache", "by_prompt": results, "torch_threads": torch.get_num_threads()}
 
 
@@ -433,7 +434,14 @@ def print_table(s: dict, args) -> None:
         cells = "".join(f"{100 * needed[p] / (ms(r, p) / 1e3) / copy:>21.0f}%" if ms(r, p) else f"{'-':>22}"
                         for p in prompts)
         print(f"{'bandwidth use (fp32 bytes), ' + r['measure']:<40}{cells}")
+    for r in s["runs"]:  # the process's CPU per token: what a loaded machine stretches less than the wall time
+        if all("cpu_n1_s" in r["by_prompt"][str(p)] for p in prompts):
+            print(f"{'CPU ms a token, ' + r['measure']:<40}" + "".join(f"{cpu_ms(r, p, n1, n2):>22.2f}" for p in prompts))
     ours = s["runs"][0]
+    cpu_peers = [r for r in s["runs"] if r["measure"].startswith("HF") and "cpu_n1_s" in r["by_prompt"][str(prompts[0])]]
+    if cpu_peers and "cpu_n1_s" in ours["by_prompt"][str(prompts[0])]:
+        print("CPU a token, best peer / ours: " + ", ".join(
+            f"prompt {p}: {min(cpu_ms(r, p, n1, n2) for r in cpu_peers) / cpu_ms(ours, p, n1, n2):.2f}x" for p in prompts))
     if any("bucket" in ours["by_prompt"][str(p)] for p in prompts):
         print(f"whole generations of {n1} and {n2} new tokens (prefill included), ours, median wall / CPU seconds:")
         for p in prompts:

@@ -79,3 +79,10 @@ def test_auto_jit_summary_takes_the_median_of_every_repeat_and_compares_tokens_a
     assert s["auto_jit"]["16"]["cpu_per_token_ms"] == pytest.approx(1e3 * 0.96 / 32)
     assert s["default"]["16"]["same_tokens"] and not s["auto_jit"]["16"]["same_tokens"]
     assert s["auto_jit"]["first_call_s"][0]["16/None/8"] == [2.0, 0.5]
+
+
+def test_cpu_ms_a_token_is_the_difference_of_the_generations_cpu_seconds_over_the_extra_tokens():
+    """The CPU figure the table prints beside the wall time (a shared machine stretches wall time, not CPU).
+    Bug caught: N1's CPU seconds subtracted from themselves (0 ms a token)."""
+    run = {"by_prompt": {"16": {"cpu_n1_s": 0.5, "cpu_n2_s": 0.82}}}
+    assert bench_decode.cpu_ms(run, 16, 8, 40) == pytest.approx(10.0)
