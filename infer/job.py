@@ -16,8 +16,6 @@ from infer.predict import PredictOptions, predict, read_prompts
 from modelpath import checkpoints
 from devices import precision
 from devices.placement import Placement
-from models import compiled_decoding
-from models.sampling import SamplingOptions
 
 
 @dataclass(frozen=True)
@@ -36,21 +34,17 @@ def run_prediction(cfg: GPTConfig, placement: Placement, options: PredictOptions
     """Samples every prompt (check_prediction's refusals first), on `sampling_placement`'s kernels."""
     check_prediction(cfg, options)
     step = checkpoints.step_of(checkpoints.require_checkpoint(cfg.model_path))
-    cfg = precision.for_inference(cfg, placement)
-    return predict(cfg, sampling_placement(placement, cfg), options, step, load_for_config(cfg))
+    return predict(precision.for_inference(cfg, placement), sampling_placement(placement), options, step,
+                   load_for_config(cfg))
 
 
-def sampling_placement(placement: Placement, cfg: Optional[GPTConfig] = None) -> Placement:
-    """--predict's placement: on CPU devices, the fused kernels as plain TF ops, unless `cfg` samples by compiled
-    decoding (models/compiled_decoding.py: one XLA program for the whole generation, which plain kernels would
-    turn off). A --predict process samples once, and XLA compiled the mtf sampler's kernels into 99 programs (the
-    prefill's and every decoding step's, per layer) before its first token: 61-63 of the 66 CPU seconds of the
-    first session call of the default model (4 x 128, 96 new tokens; the call itself 1.8 with plain kernels),
-    against 0.25 s saved per 96 tokens once compiled (2026-11-28, 2-core AMD EPYC, load 9-11). Other devices keep
-    theirs (a GPU's XLA is the check's)."""
+def sampling_placement(placement: Placement) -> Placement:
+    """--predict's placement: on CPU devices, the fused kernels as plain TF ops. A --predict process samples
+    once, and XLA compiled the sampler's kernels into 99 programs (the prefill's and every decoding step's, per
+    layer) before its first token: 61-63 of the 66 CPU seconds of the first session call of the default model
+    (4 x 128, 96 new tokens; the call itself 1.8 with plain kernels), against 0.25 s saved per 96 tokens once
+    compiled (2026-11-28, 2-core AMD EPYC, load 9-11). Other devices keep theirs (a GPU's XLA is the check's)."""
     if getattr(placement, "device_kind", None) == "CPU" and placement.kernels == "xla":
-        if cfg is not None and compiled_decoding.unsupported(cfg, SamplingOptions.from_config(cfg)) is None:
-            return placement
         return dataclasses.replace(placement, kernels="plain")
     return placement
 

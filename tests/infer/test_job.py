@@ -16,14 +16,3 @@ def test_predict_samples_with_plain_kernels_on_cpu_devices():
 def test_gpus_keep_their_kernels():
     gpu = Placement(devices=("/device:GPU:0",), kernels="xla")
     assert sampling_placement(gpu) is gpu
-
-
-def test_predict_keeps_xla_on_cpus_where_the_generation_runs_compiled():
-    """Compiled decoding is one XLA program, which plain kernels turn off: --predict keeps the placement's XLA
-    kernels for a model that decodes compiled, and goes plain for one that does not. Bug caught: plain kernels
-    for every model (--predict back on the mtf loop)."""
-    from tiny import tiny_config
-    cpu = Placement(devices=("/device:CPU:0",), kernels="xla")
-    assert sampling_placement(cpu, tiny_config()) is cpu
-    assert sampling_placement(cpu, tiny_config(compiled_decoding=False)).kernels == "plain"
-    assert sampling_placement(cpu, tiny_config(activation_function="relu")).kernels == "plain"
