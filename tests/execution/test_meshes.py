@@ -34,3 +34,29 @@ def test_the_devices_slices_are_bare_variables_filled_from_the_masters():
         parts = session.run(slices)
     np.testing.assert_array_equal(parts[0], master[:, :3])
     np.testing.assert_array_equal(parts[1], master[:, 3:])
+
+
+def test_the_slices_leave_the_collections_without_comparing_variables(monkeypatch):
+    """A slice leaves the variable collections found by identity: Variable.__eq__ costs ~10 µs a call in a
+    graph, and `in`/`list.remove` called it once per variable already collected, for every slice (76,320 calls
+    building the tiny model's training step on a 2x2 mesh: 0.94 -> 0.26 CPU s in `_uninitialized`). The bug it
+    guards: `_uninitialized` going back to `variable in tf.get_collection(key)` and `remove`."""
+    import tensorflow as tf2
+    compared = []
+    original = tf2.Variable.__eq__
+
+    def counting(self, other):
+        compared.append(self)
+        return original(self, other)
+
+    monkeypatch.setattr(tf2.Variable, "__eq__", counting)
+    cfg = tiny_config(mesh_shape="x:2", layout="embd:x")
+    with tf.Graph().as_default():
+        mesh, impl = meshes.placement_mesh(cfg, placement_for(cfg))
+        rows, embd = mtf.Dimension("rows", 4), mtf.Dimension("embd", 6)
+        for name in ("a", "b", "c"):
+            mtf.get_variable(mesh, name, mtf.Shape([rows, embd]))
+        mtf.Lowering(mesh.graph, {mesh: impl})
+        global_names = [v.op.name for v in tf.global_variables()]
+    assert global_names == ["a", "b", "c"]
+    assert compared == []
