@@ -15,8 +15,9 @@ float32 or bfloat16, with every sampling option (temperature, top-k, top-p, entm
 lengths, remove_partial_sequences). `compiled_decoding: false` (or `--no_compiled_decoding`) keeps the mtf loop.
 
 The arithmetic is the mtf step's: LayerNorm over fp32, GELU's tanh form, attention logits and softmax in fp32
-over the cache with the step's visibility mask (global layers read the whole cache, masked; local layers only
-their window), so in float32 the tokens are the mtf sampler's (tested, greedy and sampled). In bfloat16 the
+over the cache with the step's visibility mask (local layers read only their window; global layers the
+smallest of PREFIXES holding the rows before the query, or the whole cache: an XLA conditional over static
+shapes), so in float32 the tokens are the mtf sampler's (tested, greedy and sampled). In bfloat16 the
 matrix products read bf16 weights and bf16 activations and accumulate in fp32, and the residual stream stays fp32.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from models.kernels.elementwise import _GELU_C
 from schema import GPTConfig
 
 NEG_INF = -1e10
+PREFIXES = (256, 512, 1024)  # the cache prefixes a global layer's step reads (and the whole cache)
 _OPTIONS = {"no_weight_tie"}  # model options the compiled path computes (the rest fall back to the mtf loop)
 _PRECISIONS = {"float32", "bfloat16", "auto"}  # "auto" reaching a model unresolved builds in float32
 
@@ -200,14 +202,24 @@ def _step(model: _Model, token, position, caches):
             memory = start + tf.range(window)
         else:
             k_rows, v_rows, memory = k_cache, v_cache, tf.range(length)
-        hidden = memory >= query  # this position's own key and value come from k and v
-        if window is not None:
-            hidden = tf.logical_or(hidden, memory <= query - window)
-        bias = tf.cast(hidden, tf.float32) * NEG_INF
-        logits = tf.concat([tf.matmul(q, widened(k_rows), transpose_b=True) + bias,
-                            tf.reduce_sum(q * k, axis=-1, keepdims=True)], axis=-1)   # [batch * heads, 1, seen + 1]
-        weights = tf.nn.softmax(logits, axis=-1)
-        a = tf.matmul(weights[..., :-1], widened(v_rows)) + weights[..., -1:] * v
+
+        def attend(k_rows, v_rows, memory):
+            hidden = memory >= query  # this position's own key and value come from k and v
+            if window is not None:
+                hidden = tf.logical_or(hidden, memory <= query - window)
+            bias = tf.cast(hidden, tf.float32) * NEG_INF
+            logits = tf.concat([tf.matmul(q, widened(k_rows), transpose_b=True) + bias,
+                                tf.reduce_sum(q * k, axis=-1, keepdims=True)], axis=-1)  # [batch * heads, 1, seen + 1]
+            weights = tf.nn.softmax(logits, axis=-1)
+            return tf.matmul(weights[..., :-1], widened(v_rows)) + weights[..., -1:] * v
+
+        prefixes = [size for size in PREFIXES if size < length]
+        if window is None and prefixes:  # a global layer reads the rows before the query, in a prefix of fixed size
+            sizes = prefixes + [length]
+            branch = tf.reduce_sum(tf.cast(query > tf.constant(prefixes), tf.int32))  # rows 0 .. query - 1
+            a = tf.switch_case(branch, [lambda n=n: attend(k_cache[:, :n], v_cache[:, :n], tf.range(n)) for n in sizes])
+        else:
+            a = attend(k_rows, v_rows, memory)
         x = x + _dense(tf.reshape(a, [-1, cfg.n_embd]), layer["o"], layer["o_b"])
         x = x + model.mlp(x, layer)
         # query itself, computed from the attention's output: the writes then depend on the reads, so XLA orders

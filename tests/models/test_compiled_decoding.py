@@ -131,14 +131,18 @@ def compiled_step_logits(cfg, weights, tokens, span, dtype):
         return session.run(run(tf.constant(row), *[tf.constant(weights[n]) for n in names]))[:len(tokens) - span]
 
 
-@pytest.mark.parametrize("no_weight_tie", [False, True], ids=["tied", "untied"])
+@pytest.mark.parametrize("no_weight_tie,prefixes", [(False, (4, 8)), (True, None)],
+                         ids=["tied-prefixes-4-8", "untied-whole-cache"])
 def test_compiled_step_logits_are_an_fp32_full_recomputes_in_float32_and_within_bf16_rounding_in_bfloat16(
-        no_weight_tie):
+        no_weight_tie, prefixes, monkeypatch):
     """Positions past the local window (4) and a prefill shorter than the row, so the window's slice of the
-    cache, the global layer's masked read and the steps' cache writes all decide logits. bf16: every weight and
-    the caches rounded to 8 bits, activations in fp32 between the products; the error bound is the oracle's own
-    sensitivity (its logits moved by rounding the weights to bf16) times 4."""
+    cache, the global layer's masked read (of the whole cache, or of prefixes of 4 and 8 rows as the steps pass
+    them: the bench model's 256, 512 and 1024 scaled to n_ctx 16) and the steps' cache writes all decide logits.
+    bf16: every weight and the caches rounded to 8 bits, activations in fp32 between the products; the error
+    bound is the oracle's own sensitivity (its logits moved by rounding the weights to bf16) times 4."""
     import tensorflow.compat.v1 as tf
+    if prefixes:
+        monkeypatch.setattr(compiled_decoding, "PREFIXES", prefixes)
     cfg = tiny_config(local_attention_radius=4, no_weight_tie=no_weight_tie)
     weights = random_weights(cfg)
     tokens = random_tokens([12], vocab=cfg.n_vocab, seed=3)
