@@ -9,7 +9,11 @@ state, written in place by dynamic-update-slice) and the token choice (models/sa
 stateless draw, so the same tokens for a seed) into one program, launched once per generation.
 
 It reads the weights as the mesh's variables hand them to the model (fp32, or bf16 under `precision: bfloat16`,
-cast once per generation), so it needs every weight whole on one device: one-device meshes. Supported: GPT-Neo's
+cast once per generation), so it needs every weight whole on one device: one-device meshes. It computes in
+fp32 in either precision: bf16 weights are widened once per generation (the values bf16 gives, each product and
+sum in fp32). Reading them as bf16 in every token's products was slower on a 2-core AVX-512-bf16 EPYC (XLA:CPU's
+bf16 matrix-vector products: 12.0 against 9.4 CPU ms a token on the bench model; written as a fused multiply and
+sum over the widened weights, 19-21; 2026-12-04). Supported: GPT-Neo's
 own model (global and local attention, LayerNorm, GELU MLP, learned positions, tied or untied output), in
 float32 or bfloat16, with every sampling option (temperature, top-k, top-p, entmax, stop ids, per-row prompt
 lengths, remove_partial_sequences). `compiled_decoding: false` (or `--no_compiled_decoding`) keeps the mtf loop.
@@ -18,7 +22,7 @@ The arithmetic is the mtf step's: LayerNorm over fp32, GELU's tanh form, attenti
 over the cache with the step's visibility mask (local layers read only their window; global layers the
 smallest of PREFIXES holding the rows before the query, or the whole cache: an XLA conditional over static
 shapes), so in float32 the tokens are the mtf sampler's (tested, greedy and sampled). In bfloat16 the
-matrix products read bf16 weights and bf16 activations and accumulate in fp32, and the residual stream stays fp32.
+logits are those of the bf16-rounded weights in fp32 arithmetic (tested against a NumPy fp32 forward).
 """
 from __future__ import annotations
 
@@ -72,7 +76,7 @@ def _layer_norm(x, g, b, epsilon=1e-5):
     mean = tf.reduce_mean(x, axis=-1, keepdims=True)
     xc = x - mean
     r = tf.math.rsqrt(tf.reduce_mean(xc * xc, axis=-1, keepdims=True) + epsilon)
-    return xc * r * widened(g) + widened(b)
+    return xc * r * g + b
 
 
 def _gelu(y):
@@ -80,24 +84,19 @@ def _gelu(y):
 
 
 def _dense(x, kernel, bias=None):
-    """x [..., in] fp32 @ kernel [in, out] (+ bias): fp32 in and out, the product in the kernel's dtype (bf16
-    operands accumulate in fp32)."""
-    shape = tf.shape(x)
-    flat = tf.reshape(x, [-1, x.shape[-1]])
-    if kernel.dtype == tf.float32:
-        y = tf.matmul(flat, kernel)
-    else:
-        y = widened(tf.matmul(tf.cast(flat, kernel.dtype), kernel))
-    y = tf.reshape(y, tf.concat([shape[:-1], [kernel.shape[-1]]], 0))
-    return y if bias is None else y + widened(bias)
+    """x [..., in] @ kernel [in, out] (+ bias), fp32."""
+    y = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
+    y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [kernel.shape[-1]]], 0))
+    return y if bias is None else y + bias
 
 
 class _Model:
-    """The weights by role, from {variable name: tensor}."""
+    """The weights by role, in fp32, from {variable name: tensor} (fp32, or bf16 under `precision: bfloat16`:
+    widened once per generation, see the module docstring)."""
 
     def __init__(self, cfg: GPTConfig, weights: dict):
         self.cfg = cfg
-        w = lambda name: weights["gpt2/" + name]  # noqa: E731
+        w = lambda name: widened(weights["gpt2/" + name])  # noqa: E731
         self.wte, self.wpe = w("wte"), w("wpe")
         self.layers = []
         for i in range(cfg.n_layer):
@@ -125,13 +124,8 @@ class _Model:
         h = _layer_norm(h, *self.ln_f)
         if self.out is not None:
             return _dense(h, *self.out)
-        shape = tf.shape(h)
-        flat = tf.reshape(h, [-1, h.shape[-1]])
-        if self.wte.dtype == tf.float32:
-            y = tf.matmul(flat, self.wte, transpose_b=True)
-        else:
-            y = widened(tf.matmul(tf.cast(flat, self.wte.dtype), self.wte, transpose_b=True))
-        return tf.reshape(y, tf.concat([shape[:-1], [self.wte.shape[0]]], 0))
+        y = tf.matmul(tf.reshape(h, [-1, h.shape[-1]]), self.wte, transpose_b=True)
+        return tf.reshape(y, tf.concat([tf.shape(h)[:-1], [self.wte.shape[0]]], 0))
 
     def mlp(self, x, layer):
         return _dense(_gelu(_dense(_layer_norm(x, *layer["ln2"]), *layer["fc"])), *layer["proj"])
@@ -146,18 +140,18 @@ class _Model:
 def _attend(q, k, v, bias):
     """q [..., kv], k and v [..., memory, kv], bias [memory] or [queries, memory] -> [..., kv], fp32 logits and
     softmax (the mtf step's formula)."""
-    logits = tf.matmul(q, widened(k), transpose_b=True) + bias
-    return tf.matmul(tf.nn.softmax(logits, axis=-1), widened(v))
+    logits = tf.matmul(q, k, transpose_b=True) + bias
+    return tf.matmul(tf.nn.softmax(logits, axis=-1), v)
 
 
-def _prefill(model: _Model, tokens, span: int, length: int, cache_dtype):
+def _prefill(model: _Model, tokens, span: int, length: int):
     """Every layer's keys and values over the first `span` positions of tokens [batch, >= span], as caches
     [batch * heads, length, kv] (zeros after `span`). Three axes, none of size 1: with [batch, heads, ...] at batch 1,
     XLA fused each step's cache write twice (once bitcast to [heads, ...] for the attention's product, once for
     the loop's state), each into a buffer of its own, and copied every global layer's cache twice a token (48 of
     the bench model's ~90 MB a token)."""
     cfg = model.cfg
-    x = widened(tf.gather(model.wte, tokens[:, :span])) + widened(model.wpe[:span])[None]
+    x = tf.gather(model.wte, tokens[:, :span]) + model.wpe[:span][None]
     query = tf.range(span)[:, None]
     memory = tf.range(span)[None, :]
     caches = []
@@ -168,7 +162,6 @@ def _prefill(model: _Model, tokens, span: int, length: int, cache_dtype):
         if window is not None:
             hidden = tf.logical_or(hidden, memory <= query - window)
         bias = tf.cast(hidden, tf.float32) * NEG_INF
-        k, v = tf.cast(k, cache_dtype), tf.cast(v, cache_dtype)
         a = tf.transpose(_attend(q, k, v, bias), [0, 2, 1, 3])                      # [batch, span, heads, kv]
         a = tf.reshape(a, tf.concat([tf.shape(a)[:2], [cfg.n_embd]], 0))
         x = x + _dense(a, layer["o"], layer["o_b"])
@@ -188,7 +181,7 @@ def _step(model: _Model, token, position, caches):
     a token (48 of the bench model's ~90 MB a token)."""
     cfg = model.cfg
     query = position - 1
-    x = widened(tf.gather(model.wte, token)) + widened(tf.gather(model.wpe, query))[None]
+    x = tf.gather(model.wte, token) + tf.gather(model.wpe, query)[None]
     new_caches = []
     for i, layer in enumerate(model.layers):
         q, k, v = (tf.reshape(t, [-1, 1, cfg.head_size]) for t in model.qkv(x, layer))  # [batch * heads, 1, kv]
@@ -208,10 +201,10 @@ def _step(model: _Model, token, position, caches):
             if window is not None:
                 hidden = tf.logical_or(hidden, memory <= query - window)
             bias = tf.cast(hidden, tf.float32) * NEG_INF
-            logits = tf.concat([tf.matmul(q, widened(k_rows), transpose_b=True) + bias,
+            logits = tf.concat([tf.matmul(q, k_rows, transpose_b=True) + bias,
                                 tf.reduce_sum(q * k, axis=-1, keepdims=True)], axis=-1)  # [batch * heads, 1, seen + 1]
             weights = tf.nn.softmax(logits, axis=-1)
-            return tf.matmul(weights[..., :-1], widened(v_rows)) + weights[..., -1:] * v
+            return tf.matmul(weights[..., :-1], v_rows) + weights[..., -1:] * v
 
         prefixes = [size for size in PREFIXES if size < length]
         if window is None and prefixes:  # a global layer reads the rows before the query, in a prefix of fixed size
@@ -226,8 +219,7 @@ def _step(model: _Model, token, position, caches):
         # them after and writes in place (reads and writes unordered, it copied each cache twice a token)
         read = tf.cast(tf.reduce_any(tf.math.is_nan(a)), tf.int32)
         at = [0, tf.minimum(query, query + read), 0]
-        new_caches += [xla.dynamic_update_slice(k_cache, tf.cast(k, k_cache.dtype), at),
-                       xla.dynamic_update_slice(v_cache, tf.cast(v, v_cache.dtype), at)]
+        new_caches += [xla.dynamic_update_slice(k_cache, k, at), xla.dynamic_update_slice(v_cache, v, at)]
     return model.logits(x), new_caches
 
 
@@ -238,8 +230,7 @@ def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_len
     from models.sampling import choose_tokens_tf, is_one_of_tf
     model = _Model(cfg, dict(zip(names, weights)))
     batch, length = tokens.shape.as_list()
-    cache_dtype = model.wte.dtype
-    caches = _prefill(model, tokens, span, length, cache_dtype)
+    caches = _prefill(model, tokens, span, length)
     start = tf.reduce_min(prompt_lengths)
     if span < length:
         start = tf.minimum(start, span + 1)

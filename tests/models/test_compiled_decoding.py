@@ -118,7 +118,7 @@ def compiled_step_logits(cfg, weights, tokens, span, dtype):
     @tf.function(jit_compile=True, autograph=False)
     def run(row, *values):
         model = compiled_decoding._Model(cfg, {n: tf.cast(v, dtype) for n, v in zip(names, values)})
-        caches = compiled_decoding._prefill(model, row, span, cfg.n_ctx, dtype)
+        caches = compiled_decoding._prefill(model, row, span, cfg.n_ctx)
         out = []
         for position in range(span + 1, row.shape[1] + 1):
             logits, caches = compiled_decoding._step(model, row[:, position - 1], tf.constant(position), caches)
@@ -138,8 +138,8 @@ def test_compiled_step_logits_are_an_fp32_full_recomputes_in_float32_and_within_
     """Positions past the local window (4) and a prefill shorter than the row, so the window's slice of the
     cache, the global layer's masked read (of the whole cache, or of prefixes of 4 and 8 rows as the steps pass
     them: the bench model's 256, 512 and 1024 scaled to n_ctx 16) and the steps' cache writes all decide logits.
-    bf16: every weight and the caches rounded to 8 bits, activations in fp32 between the products; the error
-    bound is the oracle's own sensitivity (its logits moved by rounding the weights to bf16) times 4."""
+    bf16: the weights handed over in bf16 (widened once, computed in fp32); the error bound is the oracle's own
+    sensitivity (its logits moved by rounding the weights to bf16) times 4."""
     import tensorflow.compat.v1 as tf
     if prefixes:
         monkeypatch.setattr(compiled_decoding, "PREFIXES", prefixes)
