@@ -407,6 +407,13 @@ def cpu_ms(r: dict, p: int, n1: int, n2: int) -> float:
     return 1e3 * (prompt["cpu_n2_s"] - prompt["cpu_n1_s"]) / (n2 - n1)
 
 
+def cpu_ratio(ours: dict, peers: list, p: int, n1: int, n2: int) -> str:
+    """The best peer's CPU ms a token over ours at prompt `p`, "-" where noise left no positive figure."""
+    theirs = [cpu_ms(r, p, n1, n2) for r in peers if cpu_ms(r, p, n1, n2) > 0]
+    mine = cpu_ms(ours, p, n1, n2)
+    return f"{min(theirs) / mine:.2f}x" if theirs and mine > 0 else "-"
+
+
 def best_peer(s: dict, p: int):
     """The peer run with the shortest per-token time at prompt `p` (None without peers)."""
     peers = [r for r in s["runs"] if r["measure"].startswith("HF") and ms(r, p)]
@@ -441,7 +448,7 @@ def print_table(s: dict, args) -> None:
     cpu_peers = [r for r in s["runs"] if r["measure"].startswith("HF") and "cpu_n1_s" in r["by_prompt"][str(prompts[0])]]
     if cpu_peers and "cpu_n1_s" in ours["by_prompt"][str(prompts[0])]:
         print("CPU a token, best peer / ours: " + ", ".join(
-            f"prompt {p}: {min(cpu_ms(r, p, n1, n2) for r in cpu_peers) / cpu_ms(ours, p, n1, n2):.2f}x" for p in prompts))
+            f"prompt {p}: {cpu_ratio(ours, cpu_peers, p, n1, n2)}" for p in prompts))
     if any("bucket" in ours["by_prompt"][str(p)] for p in prompts):
         print(f"whole generations of {n1} and {n2} new tokens (prefill included), ours, median wall / CPU seconds:")
         for p in prompts:

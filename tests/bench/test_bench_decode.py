@@ -86,3 +86,13 @@ def test_cpu_ms_a_token_is_the_difference_of_the_generations_cpu_seconds_over_th
     Bug caught: N1's CPU seconds subtracted from themselves (0 ms a token)."""
     run = {"by_prompt": {"16": {"cpu_n1_s": 0.5, "cpu_n2_s": 0.82}}}
     assert bench_decode.cpu_ms(run, 16, 8, 40) == pytest.approx(10.0)
+
+
+def test_the_cpu_ratio_takes_the_best_peer_and_skips_figures_noise_made_negative():
+    """Bug caught: a peer's negative CPU figure (t(N2) below t(N1) on a loaded machine) taken as the best,
+    which printed a negative ratio."""
+    def run(n1, n2):
+        return {"by_prompt": {"16": {"cpu_n1_s": n1, "cpu_n2_s": n2}}}
+    ours, peers = run(0.5, 0.82), [run(1.0, 1.64), run(1.0, 0.5), run(1.0, 2.0)]
+    assert bench_decode.cpu_ratio(ours, peers, 16, 8, 40) == "2.00x"
+    assert bench_decode.cpu_ratio(ours, [run(1.0, 0.5)], 16, 8, 40) == "-"
