@@ -14,7 +14,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from config import load_config  # noqa: E402
+from config import load_config, replace  # noqa: E402
 from evals import harness  # noqa: E402
 from tiny import checkpoint_of_order_one_weights, placement_for  # noqa: E402
 from workspace import REPO, make_workspace  # noqa: E402
@@ -73,6 +73,9 @@ def test_tiny_tasks_agree_with_the_harness_hf_backend(checkpoint_run, monkeypatc
     prepared = harness.prepare(harness.HarnessOptions(tasks=TINY_TASKS, include_path=TASKS))
     from evals.harness_model import CheckpointLM
     from data.tokenizer import load_for_config
+    # float32 as HF's side, on every CPU (precision auto would score in bf16 on one with bf16 units): the
+    # precision the harness's model runs in is the test below's
+    cfg = replace(cfg, precision="float32")
     ours_lm = CheckpointLM(cfg, placement_for(cfg), os.path.join(cfg.model_path, "model.ckpt-1"), load_for_config(cfg),
                            batch_size=4)
     from infer import run

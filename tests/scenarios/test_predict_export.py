@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from data.tokenizer import load_tokenizer
+from devices import precision
+from devices.placement import Placement
 from infer.export import export_saved_model
 from config import load_config
 from schema import ConfigError
@@ -112,7 +114,9 @@ def test_export_writes_a_saved_model_that_samples_what_predict_sampled(trained, 
         new = served["tokens"][i, start:end].tolist()
         assert new == r["tokens"] + ([cfg.eos_id] if r["stopped"] else []), i
         assert served["tokens"][i, :start].tolist() == r["prompt_ids"]
-    ours = compute_logits(cfg, tokens, devices_for(cfg), cfg.model_path)
+    # in the precision the export resolved on this CPU (precision auto: bf16 where it has bf16 units)
+    resolved = precision.resolve_for_inference(cfg, Placement(devices=tuple(devices_for(cfg)))).cfg
+    ours = compute_logits(resolved, tokens, devices_for(cfg), cfg.model_path)
     np.testing.assert_allclose(served["logits"], ours, atol=1e-4, rtol=0)
     assert np.abs(ours).max() > 0.1
 
