@@ -98,7 +98,10 @@ def bigram_run(tmp_path_factory):
         n_layer=2, n_embd=32, n_head=4, n_vocab=16, n_ctx=16, attention_types=[[["global", "local"], 1]],
         local_attention_radius=4, datasets=[["chars", 1, "documents_fixed", 1.0]], model_path=str(root / "run"),
         eval_batch_size=2, eval_steps=2, train_batch_size=2, train_steps=1, steps_per_checkpoint=1, lr=1e-6,
-        warmup_steps=0, eval_tasks=["lambada"], lambada_path=str(root / "lambada.jsonl"))))
+        warmup_steps=0, eval_tasks=["lambada"], lambada_path=str(root / "lambada.jsonl"),
+        # float32 as the oracles, on every CPU (precision auto evaluates in bf16 on one with bf16 units; the
+        # precision evaluations run in is tests/devices/test_precision.py's)
+        precision="float32")))
     cfg = load_config(str(config))
     from tools.hf import write_checkpoint
     write_checkpoint(cfg, bigram_weights(cfg, vocab))  # model.ckpt-0
