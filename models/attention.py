@@ -378,3 +378,16 @@ def self_attention(x: mtf.Tensor, scope: str, attention_type: str, cfg: GPTConfi
         with tf.variable_scope("compute_output_bias"):
             out = bias_add(out, variable(x.mesh, "o_b", [embd], dtype, constant=0.0))
         return dropout(out, cfg.res_dropout, train)
+
+
+def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
+    """None if `cfg` can be decoded with the kv cache (models/sampling.py's loop or models/compiled_decoding.py),
+    else why not (then the sampler recomputes in full): an
+    attention type whose registry entry has no decode window, or a model option outside
+    kv_cache.INCREMENTAL_SAFE_OPTIONS."""
+    for kind in sorted(set(cfg.attention_types)):
+        if ATTENTION[kind].decode_window(cfg) == FULL_RECOMPUTE:
+            return f"attention type {kind!r} has no incremental path" + (
+                " with num_mem_kv" if kind == "global" else "")
+    extra = [option for option in cfg.model_options() if option.split("=")[0] not in kv_cache.INCREMENTAL_SAFE_OPTIONS]
+    return f"option {extra[0]} has no incremental path" if extra else None

@@ -5,7 +5,7 @@ where `unsupported` says None, and its mtf loop otherwise.
 The mtf sampler's loop body is some 545 small TF ops a token (LayerNorm and GELU unfused at batch 1, reshapes
 around every matrix-vector product, the cache writes), launched one by one: 9-12 ms a token on the bench model,
 where reading its weights takes 3.6-4.2. Here XLA compiles the prefill, the loop (an XLA While, the caches its
-state, written in place by dynamic-update-slice) and the token choice (models/sampling.choose_tokens_tf: the same
+state, written in place by dynamic-update-slice) and the token choice (models/token_choice.py: the same
 stateless draw, so the same tokens for a seed) into one program, launched once per generation.
 
 It reads the weights as the mesh's variables hand them to the model (fp32, or bf16 under `precision: bfloat16`,
@@ -34,8 +34,10 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 from tensorflow.compiler.tf2xla.python import xla
 
+from models.attention import incremental_unsupported
 from models.kernels.common import widened, xla_kernels
 from models.kernels.elementwise import _GELU_C
+from models.token_choice import choose_tokens_tf, is_one_of_tf
 from schema import GPTConfig
 
 NEG_INF = -1e10
@@ -47,10 +49,9 @@ _PRECISIONS = {"float32", "bfloat16", "auto"}  # "auto" reaching a model unresol
 def unsupported(cfg: GPTConfig, options) -> Optional[str]:
     """None if a generation of `cfg` with sampling `options` runs compiled, else why not (then models/sampling.py
     runs its mtf loop)."""
-    from models import sampling
     if not options.compiled:
         return "compiled_decoding is false"
-    if not sampling.uses_cache(cfg, options):
+    if not options.incremental or incremental_unsupported(cfg) is not None:
         return "the model decodes by full recompute"
     if math.prod(size for _, size in cfg.mesh_dims) != 1:
         return f"mesh_shape {cfg.mesh_shape!r} has more than one device"
@@ -227,7 +228,6 @@ def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_len
     """models/sampling.sample's loop on TF tensors: tokens [batch, length] int32, prompt_lengths and seeds [batch]
     int32, the weights in the order of `names` -> (tokens, lengths) as `sample` returns them. The prefill runs
     over the first `span` positions."""
-    from models.sampling import choose_tokens_tf, is_one_of_tf
     model = _Model(cfg, dict(zip(names, weights)))
     batch, length = tokens.shape.as_list()
     caches = _prefill(model, tokens, span, length)

@@ -20,7 +20,7 @@ per new token does not grow with the prompt (a full recompute costs the whole co
 
 Attention types opt in through their registry entry's `decode_window` (models/attention.py). A model with any
 layer type or option without an incremental path is decoded by full recompute instead
-(`models.sampling.incremental_unsupported`).
+(`models.attention.incremental_unsupported`).
 """
 from __future__ import annotations
 

@@ -29,11 +29,10 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import compiled_decoding, gpt, kv_cache
-from models.entmax import entmax_tf
-from models.attention import ATTENTION, FULL_RECOMPUTE
+from models.attention import incremental_unsupported
+from models.token_choice import choose_tokens_tf, is_one_of_tf
 from schema import ConfigError, GPTConfig, dimension_is_split
 
-NEG_INF = -1e10
 
 
 @dataclass(frozen=True)
@@ -68,18 +67,6 @@ class SamplingOptions:
         return dataclasses.replace(self, prefill_length=prefill_bucket(max(prompt_lengths), n_ctx))
 
 
-def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
-    """None if `cfg` can be decoded with the kv cache, else why not (then the sampler recomputes in full): an
-    attention type whose registry entry has no decode window, or a model option outside
-    kv_cache.INCREMENTAL_SAFE_OPTIONS."""
-    for kind in sorted(set(cfg.attention_types)):
-        if ATTENTION[kind].decode_window(cfg) == FULL_RECOMPUTE:
-            return f"attention type {kind!r} has no incremental path" + (
-                " with num_mem_kv" if kind == "global" else "")
-    extra = [option for option in cfg.model_options() if option.split("=")[0] not in kv_cache.INCREMENTAL_SAFE_OPTIONS]
-    return f"option {extra[0]} has no incremental path" if extra else None
-
-
 def uses_cache(cfg: GPTConfig, options: SamplingOptions) -> bool:
     return options.incremental and incremental_unsupported(cfg) is None
 
@@ -106,69 +93,6 @@ def prefill_span(cfg: GPTConfig, options: SamplingOptions, sequence: mtf.Dimensi
 # Choosing tokens
 
 
-_MASK32 = 0xFFFFFFFF
-
-
-def _mul32(x: tf.Tensor, c: int) -> tf.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32), exact: each partial product stays below 2**48 (int64 ops
-    only, which every device has kernels for)."""
-    low = tf.bitwise.bitwise_and(x, 0xFFFF) * c
-    high = tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, tf.constant(16, tf.int64)) * c, 0xFFFF)
-    return tf.bitwise.bitwise_and(low + tf.bitwise.left_shift(high, tf.constant(16, tf.int64)), _MASK32)
-
-
-def _hash32(state: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
-    """Mixes a 32-bit value into a 32-bit state (lowbias32 finaliser), as int64; elementwise, broadcasting."""
-    shift = lambda x, n: tf.bitwise.right_shift(x, tf.constant(n, tf.int64))  # noqa: E731
-    x = tf.bitwise.bitwise_xor(state, value)
-    x = tf.bitwise.bitwise_xor(x, shift(x, 16))
-    x = _mul32(x, 0x7FEB352D)
-    x = tf.bitwise.bitwise_xor(x, shift(x, 15))
-    x = _mul32(x, 0x846CA68B)
-    return tf.bitwise.bitwise_xor(x, shift(x, 16))
-
-
-def stateless_uniform(seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor, vocab_size: int) -> tf.Tensor:
-    """Uniform (0, 1) noise [rows, vocab], a pure function of (seed, row, position, token id)."""
-    as_u32 = lambda t: tf.bitwise.bitwise_and(tf.cast(t, tf.int64), _MASK32)  # noqa: E731
-    state = _hash32(tf.constant(0x9E3779B9, tf.int64), as_u32(seeds))
-    state = _hash32(state, as_u32(rows))
-    state = _hash32(state, as_u32(position))[:, None]
-    state = _hash32(state, tf.range(vocab_size, dtype=tf.int64)[None, :])
-    state = _hash32(state, tf.constant(0x68E31DA4, tf.int64))
-    # 24 high bits -> (0, 1), never exactly 0 or 1.
-    return (tf.cast(tf.bitwise.right_shift(state, tf.constant(8, tf.int64)), tf.float32) + 0.5) / 2.0 ** 24
-
-
-def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor,
-                     options: SamplingOptions) -> tf.Tensor:
-    """logits [rows, vocab] float -> token ids [rows] int32: temperature, top-k, top-p, Gumbel-max.
-
-    With `entmax_alpha` the draw is from entmax_α(logits / temperature) (models/entmax.py): the logits are
-    replaced by its log-probabilities, NEG_INF outside its support, so no filter or draw can pick a token of
-    probability 0, and top-p measures entmax's probabilities."""
-    logits = tf.cast(logits, tf.float32)
-    if options.temperature == 0:
-        return tf.argmax(logits, axis=-1, output_type=tf.int32)
-    vocab_size = logits.shape[-1]
-    logits = logits / options.temperature
-    if options.entmax_alpha is not None:
-        probs = entmax_tf(logits, options.entmax_alpha)
-        logits = tf.where(probs > 0, tf.math.log(probs), tf.fill(tf.shape(probs), NEG_INF))
-    if options.top_k and options.top_k < vocab_size:
-        kth = tf.math.top_k(logits, options.top_k, sorted=True).values[:, -1:]
-        logits = tf.where(logits < kth, tf.fill(tf.shape(logits), NEG_INF), logits)
-    if options.top_p < 1.0:
-        ordered = tf.sort(logits, axis=-1, direction="DESCENDING")
-        mass_before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)
-        kept = mass_before < options.top_p  # the most likely token is always kept
-        threshold = tf.reduce_min(tf.where(kept, ordered, tf.fill(tf.shape(ordered), -NEG_INF)), axis=-1,
-                                  keepdims=True)
-        logits = tf.where(logits < threshold, tf.fill(tf.shape(logits), NEG_INF), logits)
-    gumbel = -tf.math.log(-tf.math.log(stateless_uniform(seeds, rows, position, vocab_size)))
-    return tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
-
-
 def choose_tokens(logits: mtf.Tensor, seeds: mtf.Tensor, position: mtf.Tensor, dims: gpt.Dims,
                   options: SamplingOptions) -> mtf.Tensor:
     """logits [batch, vocab] -> token ids [batch]. The vocabulary is gathered onto each device first (a
@@ -179,11 +103,6 @@ def choose_tokens(logits: mtf.Tensor, seeds: mtf.Tensor, position: mtf.Tensor, d
     return mtf.slicewise(lambda lg, sd, rw, pos: choose_tokens_tf(lg, sd, rw, pos, options),
                          [rows_logits, seeds, rows, position], output_shape=mtf.Shape([dims.batch]),
                          output_dtype=tf.int32, splittable_dims=[dims.batch], name="choose_tokens")
-
-
-def is_one_of_tf(ids: tf.Tensor, values: tuple) -> tf.Tensor:
-    """Where `ids` is one of `values` (one comparison against all of them, however many)."""
-    return tf.reduce_any(tf.equal(ids[..., None], tf.constant(values, ids.dtype)), -1)
 
 
 def is_one_of(ids: mtf.Tensor, values: tuple) -> mtf.Tensor:
