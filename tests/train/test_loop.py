@@ -83,19 +83,6 @@ def test_checkpoint_holds_gpt_neo_variables_with_their_shapes(straight):
     assert {n[:-len("/adam_m")] for n in shapes if n.endswith("/adam_m")} == expected_variables(cfg)
 
 
-@pytest.mark.slow
-def test_resume_continues_step_count_and_loss_curve(straight, tmp_path):
-    """Bug caught: the input pipeline handed step 0 on a resume (the first batches trained again)."""
-    cfg, data, straight_losses, _ = straight
-    resumed = replace(cfg, model_path=str(tmp_path / "resumed"))
-    first = train(resumed, data, steps=2)
-    assert int(tf.train.load_variable(checkpoints.latest(resumed.model_path), "global_step")) == 2
-    second = train(resumed, data, steps=4)  # a new graph and session: restores weights and Adam state
-    assert int(tf.train.load_variable(checkpoints.latest(resumed.model_path), "global_step")) == 4
-    assert len(first) == 2 and len(second) == 2
-    np.testing.assert_allclose(first + second, straight_losses, atol=1e-5)
-
-
 def test_training_reduces_loss_on_learnable_data(tmp_path):
     # A repeating sequence is learnable in a few steps; random tokens are not.
     pattern = np.tile(np.arange(8), 40)[:17 * 8].reshape(8, 17).astype(np.int32)
@@ -171,11 +158,16 @@ def test_retention_keeps_the_newest_checkpoints_and_never_one_it_did_not_list(st
 
 @pytest.mark.slow
 def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exactly(straight, tmp_path):
+    """... and the resumed run (a new graph and session: weights and Adam's state restored) continues the step
+    count and the straight run's loss curve. Bug caught: the input pipeline handed step 0 on a resume (the first
+    batches trained again)."""
     straight_cfg, data, straight_losses, _ = straight
     # No scheduled checkpoint before the end: the one at step 2 is the interruption's.
     cfg = replace(straight_cfg, model_path=str(tmp_path / "run"), steps_per_checkpoint=4)
+    first = []
 
     def press_ctrl_c(step, values):
+        first.append(float(values["loss"]))
         if step == 2:
             os.kill(os.getpid(), signal.SIGINT)  # as a terminal would, between session calls or during one
 
@@ -183,9 +175,13 @@ def test_ctrl_c_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_exa
         loop.train(cfg, placement_for(cfg), fixed_batches(data, cfg.train_batch_size), callbacks=[EachStep(press_ctrl_c)])
     assert stopped.value.step == 2 and "saved" in str(stopped.value)
     assert checkpoints.steps(cfg.model_path) == [2]
+    assert int(tf.train.load_variable(checkpoints.latest(cfg.model_path), "global_step")) == 2
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
+    np.testing.assert_allclose(first, straight_losses[:2], atol=1e-5)
 
     rest = train(cfg, data)
+    assert int(tf.train.load_variable(checkpoints.latest(cfg.model_path), "global_step")) == 4
+    assert len(rest) == 2
     np.testing.assert_allclose(rest, straight_losses[2:], atol=1e-6)
 
 
