@@ -56,7 +56,7 @@ class Language:
     """The generator's parameters: what decides the stream (with the seed) and its entropy."""
 
     keys: int = 16384
-    zipf: float = 1.2
+    zipf: float = 1.6
     values: int = 128
     noise: float = 0.0
 
