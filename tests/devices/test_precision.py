@@ -69,22 +69,6 @@ def test_cpu_flags_and_name_are_read_from_cpuinfo(tmp_path):
     assert precision.cpu_kind("", AVX2) == "unknown CPU: AVX2, bf16 matrix units none"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("flags,trained", [(AVX2, "float32"), (AVX512_BF16, "bfloat16")])
-def test_training_resolves_auto_for_this_cpu_and_says_which_precision_trained(tmp_path, monkeypatch, capsys,
-                                                                              flags, trained):
-    cfg = load_config(make_workspace(tmp_path, train_steps=1, steps_per_checkpoint=1), {})
-    assert cfg.precision == "auto"  # the default
-    monkeypatch.setattr(precision, "cpu_info", lambda path="/proc/cpuinfo": ("test CPU", frozenset(flags)))
-    built = []
-    original = job.loop.train
-    monkeypatch.setattr(job.loop, "train", lambda cfg_, *a, **k: built.append(cfg_.precision) or original(cfg_, *a, **k))
-    assert job.run_training(cfg, Placement(devices=tuple(CPU_DEVICES[:1])), job.TrainOptions(peak_tflops=1.0)) == 1
-    out = capsys.readouterr().out
-    assert f") in {trained}, steps 0 -> 1" in out and f"precision auto: {trained}" in out
-    assert built == [trained]  # the model was built in it
-
-
 def forced_cpu(monkeypatch, flags):
     """This host's CPU as one with `flags` (bf16 matrix units or not), for every job that resolves "auto"."""
     monkeypatch.setattr(precision, "cpu_info", lambda path="/proc/cpuinfo": ("test CPU", frozenset(flags)))
@@ -137,14 +121,15 @@ def numbers(record: dict) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("flags,trained", [(AVX2, "float32"), (AVX512_BF16, "bfloat16")])
 def test_eval_gives_the_numbers_the_evaluation_during_training_gave(tmp_path, monkeypatch, flags, trained):
-    """One checkpoint, evaluated after training saved it (the validation loss, an eval task, a harness task) and
-    again by `main.py --eval`: the same numbers, each row and line naming the precision, on a CPU that trains in
-    float32 and on one that trains in bfloat16 (this CPU's flags stand in for one). `--eval_precision float32`
-    scores the same checkpoint in float32: the validation loss a float32 program gives.
-    Bugs caught: evals/job.py (or main.py) handing the evaluations the config unresolved (--eval in float32, as
-    models/gpt.py reads "auto", where training evaluated in bfloat16: 190.66 against 190.59 in the issue), the
-    harness's model resolving its own way, rows or lines without the precision, eval_precision not reaching
-    --eval."""
+    """Training under the default precision "auto" resolves it for this CPU, says which precision trained and
+    builds the model in it. One checkpoint, evaluated after training saved it (the validation loss, an eval task, a
+    harness task) and again by `main.py --eval`: the same numbers, each row and line naming the precision, on a
+    CPU that trains in float32 and on one that trains in bfloat16 (this CPU's flags stand in for one).
+    `--eval_precision float32` scores the same checkpoint in float32: the validation loss a float32 program gives.
+    Bugs caught: train/job.py handing the loop the config unresolved (the model built from "auto"), evals/job.py
+    (or main.py) handing the evaluations the config unresolved (--eval in float32, as models/gpt.py reads "auto",
+    where training evaluated in bfloat16: 190.66 against 190.59 in the issue), the harness's model resolving its
+    own way, rows or lines without the precision, eval_precision not reaching --eval."""
     from evals import validation
     from config import replace
     from workspace import REPO, run_main_in_process
@@ -154,9 +139,14 @@ def test_eval_gives_the_numbers_the_evaluation_during_training_gave(tmp_path, mo
     config = make_workspace(tmp_path, train_steps=1, steps_per_checkpoint=1, eval_steps=2, eval_tasks=["lambada"],
                             lambada_path=str(tmp_path / "lambada.jsonl"), harness_tasks=["tiny_lambada"],
                             harness_include_path=os.path.join(REPO, "tests/fixtures/harness_tasks"), harness_limit=3)
+    assert load_config(config).precision == "auto"  # the default
+    built = []  # the precision of the config the loop built the model from
+    original = job.loop.train
+    monkeypatch.setattr(job.loop, "train", lambda cfg_, *a, **k: built.append(cfg_.precision) or original(cfg_, *a, **k))
     training = run_main_in_process("--model", config)
     assert training.returncode == 0, training.stderr[-3000:]
-    assert f") in {trained}, steps 0 -> 1" in training.stdout
+    assert f") in {trained}, steps 0 -> 1" in training.stdout and f"precision auto: {trained}" in training.stdout
+    assert built == [trained]
     during = results(tmp_path / "run")
     assert [(r["task"], r["step"]) for r in during] == [("validation", 1), ("lambada", 1), ("harness/tiny_lambada", 1)]
 
