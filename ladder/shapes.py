@@ -14,7 +14,6 @@ step) is an error naming the nearest shape and the rule to change.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -41,8 +40,11 @@ class Shape:
 
 
 def non_embedding(base: GPTConfig, n_layer: int, n_embd: int) -> int:
-    """The closed-form non-embedding count (models/flops.py) of the base architecture at this depth and width."""
-    return flops.parameter_count(dataclasses.replace(base, n_layer=n_layer, n_embd=n_embd))["non_embedding"]
+    """The closed-form non-embedding count (models/flops.py) of the base architecture at this depth and width:
+    `flops.parameter_count` of the base with this n_layer and n_embd, which reads nothing else of it. Counted
+    without building that config (a dataclasses.replace of its ~100 fields: 27 us, where the count takes 1; a plan
+    counts ~48,000 shapes for its FLOPs-per-token curve)."""
+    return flops.non_embedding_count(n_layer, n_embd)
 
 
 def _widths(count: Callable[[int, int], int], n_layer: int, target: float, step: int,

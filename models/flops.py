@@ -13,10 +13,17 @@ def parameter_count(cfg: GPTConfig) -> dict[str, int]:
     Planning counts the built graph's variables instead (plan/model_graph.py), which stays exact whatever
     options the model grows; tests check that the two agree for the default architecture."""
     d, v, n = cfg.n_embd, cfg.n_vocab, cfg.n_ctx
-    per_layer = (4 * d * d + d) + (2 * d) * 2 + (d * 4 * d + 4 * d) + (4 * d * d + d)
     embedding = v * d + n * d
-    return {"embedding": embedding, "non_embedding": cfg.n_layer * per_layer + 2 * d,
-            "total": embedding + cfg.n_layer * per_layer + 2 * d}
+    non_embedding = non_embedding_count(cfg.n_layer, d)
+    return {"embedding": embedding, "non_embedding": non_embedding, "total": embedding + non_embedding}
+
+
+def non_embedding_count(n_layer: int, n_embd: int) -> int:
+    """parameter_count's "non_embedding" (the blocks and the final norm), which depends on the depth and the width
+    alone: ladder/shapes.py counts tens of thousands of shapes with it, where building a config for each cost 27 us."""
+    d = n_embd
+    per_layer = (4 * d * d + d) + (2 * d) * 2 + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    return n_layer * per_layer + 2 * d
 
 
 def training_flops_per_token(cfg: GPTConfig, params: Optional[dict] = None) -> float:

@@ -34,3 +34,17 @@ def test_size_rule_hits_its_targets_within_5_percent_across_the_range():
         assert shape.n_embd == shape.n_head * rules.head_width
     with pytest.raises(LadderError, match="head_width"):
         shapes.shape_for(base, 2000.0, Rules())  # one 64-wide head is already 50K parameters
+
+
+def test_the_count_of_a_shape_is_flops_closed_form_of_the_base_at_that_shape():
+    """shapes.non_embedding counts without building the config (models/flops.non_embedding_count): the same number
+    as flops.parameter_count of the base at that depth and width, for bases with and without options, shallow and
+    deep, narrow and wide. (Bug: the depth and the width swapped, `non_embedding_count(n_embd, n_layer)`.)"""
+    import dataclasses
+    from models import flops
+    for name in ("default", "gpt3_small"):
+        base = load_config(name)
+        for n_layer, n_embd in [(1, 8), (2, 64), (12, 768), (40, 5120), (96, 12288)]:
+            resized = dataclasses.replace(base, n_layer=n_layer, n_embd=n_embd)
+            assert shapes.non_embedding(base, n_layer, n_embd) == flops.parameter_count(resized)["non_embedding"], (
+                name, n_layer, n_embd)
