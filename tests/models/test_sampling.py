@@ -184,37 +184,36 @@ def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greed
 
 
 @pytest.mark.slow
-def test_greedy_decoding_matches_hf_transformers_generate(tmp_path):
+def test_greedy_decoding_matches_hf_transformers_generate(order_one):
+    """order_one's model (4 layers, local then global, window 3) at its weights of order one (GPT-Neo's variable
+    names, as a training saves them: the tokens follow the logits' shifts, and no training is run to get a
+    checkpoint) decodes greedily to the end of the context as transformers' generate does, with the cache and by
+    full recompute. Its Predictor runs both: the cached program is the one the prefill test below runs."""
     torch = pytest.importorskip("torch")
-    import tensorflow.compat.v1 as tf
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
     from transformers.models.gpt_neo.modeling_gpt_neo import load_tf_weights_in_gpt_neo
 
-    # Weights of order one (GPT-Neo's variable names, as a training saves them): the tokens follow the logits'
-    # shifts, and no training is run to get a checkpoint.
-    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]])
-    checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path / "model.ckpt-1"))
+    cfg, checkpoint, predictor, (tokens, lengths) = order_one
     hf_config = GPTNeoConfig(
         vocab_size=cfg.n_vocab, max_position_embeddings=cfg.n_ctx, hidden_size=cfg.n_embd, num_layers=cfg.n_layer,
-        attention_types=[[["global", "local"], 2]], num_heads=cfg.n_head, window_size=cfg.local_attention_radius,
+        attention_types=[[["local", "global"], 2]], num_heads=cfg.n_head, window_size=cfg.local_attention_radius,
         activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0)
+    assert tuple(hf_config.attention_layers) == cfg.attention_types
     hf_model = GPTNeoForCausalLM(hf_config)
     load_tf_weights_in_gpt_neo(hf_model, hf_config, checkpoint)
     hf_model.eval()
 
-    tokens, lengths = prompts(cfg, lengths=(3, 6, 9, 1), seed=5)
-    max_new = cfg.n_ctx - 9
-    with torch.no_grad():
+    with torch.no_grad():  # each row to the end of the context (n_ctx), as max_new_tokens n_ctx does here
         hf_rows = [hf_model.generate(torch.tensor(tokens[row:row + 1, :length], dtype=torch.long),
                                      attention_mask=torch.ones([1, length], dtype=torch.long),
-                                     max_new_tokens=max_new, do_sample=False, pad_token_id=PADDING,
+                                     max_new_tokens=cfg.n_ctx - length, do_sample=False, pad_token_id=PADDING,
                                      eos_token_id=None)[0].numpy() for row, length in enumerate(lengths)]
     assert len({tuple(theirs[length:]) for theirs, length in zip(hf_rows, lengths)}) > 1  # rows differ: tokens tell
     for incremental in (True, False):
-        out, out_lengths = sample(cfg, tokens, lengths, checkpoint=checkpoint, temperature=0.0,
-                                  max_new_tokens=max_new, incremental=incremental)
+        out, out_lengths = sample(cfg, tokens, lengths, seeds=np.arange(4), predictor=predictor, temperature=0.0,
+                                  max_new_tokens=cfg.n_ctx, incremental=incremental)
         for row, (length, theirs) in enumerate(zip(lengths, hf_rows)):
-            assert len(theirs) == length + max_new
+            assert len(theirs) == cfg.n_ctx
             np.testing.assert_array_equal(out[row, :out_lengths[row]], theirs, err_msg=f"row {row}")
 
 
@@ -303,7 +302,8 @@ def test_prefill_span_is_the_option_unless_the_layout_splits_the_sequence_or_the
 @pytest.fixture(scope="module")
 def order_one(tmp_path_factory):
     """cfg's model at weights of order one (where the tokens follow the logits' shifts: see the mask test above),
-    a Predictor of it and rows whose longest prompt, 7, is in the bucket of 8 and whose shortest is 3."""
+    a Predictor of it and rows whose longest prompt, 7, is in the bucket of 8 and whose shortest is 3. The HF
+    parity, mask and prefill tests share its programs."""
     cfg = tiny_config(n_layer=4, attention_types=[[["local", "global"], 2]], local_attention_radius=3)
     checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path_factory.mktemp("order_one") / "model.ckpt-1"))
     tokens, lengths = prompts(cfg, lengths=(5, 3, 7, 4), seed=3)
