@@ -33,6 +33,12 @@ try:  # TensorFlow's internals (2.20, 2.21): without them tf_record_iterator's d
 except ImportError:
     silenced_deprecation = None
 
+# tf.data traces the functions it is given through AutoGraph unless they say not to. The pipeline's are plain
+# TensorFlow (no Python `if` or `for` over tensors), and AutoGraph's conversion (reading each function's source,
+# rewriting it and the helpers it calls) was a third of a pipeline's build: tests/data/test_inputs.py 34.4 -> 21.8
+# CPU s with it off. Every function handed to map, flat_map and scan here is wrapped in `_plain`.
+_plain = tf.autograph.experimental.do_not_convert
+
 from schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
 
@@ -332,7 +338,7 @@ def train_dataset(sources: list[DatasetSource], n_ctx: int, batch_size: int, see
         windows = streams[0]
     else:
         thresholds = _choice_thresholds(sources)
-        choices = tf.data.Dataset.range(first_example, _FOREVER).map(lambda j: _choose_source_tf(seed, j, thresholds))
+        choices = tf.data.Dataset.range(first_example, _FOREVER).map(_plain(lambda j: _choose_source_tf(seed, j, thresholds)))
         windows = tf.data.Dataset.choose_from_datasets(streams, choices)
     return _to_batches(windows, batch_size, n_ctx, n_vocab, ", ".join(source.path for source in sources))
 
@@ -424,20 +430,22 @@ def _source_windows(source: DatasetSource, table: _FileTable, window: int, seed:
     if mode.prechunked:
         shuffle = mode.seeded_file_order and source.shuffle_files
         records = _records_from(table, skip_examples, seed, tag, shuffle_files=shuffle)
-        return records.map(lambda record: _first_tokens(_parse_tokens(record), window, source), num_parallel_calls=tf.data.AUTOTUNE)
+        return records.map(_plain(lambda record: _first_tokens(_parse_tokens(record), window, source)),
+                           num_parallel_calls=tf.data.AUTOTUNE)
 
     first_document = skip_examples * source.stitch
     first_block = first_document // SHUFFLE_BLOCK_DOCUMENTS
     records = _records_from(table, first_block * SHUFFLE_BLOCK_DOCUMENTS, seed, tag, shuffle_files=True)
     blocks = tf.data.Dataset.zip((records.batch(SHUFFLE_BLOCK_DOCUMENTS), tf.data.Dataset.range(first_block, _FOREVER)))
-    shuffled = blocks.map(lambda block, index: _shuffle_block(block, index, seed, tag), num_parallel_calls=tf.data.AUTOTUNE)
+    shuffled = blocks.map(_plain(lambda block, index: _shuffle_block(block, index, seed, tag)),
+                          num_parallel_calls=tf.data.AUTOTUNE)
     documents = shuffled.unbatch().skip(first_document - first_block * SHUFFLE_BLOCK_DOCUMENTS)
-    documents = documents.map(_parse_tokens, num_parallel_calls=tf.data.AUTOTUNE)
-    groups = documents.ragged_batch(source.stitch).map(lambda group: group.flat_values)
+    documents = documents.map(_plain(_parse_tokens), num_parallel_calls=tf.data.AUTOTUNE)
+    groups = documents.ragged_batch(source.stitch).map(_plain(lambda group: group.flat_values))
     numbered = tf.data.Dataset.zip((groups, tf.data.Dataset.range(skip_examples, _FOREVER)))
     random_offset = mode.random_offset
     return numbered.map(
-        lambda tokens, index: _window_of_group(tokens, index, window, seed, tag, random_offset, source),
+        _plain(lambda tokens, index: _window_of_group(tokens, index, window, seed, tag, random_offset, source)),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
 
@@ -474,8 +482,8 @@ def _records_from(table: _FileTable, first_record: int, seed: int, tag: int, shu
         epoch_order = _epoch_file_order_tf(n_files, seed, tag, epoch_index) if shuffle_files else tf.range(n_files)
         return tf.data.Dataset.from_tensor_slices((tf.gather(paths, epoch_order), tf.zeros([n_files], tf.int64)))
 
-    later_epochs = tf.data.Dataset.range(epoch + 1, _FOREVER).flat_map(epoch_files)
-    return first_epoch.concatenate(later_epochs).flat_map(lambda path, skip: tf.data.TFRecordDataset(path).skip(skip))
+    later_epochs = tf.data.Dataset.range(epoch + 1, _FOREVER).flat_map(_plain(epoch_files))
+    return first_epoch.concatenate(later_epochs).flat_map(_plain(lambda path, skip: tf.data.TFRecordDataset(path).skip(skip)))
 
 
 def _shuffle_block(block: tf.Tensor, block_index: tf.Tensor, seed: int, tag: int) -> tf.Tensor:
@@ -550,7 +558,7 @@ def _to_batches(windows: tf.data.Dataset, batch_size: int, n_ctx: int, n_vocab: 
         batch = tf.cast(batch, tf.int32)
         return tf.ensure_shape(batch[:, :-1], [batch_size, n_ctx]), tf.ensure_shape(batch[:, 1:], [batch_size, n_ctx])
 
-    return windows.batch(batch_size, drop_remainder=True).map(split).prefetch(tf.data.AUTOTUNE)
+    return windows.batch(batch_size, drop_remainder=True).map(_plain(split)).prefetch(tf.data.AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------- evaluation data
@@ -567,14 +575,14 @@ def eval_dataset(path: str, n_ctx: int, batch_size: int, n_vocab: Optional[int] 
         raise DataError(f"eval data {path} has {stats['tokens']} tokens, fewer than one batch of {batch_size} windows of n_ctx+1 = {n_ctx + 1}")
     table = _list_files(path)
     window = n_ctx + 1
-    documents = tf.data.Dataset.from_tensor_slices(list(table.paths)).flat_map(tf.data.TFRecordDataset).map(_parse_tokens)
+    documents = tf.data.Dataset.from_tensor_slices(list(table.paths)).flat_map(tf.data.TFRecordDataset).map(_plain(_parse_tokens))
 
     def cut(carry, document):
         stream = tf.concat([carry, document], axis=0)
         complete = tf.size(stream) // window * window
         return stream[complete:], tf.reshape(stream[:complete], [-1, window])
 
-    windows = documents.scan(tf.zeros([0], tf.int64), cut).unbatch()
+    windows = documents.scan(tf.zeros([0], tf.int64), _plain(cut)).unbatch()
     return _to_batches(windows, batch_size, n_ctx, n_vocab, path)
 
 
