@@ -76,4 +76,5 @@ def mask_dataset(dataset: tf.data.Dataset, cfg: GPTConfig, first_step: int = 0) 
         tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
         return mask_tokens(tokens, cfg, step)
 
-    return dataset.enumerate(start=first_step).map(mask)
+    # plain TensorFlow, traced without AutoGraph's rewrite as data/inputs.py's pipeline functions are
+    return dataset.enumerate(start=first_step).map(tf.autograph.experimental.do_not_convert(mask))
