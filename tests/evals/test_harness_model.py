@@ -229,14 +229,21 @@ def test_a_context_of_only_whitespace_is_scored_as_an_empty_one(checkpoint_run):
 
 
 @pytest.mark.slow
-def test_generation_settings_the_sampler_does_not_follow_are_named_once(checkpoint_run, capsys):
+def test_generation_settings_the_sampler_does_not_follow_are_named_once(checkpoint_run, capsys, monkeypatch):
     """A task's generation_kwargs beyond until, max_gen_toks, do_sample, temperature, top_k and top_p (HF's
     num_beams, repetition_penalty, ...) are named in one `warning:` line, once per model, not dropped silently;
-    the ones it follows say nothing.
+    the ones it follows say nothing. The sampler itself is not run (each group's prompt, nothing generated): the
+    warning comes before it, and its programs are tested above.
     Bug caught: `_warn_ignored` not called (the settings dropped without a word)."""
     _, cfg = checkpoint_run
     asking = {"until": ["\n"], "max_gen_toks": 2, "num_beams": 4, "repetition_penalty": 1.2}
+
+    def prompts_only(rows, batch_size, options=None, on_batch=None):
+        on_batch(len(rows["tokens"]))
+        return {"tokens": rows["tokens"], "lengths": rows["prompt_length"]}
+
     with checkpoint_lm(cfg) as lm:
+        monkeypatch.setattr(lm, "_predict", prompts_only)
         lm.generate_until(instances("generate_until", [("def f(", dict(asking)), ("class A", dict(asking))]))
         lm.generate_until(instances("generate_until", [("def g(", dict(asking))]))
         warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
