@@ -187,7 +187,9 @@ def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(traine
                                                                          refusal):
     """`--new --yes` deleted model_path, then the memory check refused the job: the run was gone and nothing
     trained. The memory check, training's data check (stitch 1 of documents shorter than n_ctx+1), a running
-    trainer's lock and an unknown harness task all refuse before anything is deleted."""
+    trainer's lock and the harness tasks' check (a harness_include_path that is not there: the check of an unknown
+    task name indexes all of lm-eval's tasks, ~7 CPU s, and tests/evals/test_harness.py makes it) all refuse
+    before anything is deleted."""
     from plan import memory_check
     changes = dict(datasets=[["tiny", 1, "documents_random", 1.0]], n_ctx=4096) if refusal == "data" else {}
     config, model_path = copy_run(trained, tmp_path, train_steps=3, **changes)
@@ -197,13 +199,14 @@ def test_new_yes_refused_by_a_check_leaves_model_path_and_its_checkpoints(traine
         with open(os.path.join(model_path, ".trainer.lock"), "w") as f:
             json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}, f)
     tasks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "harness_tasks")
-    flags = ["--harness_tasks", "tiny_lambda", "--harness_include_path", tasks] if refusal == "harness" else []
+    flags = ["--harness_tasks", "tiny_lambada", "--harness_include_path", tasks + "_typo"] \
+        if refusal == "harness" else []
     before = snapshot(model_path)
     code, out, err = run(capsys, config, "--new", "--yes", *flags)
     line = one_error(code, err)
     expected = {"memory": "error: training ", "data": "error: stitch 1 * shortest document",
                 "lock": f"error: {model_path} is being trained by pid {os.getpid()}",
-                "harness": "error: harness task 'tiny_lambda' is not known"}[refusal]
+                "harness": f"error: harness_include_path {tasks}_typo is not a folder"}[refusal]
     assert line.startswith(expected), line
     assert "deleted" not in out and snapshot(model_path) == before
 
