@@ -47,7 +47,12 @@ CHATTER = (
     r"|oneDNN supports DT_(BOOL|BFLOAT16) only on platforms with AVX-512\. Falling back to the default Eigen-based"
     # XLA's compile cache (console/environment.py) reads each entry as a text proto first, then as the binary
     # one it is: every entry loaded says so
-    r"|Error parsing text-format tensorflow\.XlaSerializedCacheEntry: )",
+    r"|Error parsing text-format tensorflow\.XlaSerializedCacheEntry: "
+    # ... and on CPUs where LLVM compiles with tuning hints (AMD Zen 4: +prefer-no-scatter, +prefer-no-gather) XLA
+    # compares those with the host's instruction sets, which never list them, and logs each entry it loads twice,
+    # naming SIGILL. Only a missing prefer-* hint is dropped: a missing instruction set (an executable from another
+    # CPU) still reaches the console; the cache is kept per CPU kind (console/environment.xla_cache_key) anyway.
+    r"|Loading XLA:CPU AOT result\. Target machine feature \+prefer-[a-z-]+ is not +supported on the host machine\.)",
     r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.",
     r"^oneDNN custom operations are on\.",
 )

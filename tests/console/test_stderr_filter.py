@@ -24,6 +24,9 @@ CHATTER_LINES = [
     "E0000 00:00:1795845701.568133   26519 util.cc:131] oneDNN supports DT_BFLOAT16 only on platforms with AVX-512. Falling back to the default Eigen-based implementation if present.",
     # each entry XLA's compile cache loads (read as a text proto first, then as the binary one it is)
     "E0000 00:00:1795884164.559335    2345 text_format.cc:378] Error parsing text-format tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 4",
+    # ... and, on AMD Zen 4, two per entry for LLVM's tuning hints, which the host's instruction sets never list
+    "E0000 00:00:1796409163.552109   15296 cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine feature +prefer-no-scatter is not  supported on the host machine. Machine type used for XLA:CPU compilation doesn't match the machine type for execution. Compile machine features: [+64bit,+avx512f,+prefer-no-scatter,+prefer-no-gather] vs host machine features: [64bit,avx512f]. This could lead to execution errors such as SIGILL.",
+    "E0000 00:00:1796409163.552143   15296 cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine feature +prefer-no-gather is not  supported on the host machine. Machine type used for XLA:CPU compilation doesn't match the machine type for execution. Compile machine features: [+64bit,+avx512f,+prefer-no-scatter,+prefer-no-gather] vs host machine features: [64bit,avx512f]. This could lead to execution errors such as SIGILL.",
     # tensorflow-tpu's libtpu on a machine without a TPU
     "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type, please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise libtpu.so may not properly initialize.",
     "WARNING: Logging before InitGoogle() is written to STDERR",
@@ -35,6 +38,8 @@ CHATTER_LINES = [
 KEPT_LINES = [
     "E0000 00:00:1731200000.4 12345 tpu_execute.cc:12] Failed to allocate 4.0 GiB on TPU:0",
     "F0000 00:00:1731200000.5 12345 tensor.cc:101] Check failed: dtype() == expected_dtype (1 vs. 3)",
+    # an XLA executable compiled for instructions this CPU lacks (a cache from another machine): it may crash
+    "E0000 00:00:1796409163.552109   15296 cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine feature +avx512f is not  supported on the host machine. Machine type used for XLA:CPU compilation doesn't match the machine type for execution. Compile machine features: [+64bit,+avx2,+avx512f] vs host machine features: [64bit,avx2]. This could lead to execution errors such as SIGILL.",
     "error from a child process",
     # why the first start on a new GPU takes minutes, and why XLA:GPU cannot compile: the user must see these
     "W0000 00:00:1731200000.6 12345 gpu_device.cc:2341] TensorFlow was not built with CUDA kernel binaries compatible with compute capability 9.0. CUDA kernels will be jit-compiled from PTX, which could take 30 minutes or longer.",
