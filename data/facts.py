@@ -254,4 +254,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from console.stderr_filter import quiet_tensorflow
+    quiet_tensorflow()  # create_tfrecords writes the splits with TensorFlow: its C++ start-up chatter stays off
     sys.exit(main())

@@ -110,3 +110,15 @@ def test_the_default_language_is_the_one_docs_ladder_md_measures():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == said.group(1)
+
+
+def test_the_command_prints_its_lines_and_none_of_tensorflows_start_up(tmp_path):
+    """`python data/facts.py` as the ladder's docs run it (here with small splits): its three lines on stdout and
+    nothing on stderr. Bug it catches: the entry point without quiet_tensorflow() (create_tfrecords writes the
+    splits with TensorFlow, whose C++ start-up lines, nine of them, would come first)."""
+    done = subprocess.run([sys.executable, "data/facts.py", "--output_dir", str(tmp_path), "--train_tokens", "4128",
+                           "--eval_tokens", "1032"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
+        str(tmp_path / "facts"), str(tmp_path / "facts_eval"), "entropy per token"]
