@@ -19,7 +19,7 @@ and reports each side's bandwidth utilisation: the bytes a decoder must read per
 fp32: the blocks and the tied embedding for the logits; the key/value cache up to the position for global
 layers, the window for local ones) divided by the time per token and by the copy's bandwidth. Ours runs models/sampling.py's in-graph loop (infer/outputs.py's PREDICT graph, one
 session.run per call, the prompt length fed, so one graph serves every prompt length); it uses the kv cache
-(models/kv_cache.py) where the model allows it (`sampling.uses_cache`) and says which path it took.
+(models/kv_cache.py) where the model allows it (`models.attention.uses_cache`) and says which path it took.
 --recompute also times the full-recompute path (every new token recomputes the whole context). Ours is the
 whole generation compiled as one XLA program (models/compiled_decoding.py) where the model allows it (path
 "compiled"); --mtf_loop also times the mtf sampler's loop it replaces (compiled_decoding false) and prints the ratio.
@@ -74,7 +74,7 @@ def worker_ours(args, names: list | None = None) -> dict:
     import tensorflow.compat.v1 as tf
     from devices.placement import Placement, configure
     from infer import run
-    from models import compiled_decoding, sampling
+    from models import attention, compiled_decoding, sampling
     from config import config_from_dict
 
     tf.get_logger().setLevel("ERROR")
@@ -95,7 +95,7 @@ def worker_ours(args, names: list | None = None) -> dict:
                                                            prefill_length=prefill,
                                                            compiled=not getattr(args, "mtf_loop_worker", False))
             path = ("compiled" if compiled_decoding.unsupported(cfg, options) is None else "kv cache") \
-                if sampling.uses_cache(cfg, options) else "full recompute"
+                if attention.uses_cache(cfg, options) else "full recompute"
             # --predict's program, the prompt length fed: one graph for every prompt
             placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
             rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}

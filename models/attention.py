@@ -391,3 +391,9 @@ def incremental_unsupported(cfg: GPTConfig) -> Optional[str]:
                 " with num_mem_kv" if kind == "global" else "")
     extra = [option for option in cfg.model_options() if option.split("=")[0] not in kv_cache.INCREMENTAL_SAFE_OPTIONS]
     return f"option {extra[0]} has no incremental path" if extra else None
+
+
+def uses_cache(cfg: GPTConfig, options) -> bool:
+    """Whether a generation with sampling `options` (models/sampling.SamplingOptions) decodes `cfg` with the kv
+    cache: asked for (`options.incremental`) and possible (`incremental_unsupported`)."""
+    return options.incremental and incremental_unsupported(cfg) is None

@@ -34,7 +34,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 from tensorflow.compiler.tf2xla.python import xla
 
-from models.attention import incremental_unsupported
+from models.attention import uses_cache
 from models.kernels.common import widened, xla_kernels
 from models.kernels.elementwise import _GELU_C
 from models.token_choice import choose_tokens_tf, is_one_of_tf
@@ -51,7 +51,7 @@ def unsupported(cfg: GPTConfig, options) -> Optional[str]:
     runs its mtf loop)."""
     if not options.compiled:
         return "compiled_decoding is false"
-    if not options.incremental or incremental_unsupported(cfg) is not None:
+    if not uses_cache(cfg, options):
         return "the model decodes by full recompute"
     if math.prod(size for _, size in cfg.mesh_dims) != 1:
         return f"mesh_shape {cfg.mesh_shape!r} has more than one device"

@@ -12,7 +12,7 @@ Two ways to get each step's logits:
   not grow with the prompt. The prefill runs over the first `prefill_length` positions (callers pick the
   `prefill_bucket` of their longest prompt with `SamplingOptions.with_prefill_bucket`), or all n_ctx where it is None;
 * **full recompute**: each step runs the whole context again. Used when `kv_cache` is false or the model has a
-  layer type or option without an incremental path (`incremental_unsupported`).
+  layer type or option without an incremental path (`models.attention.incremental_unsupported`).
 
 Choosing a token (temperature, with `sampling_use_entmax` entmax instead of the softmax, top-k, top-p, then a
 Gumbel-max draw) runs on whole vocabulary rows. Its
@@ -29,10 +29,9 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models import compiled_decoding, gpt, kv_cache
-from models.attention import incremental_unsupported
+from models.attention import uses_cache
 from models.token_choice import choose_tokens_tf, is_one_of_tf
 from schema import ConfigError, GPTConfig, dimension_is_split
-
 
 
 @dataclass(frozen=True)
@@ -65,10 +64,6 @@ class SamplingOptions:
         """These options with the kv cache's prefill over the bucket of the longest of `prompt_lengths`
         (`prefill_bucket`), not all n_ctx positions: a few programs, one per bucket, serve every prompt length."""
         return dataclasses.replace(self, prefill_length=prefill_bucket(max(prompt_lengths), n_ctx))
-
-
-def uses_cache(cfg: GPTConfig, options: SamplingOptions) -> bool:
-    return options.incremental and incremental_unsupported(cfg) is None
 
 
 def prefill_bucket(longest_prompt: int, n_ctx: int) -> int:

@@ -6,8 +6,8 @@ import pytest
 
 from schema import ConfigError, option
 from config import replace
-from models.attention import ATTENTION, FULL_RECOMPUTE
-from models.sampling import SamplingOptions, incremental_unsupported, prefill_bucket, prefill_span, uses_cache
+from models.attention import ATTENTION, FULL_RECOMPUTE, incremental_unsupported, uses_cache
+from models.sampling import SamplingOptions, prefill_bucket, prefill_span
 from infer.run import Predictor
 from tiny import (checkpoint_of_order_one_weights, devices_for, placement_for, random_tokens, run_predict,
                   tiny_config)
