@@ -6,6 +6,9 @@ process, so the split happens here, once, at import: four CPU devices serve mesh
 Session fixtures (made once, shared by every test that asks; read them, never write them):
     trained_workspace    a workspace (tests/workspace.py) whose model is trained to step 2, checkpoints at 1 and
                          2; workspace.copy_workspace gives a test its own copy to change.
+
+Function fixtures:
+    autograph_conversions  the functions AutoGraph converts during the test, by name (a list the test reads)
 """
 import os
 import signal
@@ -103,3 +106,16 @@ def trained_workspace(tmp_path_factory):
     assert checkpoints.steps(cfg.model_path) == [1, 2]
     tokenizer_record.record(cfg)  # as training by main.py does: its jobs warn about a model_path without one
     return root
+
+
+@pytest.fixture
+def autograph_conversions(monkeypatch):
+    """The names of the functions AutoGraph rewrites during the test: the one place it converts
+    (autograph.impl.api._convert_actual) records each entity, then converts it as before. A function wrapped in
+    do_not_convert never reaches it."""
+    from tensorflow.python.autograph.impl import api as autograph_api
+    converted = []
+    convert = autograph_api._convert_actual
+    monkeypatch.setattr(autograph_api, "_convert_actual", lambda entity, program_ctx: converted.append(
+        getattr(entity, "__qualname__", repr(entity))) or convert(entity, program_ctx))
+    return converted

@@ -334,20 +334,15 @@ def test_a_damaged_record_found_while_reading_becomes_a_one_line_data_error(tmp_
     assert str(error).startswith("a tfrecords file is corrupt (corrupted record at ") and "--check_dataset" in str(error)
 
 
-def test_the_pipelines_functions_are_traced_without_autograph(documents_glob, tmp_path, monkeypatch):
+def test_the_pipelines_functions_are_traced_without_autograph(documents_glob, tmp_path, autograph_conversions):
     """Every function a training or evaluation pipeline hands tf.data (the sources' choice, the shuffled blocks,
     the groups' windows, the prechunked records, the epochs' files, the batches' split and check, the eval stream's
     cut) is traced as it is written, not rewritten by AutoGraph first, which was a third of a pipeline's build.
     (Bug: one of them handed over without data/inputs.py's `_plain`, e.g. `.map(split)`.)"""
-    from tensorflow.python.autograph.impl import api as autograph_api  # the one place AutoGraph converts
-    converted = []
-    convert = autograph_api._convert_actual
-    monkeypatch.setattr(autograph_api, "_convert_actual", lambda entity, program_ctx: converted.append(
-        getattr(entity, "__qualname__", repr(entity))) or convert(entity, program_ctx))
     path, _ = documents_glob
     chunks = write_files(str(tmp_path), "chunks", synthetic_documents([9] * 23), 5)
     sources = [DatasetSource(path, 2, "documents_random", 1.0), DatasetSource(chunks, 1, "sequential", 2.0),
                DatasetSource(chunks, 1, "chunks", 1.0)]
     assert len(take(train_dataset(sources, 8, 3, seed=5, n_vocab=10 ** 7), 2)) == 2
     assert len(take(eval_dataset(path, 8, 2, n_vocab=10 ** 7), 1)) == 1
-    assert converted == []
+    assert autograph_conversions == []

@@ -78,20 +78,15 @@ def test_mask_dataset_numbers_batches_from_the_step_it_starts_at():
     assert mask_dataset(batches, tiny_config()) is batches  # language modelling: untouched
 
 
-def test_mask_dataset_traces_its_masking_without_autograph(monkeypatch):
+def test_mask_dataset_traces_its_masking_without_autograph(autograph_conversions):
     """The masking mask_dataset hands tf.data is traced as written, as data/inputs.py's pipeline functions are
     (tests/data/test_inputs.py). (Bug: `.map(mask)` without `do_not_convert`: AutoGraph rewrites it and
     mask_tokens first.)"""
-    from tensorflow.python.autograph.impl import api as autograph_api  # the one place AutoGraph converts
-    converted = []
-    convert = autograph_api._convert_actual
-    monkeypatch.setattr(autograph_api, "_convert_actual", lambda entity, program_ctx: converted.append(
-        getattr(entity, "__qualname__", repr(entity))) or convert(entity, program_ctx))
     cfg = mlm_config(mlm_cls_token_id=CLS)
     rows = random_tokens([4, cfg.n_ctx + 1], seed=8)
     batches = tf.data.Dataset.from_tensor_slices((rows[:, :-1], rows[:, 1:])).batch(4)
     assert len(list(mask_dataset(batches, cfg, first_step=3))) == 1
-    assert converted == []
+    assert autograph_conversions == []
 
 
 def test_mlm_loss_is_the_mean_cross_entropy_over_masked_positions_only():
