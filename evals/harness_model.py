@@ -46,7 +46,8 @@ from tqdm import tqdm
 
 from data.errors import DataError
 from infer import run
-from models.sampling import SamplingOptions, incremental_unsupported
+from models.attention import incremental_unsupported
+from models.sampling import SamplingOptions
 from devices import precision
 
 MODEL_NAME = "gpt-neo-mtf"

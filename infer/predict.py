@@ -27,7 +27,8 @@ import numpy as np
 
 from data.errors import DataError
 from infer import run
-from models.sampling import SamplingOptions, incremental_unsupported
+from models.attention import incremental_unsupported
+from models.sampling import SamplingOptions
 from modelpath import checkpoints
 from devices import precision
 

@@ -34,7 +34,7 @@ import mesh_tensorflow as mtf
 
 from config import replace
 from models import flops
-from models.sampling import incremental_unsupported
+from models.attention import incremental_unsupported
 from plan import model_graph
 from schema import ConfigError, GPTConfig, batch_split, num_microbatches
 

@@ -12,9 +12,8 @@ import tensorflow.compat.v1 as tf
 from schema import ConfigError
 from config import replace
 from models import flops
-from models.attention import ATTENTION, AttentionContext, linear_attention_chunk, register
+from models.attention import ATTENTION, AttentionContext, incremental_unsupported, linear_attention_chunk, register
 from models.layout import tensor_dim_sizes
-from models.sampling import incremental_unsupported
 from tests.models.test_sampling import new_tokens, prompts, sample
 from tiny import random_tokens, run_mtf, tiny_config, train
 
