@@ -175,7 +175,7 @@ def worker(side: str, folder: str, batch_size: int) -> dict:
     return {"tasks": results, "memory": memory}
 
 
-def main() -> int:
+def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", type=int, default=200, help="examples of the choice and LAMBADA tasks (a quarter "
                    "of that for rolling and generation)")
@@ -188,38 +188,61 @@ def main() -> int:
     p.add_argument("--only", choices=["ours", "hf"], help="run one side only (its speed and memory lines)")
     p.add_argument("--worker", choices=["ours", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        print(MARK + json.dumps(worker(args.worker, args.folder, args.batch_size)), flush=True)
-        return 0
+    return p.parse_args(argv)
+
+
+def measure(args) -> dict:
+    """Each side in its own process on the same checkpoint and tasks: {side: {"tasks": ..., "memory": ...}}, with
+    each task's examples/s and, where both sides ran, ours / hf."""
     with tempfile.TemporaryDirectory() as folder:
         prepare(args, folder)
         measured = {}
         for side in (args.only,) if args.only else ("ours", "hf"):
+            print(f"  harness: {side} ...", flush=True)
             run = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", side, "--folder", folder,
                                   "--batch_size", str(args.batch_size)], capture_output=True, text=True)
             lines = [line for line in run.stdout.splitlines() if line.startswith(MARK)]
             if run.returncode or not lines:
-                print(run.stderr[-3000:], file=sys.stderr)
-                return 1
+                raise RuntimeError(f"the {side} side failed:\n{run.stderr[-3000:]}")
             measured[side] = json.loads(lines[-1][len(MARK):])
-    print(f"model: {args.n_layer} layers x {args.n_embd}, {args.n_head} heads, n_ctx {args.n_ctx}, vocab 4096; "
-          f"batch {args.batch_size}; {os.cpu_count()} CPUs")
-    sides = list(measured)
+    rates = {task: {side: m["tasks"][task]["examples"] / m["tasks"][task]["seconds"] for side, m in measured.items()}
+             for task in TASKS}
+    ratios = {task: r["ours"] / r["hf"] for task, r in rates.items() if len(r) == 2}
+    return {"model": {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_ctx", "batch_size")},
+            "sides": measured, "rates": rates, "ratios": ratios}
+
+
+def print_table(s: dict) -> None:
+    m = s["model"]
+    print(f"model: {m['n_layer']} layers x {m['n_embd']}, {m['n_head']} heads, n_ctx {m['n_ctx']}, vocab 4096; "
+          f"batch {m['batch_size']}; {os.cpu_count()} CPUs")
+    sides = list(s["sides"])
     print(f"{'task':<16}{'examples':>9}" + "".join(f"{side + ' ex/s':>11}" for side in sides)
-          + (f"{'ours/hf':>9}" if len(sides) == 2 else ""))
+          + (f"{'ours/hf':>9}" if s["ratios"] else ""))
     for task in TASKS:
-        runs = [measured[side]["tasks"][task] for side in sides]
-        rates = [r["examples"] / r["seconds"] for r in runs]
-        print(f"{task:<16}{runs[0]['examples']:>9}" + "".join(f"{rate:>11.1f}" for rate in rates)
-              + (f"{rates[0] / rates[1]:>9.2f}" if len(sides) == 2 else ""))
+        examples = s["sides"][sides[0]]["tasks"][task]["examples"]
+        print(f"{task:<16}{examples:>9}" + "".join(f"{s['rates'][task][side]:>11.1f}" for side in sides)
+              + (f"{s['ratios'][task]:>9.2f}" if task in s["ratios"] else ""))
     mb = 2 ** 20
     for side in sides:
-        memory = measured[side]["memory"]
+        memory = s["sides"][side]["memory"]
         held = (f", variables held {memory['held'] / mb:.0f} MiB ({memory['held'] / memory['weights']:.2f} x the "
                 f"weights) by {memory['programs']} programs" if "held" in memory else "")
         print(f"memory {side}: peak RSS {memory['peak_rss'] / mb:.0f} MiB, weights {memory['weights'] / mb:.0f} MiB "
               f"float32{held}")
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.worker:
+        print(MARK + json.dumps(worker(args.worker, args.folder, args.batch_size)), flush=True)
+        return 0
+    try:
+        s = measure(args)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print_table(s)
     return 0
 
 

@@ -43,3 +43,28 @@ def test_measure_names_the_commit_it_started_on_not_the_one_its_own_plot_dirtied
     out = tmp_path / "measured.md"
     assert measure.main(["--only", "train", "--shapes", "bench", "--out", str(out)]) == 0
     assert "commit abc1234;" in out.read_text()
+
+
+def test_the_harness_and_startup_tables_judge_their_targets():
+    """The bugs they guard: the harness's generation ratio read from another task's row, the held-weights ratio
+    judged the wrong way round, the start-up ratio inverted (HF over ours) or its silence target not applied."""
+    import measure
+    tasks = {t: {"examples": 40, "seconds": 10.0} for t in measure.bench_harness.TASKS}
+    fast_generation = dict(tasks, tiny_generate={"examples": 40, "seconds": 2.0})
+    memory = {"peak_rss": 2 ** 30, "weights": 100 * 2 ** 20}
+    sides = {"ours": {"tasks": fast_generation, "memory": dict(memory, held=100 * 2 ** 20, programs=7)},
+             "hf": {"tasks": tasks, "memory": memory}}
+    rates = {t: {side: s["tasks"][t]["examples"] / s["tasks"][t]["seconds"] for side, s in sides.items()}
+             for t in measure.bench_harness.TASKS}
+    s = dict(sides=sides, rates=rates, ratios={t: r["ours"] / r["hf"] for t, r in rates.items()})
+    table = measure.harness_table(s)
+    assert "| tiny_generate | 40 | 20.0 | 4.0 | **5.00x** |" in table
+    assert "the hf backend: met" in table and "1.00x the 100 MiB" in table and "(target ≤ 2x: met)" in table
+    sides["ours"]["memory"]["held"] = 300 * 2 ** 20
+    assert "(target ≤ 2x: not met)" in measure.harness_table(s)
+
+    run = lambda wall, silence: dict(first_s=wall, first_cpu_s=wall, total_cpu_s=wall, longest_silence_s=silence)  # noqa: E731
+    startup = measure.startup_table({"sides": {"predict": run(8.0, 2.0), "hf": run(10.0, 9.0)}})
+    assert "**0.80x**" in startup and "target ≤ 1x: met" in startup and "(target ≤ 3 s: met)" in startup
+    startup = measure.startup_table({"sides": {"predict": run(12.0, 4.0), "hf": run(10.0, 9.0)}})
+    assert "**1.20x**" in startup and "target ≤ 1x: not met" in startup and "(target ≤ 3 s: not met)" in startup
