@@ -205,7 +205,8 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse(argv)
     # the commit measured, read before the run: the memory plot it writes into docs/ is not a change to the code
-    loads, cpu, parts, sha = [bench_train.load()[0]], "", [], commit()
+    from devices import precision
+    loads, cpu, parts, sha = [bench_train.load()[0]], precision.cpu_kind(*precision.cpu_info()), [], commit()
     quick_train = ["--warmup", "1", "--steps", "2", "--peak_seconds", "1"] if args.quick else []
     if "train" in args.only:
         summaries = []
