@@ -26,6 +26,7 @@ from schema import ConfigError, GPTConfig, closest, dimension_is_split
 from models.embeddings import rotary
 from models.kernels import attention as attention_kernels
 from models.kernels.attention import local_attention_blocks
+from models.kernels.common import MASKED
 from models.kernels.matmul import bias_add, matmul, stacked_matmul
 from models.layers import dropout, variable
 
@@ -182,7 +183,7 @@ def global_attention(q, k, v, ctx: AttentionContext) -> mtf.Tensor:
         query_pos = mtf.range(q.mesh, ctx.sequence, tf.int32)
         memory_pos = mtf.range(q.mesh, memory_length, tf.int32) - n_mem  # memory slots sit at negative positions
         future = mtf.less(query_pos, memory_pos)  # [sequence, memory_length]
-        bias = mtf.cast(future, tf.float32) * -1e10  # float32: -1e10 is -inf in float16, and 0 * -inf is NaN
+        bias = mtf.cast(future, tf.float32) * MASKED  # float32: MASKED is -inf in float16, and 0 * -inf is NaN
     # mtf's attention math, with the logits laid out for batched matmuls (models/kernels/attention.py)
     return attention_kernels.attention(q, k, v, memory_length_dim=memory_length, key_dim=ctx.kv, value_dim=ctx.kv,
                                        bias=bias, memory_split=dimension_is_split(ctx.cfg, memory_length.name),

@@ -14,62 +14,20 @@ mesh-tensorflow through the `models` package:
 
 This project's own code never uses any of these names: it trains through train/loop.py.
 
-One more thing must happen before TensorFlow loads: TF 2.20+ wheels load TensorFlow with RTLD_GLOBAL, which
-puts its LLVM in the global symbol table, and a later `import triton` (which CUDA builds of PyTorch do on
-their first use, e.g. in tools/hf.py and the HF parity tests) crashes on it (tensorflow/tensorflow#124205).
-Loading triton first, where it is installed, avoids that (0.2 s).
+TensorFlow itself is loaded by console/tensorflow_import.py (Keras held back, triton loaded first); the
+modules mesh_tensorflow.transformer imports and this project never uses are deferred here (`lazy_module`).
 """
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 import types
 import warnings
 
+from console.tensorflow_import import import_tensorflow
+
 # mesh_tensorflow.transformer.utils imports pkg_resources, whose deprecation UserWarning (setuptools 80) would
 # reach every command's console; it tells users nothing they can act on (requirements.txt pins setuptools 80).
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
-
-if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
-    import triton  # noqa: F401,E402  (before TensorFlow; see above)
-
-
-class _HoldBack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """While TensorFlow's own import runs, `import keras` fails (TensorFlow catches it): see `import_tensorflow`.
-    The spec found is keras's own, so TensorFlow's `find_spec("keras")` still finds its folder for `tf.keras`."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "keras":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is not None:
-            spec.loader = self
-        return spec
-
-    def create_module(self, spec):
-        raise ImportError("keras is not loaded with TensorFlow here (models/compat.py); tf.keras loads it on use")
-
-    def exec_module(self, module):  # never reached: create_module refuses
-        raise ImportError(module.__name__)
-
-
-def import_tensorflow():
-    """`import tensorflow`, without the import of Keras 3 that TensorFlow 2.21 makes eagerly at its end
-    (`keras.src.optimizers`, for Keras' SavedModel registrations; it pulls in scikit-learn among others). That
-    import cost 5.0 of TensorFlow's 12.5 CPU seconds here (2026-11-28, 2-core AMD EPYC): nothing in this
-    project uses Keras, and `tf.keras` (TensorFlow's lazy loader) still imports it on first use. A process
-    that imported TensorFlow already keeps it as it is."""
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
-    hold = _HoldBack()
-    sys.meta_path.insert(0, hold)
-    try:
-        import tensorflow
-    finally:
-        sys.meta_path.remove(hold)
-    return tensorflow
-
 
 class _Deferred(types.ModuleType):
     """Stands in sys.modules for a module until an attribute of it is read; then imports it and hands over."""

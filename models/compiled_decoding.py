@@ -35,12 +35,11 @@ import tensorflow.compat.v1 as tf
 from tensorflow.compiler.tf2xla.python import xla
 
 from models.attention import uses_cache
-from models.kernels.common import widened, xla_kernels
+from models.kernels.common import MASKED, widened, xla_kernels
 from models.kernels.elementwise import _GELU_C
 from models.token_choice import choose_tokens_tf, is_one_of_tf
 from schema import GPTConfig
 
-NEG_INF = -1e10
 PREFIXES = (256, 512, 1024)  # the cache prefixes a global layer's step reads (and the whole cache)
 _OPTIONS = {"no_weight_tie"}  # model options the compiled path computes (the rest fall back to the mtf loop)
 _PRECISIONS = {"float32", "bfloat16", "auto"}  # "auto" reaching a model unresolved builds in float32
@@ -162,7 +161,7 @@ def _prefill(model: _Model, tokens, span: int, length: int):
         window = model.window(layer["kind"])
         if window is not None:
             hidden = tf.logical_or(hidden, memory <= query - window)
-        bias = tf.cast(hidden, tf.float32) * NEG_INF
+        bias = tf.cast(hidden, tf.float32) * MASKED
         a = tf.transpose(_attend(q, k, v, bias), [0, 2, 1, 3])                      # [batch, span, heads, kv]
         a = tf.reshape(a, tf.concat([tf.shape(a)[:2], [cfg.n_embd]], 0))
         x = x + _dense(a, layer["o"], layer["o_b"])
@@ -201,7 +200,7 @@ def _step(model: _Model, token, position, caches):
             hidden = memory >= query  # this position's own key and value come from k and v
             if window is not None:
                 hidden = tf.logical_or(hidden, memory <= query - window)
-            bias = tf.cast(hidden, tf.float32) * NEG_INF
+            bias = tf.cast(hidden, tf.float32) * MASKED
             logits = tf.concat([tf.matmul(q, k_rows, transpose_b=True) + bias,
                                 tf.reduce_sum(q * k, axis=-1, keepdims=True)], axis=-1)  # [batch * heads, 1, seen + 1]
             weights = tf.nn.softmax(logits, axis=-1)

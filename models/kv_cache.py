@@ -30,6 +30,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models.kernels import decode
+from models.kernels.common import MASKED
 from schema import GPTConfig, dimension_is_split
 
 PREFILL, STEP = "prefill", "step"
@@ -65,7 +66,7 @@ class DecodeState:
         return self.mode == STEP
 
     def visibility_bias(self, window: Optional[int], memory_length: mtf.Dimension) -> mtf.Tensor:
-        """Step: [memory_length] float32, 0 where the query at position - 1 may attend, -1e10 elsewhere (later
+        """Step: [memory_length] float32, 0 where the query at position - 1 may attend, MASKED elsewhere (later
         positions; with a `window`, those `window` or more before it). The same for every layer of one window, so
         it is built once per window and step (six small ops per layer otherwise: 0.15 of 7.1 ms a token on the bench
         model)."""
@@ -76,8 +77,8 @@ class DecodeState:
             hidden = mtf.greater(memory_pos, query_pos)  # the future
             if window is not None:
                 hidden = mtf.logical_or(hidden, mtf.less_equal(memory_pos, query_pos - window))
-            # float32 as the logits (-1e10 is -inf in float16; 0 * -inf is NaN)
-            self._biases[key] = mtf.cast(hidden, tf.float32) * -1e10
+            # float32 as the logits (MASKED is -inf in float16; 0 * -inf is NaN)
+            self._biases[key] = mtf.cast(hidden, tf.float32) * MASKED
         return self._biases[key]
 
     def take(self, count: int) -> list:

@@ -10,7 +10,7 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from models.kernels.common import compiled, f32, xla_function
+from models.kernels.common import MASKED, compiled, f32, xla_function
 
 
 def local_attention_block_length(n_ctx: int, radius: int) -> int:
@@ -156,10 +156,10 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bo
     spans = [(start, start + block_length, _visible_keys(start, start + block_length, radius))
              for start in range(0, length, block_length)]
 
-    def mask(start, end, first):  # [block, end - first]: 0 where the query sees the key, -1e10 elsewhere
+    def mask(start, end, first):  # [block, end - first]: 0 where the query sees the key, MASKED elsewhere
         offset = tf.range(first, end)[None, :] - tf.range(start, end)[:, None]
         seen = offset <= 0 if radius is None else tf.logical_and(offset <= 0, offset > -radius)
-        return tf.where(seen, tf.zeros(tf.shape(offset)), tf.fill(tf.shape(offset), -1e10))
+        return tf.where(seen, tf.zeros(tf.shape(offset)), tf.fill(tf.shape(offset), MASKED))
 
     def softmax(q32, k32, start, end, first):  # the block's fp32 softmax weights [.., block, keys]
         logits = tf.matmul(q32[..., start:end, :], k32[..., first:end, :], transpose_b=True)

@@ -14,6 +14,12 @@ except ImportError:
     atomic_function = None
 
 
+# The attention bias where a query may not see a key, added to fp32 logits: exp() of it is 0 in fp32, and it is
+# finite, so a multiply by 0 and softmax over a fully masked row stay NaN-free (-1e10 is -inf in float16: biases
+# are built in float32).
+MASKED = -1e10
+
+
 def f32(x):
     """The fused element-wise kernels compute in fp32 and store in the input's dtype: XLA's CPU code for bf16
     arithmetic ran GELU, LayerNorm and the softmax gradient ~3x slower than fp32 (bf16 training, 2026-11-23).
