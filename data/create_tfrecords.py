@@ -514,7 +514,8 @@ def _encode_batch(documents: list, tokenizer: LoadedTokenizer, settings: Encodin
 def _write_examples(examples: list, output_dir: str, name: str, index: int) -> str:
     """Write ``examples`` to a temporary file, then rename it to its final, counted name. A failed write (a
     full disk) is an OSError naming output_dir; the temporary file is removed by the caller."""
-    import tensorflow as tf  # imported here so the CLI's argument errors stay instant
+    from console.tensorflow_import import import_tensorflow
+    tf = import_tensorflow()  # here, so the CLI's argument errors stay instant; without Keras
 
     temporary = _temporary_path(output_dir, name, index)
     try:
@@ -574,7 +575,8 @@ def _process_groups_in_pool(pending_groups, tokenizer, settings, output_dir, pro
     # The workers write with TensorFlow (_write_examples): imported here, once, every forked worker has it loaded.
     # Imported in each worker instead it cost each ~6 CPU s (python -c "import tensorflow", 2-core AVX-512 EPYC):
     # a 2-process run of 400 small documents took 10.6 CPU s, one process 6.7.
-    import tensorflow  # noqa: F401
+    from console.tensorflow_import import import_tensorflow
+    import_tensorflow()
     in_flight: list = []
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers inherit it: processes already use the cores
