@@ -146,17 +146,19 @@ def decode_table(s: dict) -> str:
 
 def harness_table(s: dict) -> str:
     sides = list(s["sides"])
-    lines = ["| task | examples | " + " | ".join(f"{side}, examples/s" for side in sides) + " | ours / hf |",
-             "|---" * (len(sides) + 3) + "|"]
+    lines = ["| task | examples | " + " | ".join(f"{side}, examples/s: whole (model)" for side in sides)
+             + " | ours / hf: whole (model) |", "|---" * (len(sides) + 3) + "|"]
     for task in bench_harness.TASKS:
         examples = s["sides"][sides[0]]["tasks"][task]["examples"]
-        ratio = s["ratios"].get(task)
-        lines.append(f"| {task} | {examples} | " + " | ".join(f"{s['rates'][task][side]:.1f}" for side in sides)
-                     + f" | {f'**{ratio:.2f}x**' if ratio else '-'} |")
+        ratio, model_ratio = s["ratios"].get(task), s["model_ratios"].get(task)
+        lines.append(f"| {task} | {examples} | " + " | ".join(f"{s['rates'][task][side]:.1f} "
+                                                             f"({s['model_rates'][task][side]:.1f})" for side in sides)
+                     + (f" | **{ratio:.2f}x** ({model_ratio:.2f}x) |" if ratio else " | - |"))
     memory = s["sides"]["ours"]["memory"]
     held = memory["held"] / memory["weights"]
     mb = 2 ** 20
-    return ("\n".join(lines) + f"\n\nGeneration (generate_until) ≥ {HARNESS_GENERATE_TARGET:g}x the hf backend: "
+    return ("\n".join(lines) + "\n\nWhole: simple_evaluate's call; model: the model's request methods alone. "
+            f"Generation (generate_until) ≥ {HARNESS_GENERATE_TARGET:g}x the hf backend, whole: "
             f"{met(s['ratios'].get('tiny_generate'), HARNESS_GENERATE_TARGET)}. Ours held {memory['held'] / mb:.0f} "
             f"MiB of variables for its {memory['programs']} programs, {held:.2f}x the {memory['weights'] / mb:.0f} "
             f"MiB of float32 weights (target ≤ {HARNESS_HELD_TARGET:g}x: "
