@@ -41,6 +41,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+import models  # noqa: F401  (TensorFlow without Keras, the mesh-tensorflow alias: devices/__init__.py)
 import tensorflow.compat.v1 as tf
 
 from schema import ConfigError

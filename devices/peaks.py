@@ -27,6 +27,7 @@ import time
 from typing import NamedTuple, Optional
 
 import numpy as np
+import models  # noqa: F401  (TensorFlow without Keras, the mesh-tensorflow alias: devices/__init__.py)
 import tensorflow as tf
 
 DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.float16}

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional
 
+import models  # noqa: F401  (TensorFlow without Keras, the mesh-tensorflow alias: devices/__init__.py)
 import tensorflow as tf
 
 from devices import gpus, peaks, tpu_access

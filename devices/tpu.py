@@ -33,6 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional
 
+import models  # noqa: F401  (TensorFlow without Keras, the mesh-tensorflow alias: devices/__init__.py)
 import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf

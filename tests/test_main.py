@@ -21,3 +21,18 @@ def test_the_flags_pick_one_job(flags, kind):
     assert job.uses_devices == (kind in (jobs.Training, jobs.Evaluation, jobs.Prediction, jobs.Export))
     if kind is jobs.AutoLayout:
         assert job.n_devices == (4 if "--num_devices" in flags else None)
+
+
+def test_the_parser_and_help_do_not_wait_for_tensorflow():
+    """main.py's flags are parsed (and --help answered) before TensorFlow loads, so `--help` is instant and the
+    "loading TensorFlow ..." line comes before the wait it names. Bug caught: a package the flag modules import
+    (devices/, through cli/device_flags.py) importing `models` at its top, which loads TensorFlow."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import sys, main\nmain.parse_args(['--model', 'x', '--tpu', 'local'])\n"
+             "print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
