@@ -104,3 +104,5 @@ def test_main_prints_only_its_own_error_line():
     assert result.returncode == 1
     assert result.stderr.startswith("error: model config 'no_such_config' not found") and \
         result.stderr.count("\n") == 1, result.stderr
+    # TensorFlow's import is every job's first wait (seconds): a fresh process says so before it starts
+    assert result.stdout == "loading TensorFlow ...\n"
