@@ -220,15 +220,17 @@ def measure(args) -> dict:
             if run.returncode or not lines:
                 raise RuntimeError(f"the {side} side failed:\n{run.stderr[-3000:]}")
             measured[side] = json.loads(lines[-1][len(MARK):])
-    rates = {task: {side: m["tasks"][task]["examples"] / m["tasks"][task]["seconds"] for side, m in measured.items()}
-             for task in TASKS}
-    model_rates = {task: {side: m["tasks"][task]["examples"] / m["tasks"][task]["model_seconds"]
-                          for side, m in measured.items()} for task in TASKS}
-    ratios = {task: r["ours"] / r["hf"] for task, r in rates.items() if len(r) == 2}
-    model_ratios = {task: r["ours"] / r["hf"] for task, r in model_rates.items() if len(r) == 2}
+    def rates(seconds: str) -> dict:  # {task: {side: examples per `seconds`}}
+        return {task: {side: m["tasks"][task]["examples"] / m["tasks"][task][seconds] for side, m in measured.items()}
+                for task in TASKS}
+
+    def ours_over_hf(by_task: dict) -> dict:
+        return {task: r["ours"] / r["hf"] for task, r in by_task.items() if len(r) == 2}
+
+    whole, model = rates("seconds"), rates("model_seconds")
     return {"model": {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_ctx", "batch_size")},
-            "sides": measured, "rates": rates, "ratios": ratios, "model_rates": model_rates,
-            "model_ratios": model_ratios}
+            "sides": measured, "rates": whole, "ratios": ours_over_hf(whole), "model_rates": model,
+            "model_ratios": ours_over_hf(model)}
 
 
 def print_table(s: dict) -> None:

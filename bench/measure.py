@@ -206,9 +206,10 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    # the commit measured, read before the run: the memory plot it writes into docs/ is not a change to the code
     from devices import precision
-    loads, cpu, parts, sha = [bench_train.load()[0]], precision.cpu_kind(*precision.cpu_info()), [], commit()
+    # the commit measured, read before the run: the memory plot it writes into docs/ is not a change to the code
+    loads, parts, sha = [bench_train.load()[0]], [], commit()
+    cpu = precision.cpu_kind(*precision.cpu_info())  # the header names it, whichever tables run
     quick_train = ["--warmup", "1", "--steps", "2", "--peak_seconds", "1"] if args.quick else []
     if "train" in args.only:
         summaries = []
@@ -217,7 +218,6 @@ def main(argv=None) -> int:
                                                        str(args.repeats), "--cpus", args.cpus] + quick_train))
             bench_train.print_table(s, bench_train.parse([]))
             summaries.append(s)
-            cpu = s["cpu"]
         parts.append("### Training, tokens/s (`bench_train.py --shape S --repeats "
                      f"{1 if args.quick else args.repeats}`)\n\n" + train_table(summaries))
     if "memory" in args.only:
@@ -229,7 +229,6 @@ def main(argv=None) -> int:
         bench_memory.print_table(s)
         if args.plot:
             bench_memory.plot(s, args.plot)
-        cpu = s["cpu"]
         parts.append("### Memory and context, 125M shape, batch 1 (`bench_memory.py`): peak RSS and tokens/s\n\n" +
                      memory_table(s, args.plot))
     if "decode" in args.only:
@@ -237,7 +236,6 @@ def main(argv=None) -> int:
         dargs = bench_decode.parse(dargv)
         s = bench_decode.measure(dargs)
         bench_decode.print_table(s, dargs)
-        cpu = s["cpu"]
         parts.append(f"### Decoding, batch 1, greedy, context {dargs.n_ctx} (`bench_decode.py --repeats "
                      f"{dargs.repeats}`: median ms per new token)\n\n" + decode_table(s))
     if "harness" in args.only:
