@@ -100,7 +100,7 @@ def worker_ours(args, names: list | None = None) -> dict:
             placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
             rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}
             program = run.prediction_program(cfg, placement, rows, 1, options)
-            session = program.open(None, inference=True)
+            session = program.open(None)
             fed = program.inputs.placeholders
             sessions[prefill, new] = (session, program.lowered.outputs["tokens"], fed["tokens"], fed["prompt_length"])
 

@@ -50,8 +50,8 @@ def worker(mesh_shape: str, layout: str, mode: str) -> dict:
     if mode in ("bare", "tfdefault"):
         session_config = Placement.session_config
 
-        def grappler_changed(self, inference=False):
-            config = session_config(self, inference)
+        def grappler_changed(self):
+            config = session_config(self)
             config.graph_options.rewrite_options.Clear()  # TF's defaults
             config.graph_options.rewrite_options.disable_meta_optimizer = mode == "bare"
             return config

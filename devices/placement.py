@@ -114,21 +114,22 @@ class Placement:
         """A device function for the ops placed nowhere else while a graph is built (None: TensorFlow's choice)."""
         return None
 
-    def session_config(self, inference: bool = False) -> tf.compat.v1.ConfigProto:
-        """The session's options. On CPU devices grappler's remapper stays off. It fuses a matmul and the bias
-        added to it into one oneDNN kernel, which for decoding's matrix-vector products (`inference`: predict's
-        programs, sampling and scoring) is slower than the product and the add: 6.9 -> 6.5 ms a token with it off
-        (bench/bench_decode.py's model, prompt 16, 9 of 9 paired runs, on a 2-core AVX2 CPU); in training and
-        evaluation it fuses nothing (the step's partition graphs hold the same ops with it on or off) and costs
-        start-up only, as do the passes `lean_grappler` turns off there."""
+    def session_config(self) -> tf.compat.v1.ConfigProto:
+        """The session's options: one set for every program (training, evaluation, predict's sampling and
+        scoring). On CPU devices grappler's remapper stays off. It fuses a matmul and the bias added to it into one
+        oneDNN kernel, which for decoding's matrix-vector products is slower than the product and the add: 6.9 ->
+        6.5 ms a token with it off (bench/bench_decode.py's model, prompt 16, 9 of 9 paired runs, on a 2-core AVX2
+        CPU); in training and evaluation it fuses nothing (the step's partition graphs hold the same ops with it
+        on or off) and costs start-up only, as do the passes `lean_grappler` turns off. Predict's programs ran
+        with those passes until 2026-12-06: without them their first calls (7 in a run of bench_harness.py's
+        tasks) took 13% less, and decoding's time a token moved by less than its run-to-run noise."""
         # Soft placement: ops with no GPU kernel run on the CPU (training lists them once, devices/gpus.py)
         config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_count={"CPU": self.cpu_devices})
         gpus.session_gpu_options(config, self)  # only the --gpu_ids GPUs, their memory setting; none for CPUs
         if self.devices and all("CPU" in d.upper() for d in self.devices):
             rewrites = config.graph_options.rewrite_options
             rewrites.remapping = rewrites.OFF  # the RewriterConfig message's own enum: no TF-internal import
-            if not inference:
-                lean_grappler(rewrites)
+            lean_grappler(rewrites)
         return config
 
     def mesh(self, cfg):
@@ -228,8 +229,8 @@ def local_placement(names: list[str], gpu_memory: Optional[str] = None, kernels:
 
 
 def lean_grappler(rewrites) -> None:
-    """Turns off what grappler spends on a CPU training or evaluation graph and buys nothing there (CPU sessions'
-    `rewrites`, a RewriterConfig; Placement.session_config). Every new set of fetches (initialise, copy to the
+    """Turns off what grappler spends on a CPU graph and buys nothing there (CPU sessions' `rewrites`, a
+    RewriterConfig; Placement.session_config). Every new set of fetches (initialise, copy to the
     mesh's slices, the step, a save) runs grappler over its part of the graph, in time that grows with the graph
     and so with the mesh's devices. With these off the step's partition graphs hold the same ops as with TF's
     defaults, but for the Identity nodes the second pass of the model pruner would have removed (38 and a Const at

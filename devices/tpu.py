@@ -173,7 +173,7 @@ class TpuPlacement(Placement):
     def describe(self) -> str:
         return f"TPU {self.tpu}"
 
-    def session_config(self, inference: bool = False) -> tf.ConfigProto:
+    def session_config(self) -> tf.ConfigProto:
         config = tf.ConfigProto(allow_soft_placement=True, isolate_session_state=True)
         if self.system.cluster_def is not None:
             config.cluster_def.CopyFrom(self.system.cluster_def)

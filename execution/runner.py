@@ -195,13 +195,13 @@ class Program:
         (placement.op_listing None: not on a TPU, whose XLA compiles the whole step)."""
         self._listing, self._listing_out, self._on_listed = self.placement.op_listing is None, out, then
 
-    def open(self, checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {}, inference: bool = False,
+    def open(self, checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {},
              finalize: bool = True) -> MeshSession:
-        """The session on the placement (its master; in-process when it has none) with its session config
-        (`inference`: predict's, see the placement's session_config), the variables restored from `checkpoint` (or
-        initialised from their seeds when None) and copied to the mesh's slices."""
+        """The session on the placement (its master; in-process when it has none) with its session config, the
+        variables restored from `checkpoint` (or initialised from their seeds when None) and copied to the mesh's
+        slices."""
         return MeshSession(self.graph, self.lowered.lowering, self.placement.target,
-                           self.placement.session_config(inference), checkpoint, finalize, slot_patterns)
+                           self.placement.session_config(), checkpoint, finalize, slot_patterns)
 
     def start(self, session) -> None:
         """Initialises the input pipeline (Batches); before the first `run`."""

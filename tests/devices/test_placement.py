@@ -1,6 +1,5 @@
 """devices/placement.py: this host's devices named and checked (one error line naming the fix), the sessions'
 options on CPU devices, and the kernels' path a placement starts up with."""
-import numpy as np
 import pytest
 from tensorflow.core.protobuf import rewriter_config_pb2
 
@@ -8,9 +7,6 @@ from conftest import CPU_DEVICES
 from devices import gpus, tpu_access
 from devices import placement as device_placement
 from devices.placement import Placement
-from execution import runner
-from infer import run
-from tiny import placement_for, tiny_config
 
 
 def test_device_errors_are_one_line_and_say_what_to_pass():
@@ -25,51 +21,32 @@ def test_device_errors_are_one_line_and_say_what_to_pass():
     assert device_placement.configure(["device:CPU:0", "device:CPU:1"]) == ["/device:CPU:0", "/device:CPU:1"]
 
 
-def test_inference_on_cpus_runs_without_grappler_fusing_matmul_and_bias(monkeypatch):
-    """Predict's sessions on CPUs keep the remapper off (its fused matmul + bias kernel is slower for decoding's
-    matrix-vector products); so do training's, where it fuses nothing; GPUs keep TF's default."""
+def test_cpu_sessions_run_without_grappler_fusing_matmul_and_bias():
+    """Every session on CPUs (training's, evaluation's, predict's sampling and scoring: one config) keeps the
+    remapper off: its fused matmul + bias kernel is slower for decoding's matrix-vector products and fuses nothing
+    in training; GPUs keep TF's default."""
     off = rewriter_config_pb2.RewriterConfig.OFF
     cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
-    assert cpus.session_config(inference=True).graph_options.rewrite_options.remapping == off
     assert cpus.session_config().graph_options.rewrite_options.remapping == off
     names = ("/device:GPU:0",)
     on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
-    assert on_gpu.session_config(inference=True).graph_options.rewrite_options.remapping != off
     assert on_gpu.session_config().graph_options.rewrite_options.remapping != off
-    opened = []
-    def refuse(self, *args, **kwargs):
-        opened.append(kwargs)
-        raise _Refused()
-
-    monkeypatch.setattr(runner.Program, "open", refuse)
-    with pytest.raises(_Refused):
-        cfg = tiny_config()
-        run.predict(cfg, placement_for(cfg), {"tokens": np.zeros([1, cfg.n_ctx], np.int32)}, 1)
-    assert opened == [{"inference": True}]
 
 
-def test_cpu_training_sessions_skip_the_grappler_passes_that_buy_nothing_there():
-    """Training's and evaluation's sessions on CPUs run grappler once over each graph, without its memory and
-    layout optimizers (start-up they cost, the step's ops stay the same: lean_grappler); predict's and GPUs'
-    sessions keep TF's defaults for these."""
+def test_cpu_sessions_skip_the_grappler_passes_that_buy_nothing_there():
+    """Sessions on CPUs run grappler once over each graph, without its memory and layout optimizers (start-up they
+    cost, the programs' ops stay the same: lean_grappler); GPUs' sessions keep TF's defaults."""
     config = rewriter_config_pb2.RewriterConfig
     cpus = Placement(devices=tuple(CPU_DEVICES[:2]))
-    training = cpus.session_config().graph_options.rewrite_options
-    assert training.meta_optimizer_iterations == config.ONE
-    assert not training.disable_tfg_optimizer  # without it a copy of Adam's slots outlived their initialisation
-    assert training.memory_optimization == config.NO_MEM_OPT
-    assert training.layout_optimizer == config.OFF
-    assert not training.disable_meta_optimizer  # the passes the step needs still run
+    rewrites = cpus.session_config().graph_options.rewrite_options
+    assert rewrites.meta_optimizer_iterations == config.ONE
+    assert not rewrites.disable_tfg_optimizer  # without it a copy of Adam's slots outlived their initialisation
+    assert rewrites.memory_optimization == config.NO_MEM_OPT
+    assert rewrites.layout_optimizer == config.OFF
+    assert not rewrites.disable_meta_optimizer  # the passes the programs need still run
     names = ("/device:GPU:0",)
     on_gpu = Placement(devices=names, gpu=gpus.GpuSetting(names, (0,), gpus.parse_gpu_memory("growth")))
-    untouched = config()
-    untouched.remapping = config.OFF  # predict's one change on CPUs
-    assert cpus.session_config(inference=True).graph_options.rewrite_options == untouched
     assert on_gpu.session_config().graph_options.rewrite_options == config()
-
-
-class _Refused(Exception):
-    """Stands in for the session predict() opens: opening it ends the call."""
 
 
 def test_cpu_meshes_take_plain_kernels_where_tensorflow_has_no_xla_cpu(monkeypatch, capsys):
