@@ -20,7 +20,9 @@ of our checkpoints: a thin client of infer/run.py's PREDICT graph, as the eval t
 
 Requests are sorted by length, longest first (as the HF backend sorts them), and scored in rows of a few
 lengths (powers of two up to n_ctx; a length with less than a batch of rows joins the next): one PREDICT graph
-per length, so short requests are not padded to n_ctx.
+per length, so short requests are not padded to n_ctx. Every batch is batch_size rows (a short one padded), so
+the programs of one length serve every task of a run: a program costs more to build and start (~0.3-0.5 s at
+4 x 256) than scoring a batch's padding rows.
 Models whose outputs might depend on the row length (a layout splitting 'sequence', a layer or option without
 an incremental path) are scored at n_ctx. A progress bar counts the requests.
 
@@ -221,8 +223,7 @@ class CheckpointLM(TemplateLM):
                 for row, i in enumerate(members):
                     whole = rows[i][0]
                     tokens[row, :len(whole) - 1], targets[row, :len(whole) - 1] = whole[:-1], whole[1:]
-                out = self._predict({"tokens": tokens, "targets": targets}, min(self.batch_size, len(members)),
-                                    on_batch=bar.update)
+                out = self._predict({"tokens": tokens, "targets": targets}, self.batch_size, on_batch=bar.update)
                 for row, i in enumerate(members):
                     end = len(rows[i][0]) - 1
                     span = slice(end - rows[i][1], end)
@@ -289,7 +290,7 @@ class CheckpointLM(TemplateLM):
                 features = {"tokens": tokens, "prompt_length": np.array([len(prompts[i]) for i in members], np.int32),
                             "seed": np.array([seeds[i] for i in members], np.int32)}
                 # Sampled rows one at a time: the sampler's noise depends on the row within the batch too
-                rows = 1 if options.temperature > 0 else min(self.batch_size, len(members))
+                rows = 1 if options.temperature > 0 else self.batch_size
                 out = self._predict(features, rows, options, on_batch=bar.update)
                 for row, i in enumerate(members):
                     new = out["tokens"][row, len(prompts[i]):out["lengths"][row]]
