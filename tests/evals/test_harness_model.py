@@ -228,6 +228,30 @@ def test_a_context_of_only_whitespace_is_scored_as_an_empty_one(checkpoint_run):
     assert blank[0] < -1 and worded[0] < -1  # weights of order one: far from a certain 0.0
 
 
+def test_every_batch_is_batch_size_rows_so_one_program_serves_each_length(checkpoint_run, monkeypatch):
+    """Scoring and greedy generation ask for batches of batch_size rows however few requests a group holds (a
+    short batch is padded), so the program of a length built for one task serves the next. Bug caught: a group's
+    program built at its own count of rows (`min(batch_size, rows)`), so a task's last few requests and the next
+    task's full batches of the same length built two programs (a second or so each at 4 x 256)."""
+    import numpy as np
+    _, cfg = checkpoint_run
+    asked = []
+
+    def fake_predict(rows, batch_size, options=None, on_batch=None):
+        asked.append(batch_size)
+        on_batch(len(rows["tokens"]))
+        if options is None:
+            return {"token_loss": np.zeros(rows["tokens"].shape, np.float32),
+                    "token_correct": np.ones(rows["tokens"].shape, bool)}
+        return {"tokens": rows["tokens"], "lengths": rows["prompt_length"]}
+
+    with checkpoint_lm(cfg) as lm:
+        monkeypatch.setattr(lm, "_predict", fake_predict)
+        lm.loglikelihood(instances("loglikelihood", [("import os", " x")]))
+        lm.generate_until(instances("generate_until", [("def f(", {"until": ["\n"], "max_gen_toks": 2})]))
+    assert asked == [4, 4] and lm.batch_size == 4
+
+
 @pytest.mark.slow
 def test_generation_settings_the_sampler_does_not_follow_are_named_once(checkpoint_run, capsys, monkeypatch):
     """A task's generation_kwargs beyond until, max_gen_toks, do_sample, temperature, top_k and top_p (HF's
