@@ -2,12 +2,13 @@
 
     .venv/bin/python bench/bench_startup.py                        # --predict against HF, 3 repeats each
     .venv/bin/python bench/bench_startup.py --jobs predict eval train --repeats 1
-    .venv/bin/python bench/bench_startup.py --hf_dir /tmp/default-hf   # an existing to_hf export
+    .venv/bin/python bench/bench_startup.py --hf_dir /tmp/default-hf   # an export of your own (written when absent)
 
 Ours is `main.py --model M --predict --prompt P` (the config's max_new_tokens, 96 for the default), run as a user
 runs it, in a process of its own; its first sample line ("======== sample ...") is the first result. HF is a
 fresh process that imports transformers, loads the `python -m tools.hf to_hf` export of the same checkpoint
-(written once into --hf_dir when it holds no export) with `AutoTokenizer` and `GPTNeoForCausalLM.from_pretrained`,
+(written once into a folder of the temporary directory named after that checkpoint, or into --hf_dir when it
+holds no export) with `AutoTokenizer` and `GPTNeoForCausalLM.from_pretrained`,
 and generates as many new tokens from the same prompt with the same sampling (temperature, top_k: the config's;
 exactly that many tokens, no early stop), then prints its sample. Each side runs --repeats times, alternating.
 
@@ -24,6 +25,7 @@ config in a temporary model_path (train_steps 1: the first step's line), both wi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -114,6 +116,15 @@ def worker_hf(args) -> int:
     return 0
 
 
+def export_folder(checkpoint: str) -> str:
+    """Where the export of `checkpoint` (a prefix) goes when --hf_dir is not given: a folder of the temporary
+    directory named after the checkpoint's path and its index file's time and size, so that a retrained or
+    another model's checkpoint is exported again instead of being compared against an older export."""
+    index = os.stat(checkpoint + ".index")
+    key = f"{os.path.realpath(checkpoint)}:{index.st_mtime_ns}:{index.st_size}"
+    return os.path.join(tempfile.gettempdir(), "bench-startup-hf-" + hashlib.sha1(key.encode()).hexdigest()[:12])
+
+
 def export_hf(args) -> None:
     """The to_hf export of the config's newest checkpoint into args.hf_dir, unless it holds one."""
     if os.path.exists(os.path.join(args.hf_dir, "config.json")):
@@ -166,6 +177,13 @@ def measure(args) -> dict:
     args.top_k = cfg.top_k if args.top_k is None else args.top_k
     sides = list(args.jobs) + (["hf"] if "predict" in args.jobs and not args.no_hf else [])
     if "hf" in sides:
+        if args.hf_dir is None:
+            from modelpath import checkpoints
+            checkpoint = checkpoints.restorable(cfg.model_path)
+            if checkpoint is None:
+                raise SystemExit(f"error: no checkpoint in {cfg.model_path} to compare HF on: train {args.model} "
+                                 f"first (bash quickstart.sh trains the default), or pass --no_hf")
+            args.hf_dir = export_folder(checkpoint)
         export_hf(args)
     runs = {side: [] for side in sides}
     load_before = loadavg()
@@ -208,8 +226,8 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default")
     p.add_argument("--prompt", default="data/prompts/default.txt")
-    p.add_argument("--hf_dir", default=os.path.join(tempfile.gettempdir(), "bench-startup-hf"),
-                   help="the to_hf export (written there when absent)")
+    p.add_argument("--hf_dir", help="the to_hf export HF loads (written there when absent; default: a folder of "
+                   "the temporary directory named after the config's newest checkpoint)")
     p.add_argument("--jobs", nargs="+", default=["predict"], choices=["predict", "eval", "train"])
     p.add_argument("--no_hf", action="store_true", help="ours only")
     p.add_argument("--repeats", type=int, default=3)

@@ -14,3 +14,20 @@ def test_startup_bench_times_the_first_result_line_and_the_lines_before_it():
     assert r["returncode"] == 0 and r["first_s"] >= 0.3 and r["first_cpu_s"] is not None
     assert [line for _, line in r["lines_before"]] == ["loading ..."]
     assert r["longest_silence_s"] >= 0.3
+
+
+def test_each_checkpoint_is_exported_to_a_folder_of_its_own(tmp_path):
+    """Without --hf_dir the HF side loads an export named after the checkpoint (its path, its index file's time and
+    size): another model's or a retrained checkpoint gets a new export, the same checkpoint reuses its own. Bug
+    caught (seen: one fixed folder for every run): HF timed on an older checkpoint's export."""
+    import bench_startup
+    first, second = str(tmp_path / "a" / "model.ckpt-1"), str(tmp_path / "b" / "model.ckpt-1")
+    for prefix in (first, second):
+        os.makedirs(os.path.dirname(prefix))
+        with open(prefix + ".index", "w") as f:
+            f.write("index")
+    folder = bench_startup.export_folder(first)
+    assert folder == bench_startup.export_folder(first) != bench_startup.export_folder(second)
+    with open(first + ".index", "w") as f:
+        f.write("a longer index")  # retrained in place
+    assert bench_startup.export_folder(first) != folder
