@@ -10,7 +10,8 @@ The model (default: 4 layers, 256 wide, 8 heads, context 256, global/local with 
 (data/synthetic_text.py's, whose text the tests read too: the same bytes on every machine): multiple choice
 (3 choices), LAMBADA-style last word, rolling perplexity over texts of ~1-3 contexts, and generation of up to
 16 tokens. Each side runs each task through the harness's evaluator (simple_evaluate) in its own process, both
-with batch size 16; two times are printed: the evaluator's whole call (requests built, run and scored, and
+with batch size 16 and in float32 (ours with `eval_precision: float32`: until 2026-12-06 ours ran in "auto",
+bf16 on CPUs with bf16 units; the table's first line names each side's); two times are printed: the evaluator's whole call (requests built, run and scored, and
 lm-eval's record of the environment, which runs torch's collect_env where torch is installed: ~0.8 s a call, the
 same for both sides; our graph builds and session starts are in it, HF's model load is not), and the model's
 request methods alone (loglikelihood, loglikelihood_rolling, generate_until: what each side's own code spends). Ours scores through one infer/run.py Predictor kept across the tasks,
@@ -125,7 +126,9 @@ def prepare(args, folder: str) -> None:
         json.dump(dict(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, n_vocab=4096, n_ctx=args.n_ctx,
                        attention_types=[[["global", "local"], args.n_layer // 2]], local_attention_radius=args.window,
                        datasets=[["tok"]], model_path=os.path.join(folder, "run"), mesh_shape="all:1", layout="",
-                       eval_batch_size=args.batch_size, predict_batch_size=args.batch_size), f)
+                       eval_batch_size=args.batch_size, predict_batch_size=args.batch_size,
+                       # float32 as the hf side: "auto" would score in bf16 on CPUs with bf16 units
+                       eval_precision="float32"), f)
     cfg = load_config(config)
     rng = np.random.RandomState(0)
     state = {name: (0.02 * rng.randn(*shape)).astype(np.float32) for name, shape in gpt.variable_shapes(cfg).items()}
@@ -156,12 +159,15 @@ def worker(side: str, folder: str, batch_size: int) -> dict:
         predictor = Predictor(cfg, placement, checkpoint)
         lm = CheckpointLM(cfg, placement, checkpoint, load_for_config(cfg), batch_size, predictor=predictor)
         weight_bytes = 4 * sum(math.prod(shape) for shape in gpt.variable_shapes(cfg).values())
+        from devices import precision
+        running = precision.running(lm.cfg)
     else:
         import torch
         from lm_eval.models.huggingface import HFLM
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         lm = HFLM(pretrained=os.path.join(folder, "hf"), device="cpu", batch_size=batch_size, dtype="float32")
         weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+        running = str(lm.model.dtype).replace("torch.", "")
     from lm_eval import evaluator
     # The model's own share: its request methods, timed as the harness calls them. The rest of simple_evaluate
     # (building the requests, scoring, and lm-eval's environment record, which runs torch's collect_env: ~0.8 s a
@@ -187,7 +193,7 @@ def worker(side: str, folder: str, batch_size: int) -> dict:
     if side == "ours":
         memory.update(held=predictor.variable_bytes(), programs=len(predictor._programs))
         predictor.close()
-    return {"tasks": results, "memory": memory}
+    return {"tasks": results, "memory": memory, "precision": running}
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -235,9 +241,10 @@ def measure(args) -> dict:
 
 def print_table(s: dict) -> None:
     m = s["model"]
-    print(f"model: {m['n_layer']} layers x {m['n_embd']}, {m['n_head']} heads, n_ctx {m['n_ctx']}, vocab 4096; "
-          f"batch {m['batch_size']}; {os.cpu_count()} CPUs")
     sides = list(s["sides"])
+    print(f"model: {m['n_layer']} layers x {m['n_embd']}, {m['n_head']} heads, n_ctx {m['n_ctx']}, vocab 4096; "
+          f"batch {m['batch_size']}; {os.cpu_count()} CPUs; "
+          + ", ".join(f"{side} in {s['sides'][side].get('precision', '?')}" for side in sides))
     print("examples/s through simple_evaluate (whole), and through the model's request methods alone (model)")
     print(f"{'task':<16}{'examples':>9}" + "".join(f"{side + ' whole':>12}{side + ' model':>12}" for side in sides)
           + (f"{'ours/hf whole':>15}{'ours/hf model':>15}" if s["ratios"] else ""))
