@@ -291,29 +291,6 @@ def test_an_output_dir_that_is_a_file_is_one_line(tmp_path, capsys, where):
     assert blocker.read_text() == "keep me"
 
 
-def test_create_tfrecords_workers_are_forked_with_tensorflow_loaded(tmp_path, monkeypatch):
-    """The pool's workers write with TensorFlow: the parent imports it before forking them, so a run pays one
-    import (~6 CPU s) instead of one per worker (the killed runs below: 13 -> 7 CPU s each). Guards that import
-    removed: the pool is made before anything imports TensorFlow."""
-    import types
-    from console import tensorflow_import
-    loaded = []
-
-    class Forked(Exception):
-        """Stands in for the pool: how often TensorFlow was imported before it was made."""
-
-    class Context:
-        def Pool(self, *args, **kwargs):
-            raise Forked(len(loaded))
-
-    make_inputs(tmp_path / "in", 4)
-    monkeypatch.setattr(ct, "multiprocessing", types.SimpleNamespace(get_context=lambda method: Context()))
-    monkeypatch.setattr(tensorflow_import, "import_tensorflow", lambda: loaded.append(1))
-    with pytest.raises(Forked) as raised:
-        run_tool(tmp_path / "in", tmp_path / "out", processes=2)
-    assert raised.value.args[0] == 1
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl_c", "sigterm"])
 def test_a_killed_run_stops_quietly_and_leaves_resumable_state(tmp_path, how):
