@@ -67,21 +67,26 @@ pytest_plugins = ["cpu_durations"]  # `--cpu-durations=N`: the tests and files t
 
 # Files that run first, in this order (their paths under tests/): the largest (GPT-Neo 125M's real shape peaks at
 # ~8 GB) while both workers of `pytest -n 2` are fresh (a long-lived worker holds GBs of graphs the other's big test
-# would find missing), then the others of about 40 CPU seconds and more, longest first, so that no long file starts
-# last and runs alone. The order follows CI's own figures (`.ci/run` ends with every file's CPU seconds:
-# tests/cpu_durations.py) from a fresh clone's run on a 2-core AVX2 EPYC (2026-11-28, 3116a6d: the fine-tune 130, the
-# loop 155, the real ladder 130, sampling 100, training options 80, the bf16 oracle 80, precision 80, preemption 75,
-# the selfcheck 70, HF conversions 70, checkpoint safety 60, attention kernels 60, the TPU pods 55, the input
-# pipeline 50, multi-host 50, the ladder's fits 45, bad inputs 45, the cluster 40, the optimizers 40, the model 35),
-# less what later commits took off (the model options 185 -> about 75 in groups; the real ladder to one worker) and
-# with the ladder's worker test (about 40). `--no-loadscope-reorder` keeps this order.
-FIRST_FILES = ("scenarios/test_finetune.py", "train/test_loop.py", "ladder/test_run.py", "models/test_sampling.py",
-               "train/test_training_options.py", "train/test_bf16_training.py", "devices/test_precision.py",
-               "execution/test_preemption.py", "models/test_model_options.py", "selfcheck/test_job.py",
-               "tools/test_hf.py", "scenarios/test_checkpoint_safety.py", "models/kernels/test_attention.py",
-               "devices/test_tpu.py", "data/test_inputs.py", "scenarios/test_multihost.py", "ladder/test_fit.py",
-               "scenarios/test_bad_inputs.py", "ladder/test_worker.py", "devices/test_cluster.py",
-               "models/test_optimizers.py", "models/test_gpt.py")
+# would find missing), then every other file of about 12 CPU seconds and more, longest first, so that no long file
+# starts last and runs alone while the other worker idles. The order follows CI's own figures (`.ci/run` ends with
+# every file's CPU seconds: tests/cpu_durations.py) from a fresh clone's run on a 2-core Zen 4 EPYC (2026-12-06,
+# f7d66de: the fine-tune 70, sampling 67, the loop 47, the real ladder 40, training options 38, preemption 33,
+# compiled decoding 33, HF conversions 32, model options 30, the selfcheck 30, the bf16 oracle 29, precision 27,
+# attention kernels 25, the TPU pods 23, the input pipeline 23, multi-host 21, checkpoint safety 20,
+# run_experiment 20, the cluster 19, the ladder's fits 18, bad inputs 17, the harness 17, the dry run 15, predict
+# and export 15, the harness model 14, infer's runner 14, the optimizers 14, the ladder's worker 14, the model 13,
+# decode kernels 13, GPT-Neo's configs 12); the files not named here are smaller and run after them.
+# `--no-loadscope-reorder` keeps this order.
+FIRST_FILES = ("scenarios/test_finetune.py", "models/test_sampling.py", "train/test_loop.py", "ladder/test_run.py",
+               "train/test_training_options.py", "execution/test_preemption.py", "models/test_compiled_decoding.py",
+               "tools/test_hf.py", "models/test_model_options.py", "selfcheck/test_job.py",
+               "train/test_bf16_training.py", "devices/test_precision.py", "models/kernels/test_attention.py",
+               "devices/test_tpu.py", "data/test_inputs.py", "scenarios/test_multihost.py",
+               "scenarios/test_checkpoint_safety.py", "test_run_experiment.py", "devices/test_cluster.py",
+               "ladder/test_fit.py", "scenarios/test_bad_inputs.py", "evals/test_harness.py", "plan/test_dry_run.py",
+               "scenarios/test_predict_export.py", "evals/test_harness_model.py", "infer/test_run.py",
+               "models/test_optimizers.py", "ladder/test_worker.py", "models/test_gpt.py",
+               "models/kernels/test_decode.py", "scenarios/test_gpt_neo_configs.py")
 
 
 def pytest_collection_modifyitems(config, items):
