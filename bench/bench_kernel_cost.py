@@ -3,7 +3,7 @@ profile left open (docs/measured.md: LayerNorm's forward at the bench shape took
 profile_train.py's traced step, 0.1 ms in a loop of its own).
 
     .venv/bin/python bench/bench_kernel_cost.py                          # LayerNorm's forward, bench shape (~4 min)
-    .venv/bin/python bench/bench_kernel_cost.py --kernel gelu --extra 4 --precision float32
+    .venv/bin/python bench/bench_kernel_cost.py --kernel gelu --extra 8 --precision float32
 
 No tracing: in the "extra" runs every call of the kernel in bench_train.py's training step (same model, shape,
 data and precision) is preceded by --extra more calls, a chain each on the last one's output, whose end the real
@@ -31,6 +31,7 @@ if __name__ == "__main__":
     quiet_tensorflow()
 
 import bench_train  # noqa: E402
+import worker  # noqa: E402
 from worker import MARK  # noqa: E402
 
 # kernel -> (models/kernels/elementwise.py's function, the width of its input: times n_embd)
@@ -131,8 +132,8 @@ def run_worker(kind: str, args, extra: int = 0) -> dict:
                str(args.alone_runs)]
     run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in run.stdout.splitlines() if line.startswith(MARK)]
-    if run.returncode or not lines:
-        raise RuntimeError(f"the {kind} worker failed (exit code {run.returncode}):\n{run.stderr[-3000:]}")
+    if run.returncode or not lines:  # as bench_train.run_worker: one error line, exit code 1
+        raise SystemExit(f"error: the {kind} worker failed (exit code {run.returncode}):\n{run.stderr[-3000:]}")
     return json.loads(lines[-1][len(MARK):])
 
 
@@ -173,7 +174,7 @@ def print_table(s: dict, args) -> None:
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", choices=sorted(KERNELS), default="layer_norm")
-    p.add_argument("--extra", type=int, default=32, help="extra calls before each call in the step")
+    p.add_argument("--extra", type=int, default=32, help="extra calls before each call in the step: enough that the step grows by well over its own spread (tens of ms; 2 extra LayerNorm calls gave 1.0 ms a call, 8 gave 0.39, 32 gave 0.48)")
     p.add_argument("--shape", choices=sorted(bench_train.SHAPES), default="bench")
     p.add_argument("--precision", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--warmup", type=int, default=3)
@@ -192,17 +193,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
-    if args.worker:
-        print(MARK + json.dumps(WORKERS[args.worker](args)), flush=True)
-        return 0
-    try:
-        s = measure(args)
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print_table(s, args)
-    return 0
+    return worker.main(parse(argv), WORKERS, measure, print_table)
 
 
 if __name__ == "__main__":
