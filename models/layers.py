@@ -14,7 +14,7 @@ import tensorflow.compat.v1 as tf
 
 from models.kernels import elementwise
 from models.kernels.matmul import bias_add, matmul
-from models.activations import activation_for
+from models.activations import activation_for, with_bias
 from schema import GPTConfig
 
 
@@ -80,8 +80,9 @@ def pre_norm(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType
 
 
 def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension | list, cfg: GPTConfig, dtype: mtf.VariableDType,
-          scale_for_residual: bool = False) -> mtf.Tensor:
-    """GPT-Neo's `linear`: a biased dense layer under `conv1d_main/<scope>/kernel|bias`.
+          scale_for_residual: bool = False, activation=None) -> mtf.Tensor:
+    """GPT-Neo's `linear`: a biased dense layer under `conv1d_main/<scope>/kernel|bias`, then
+    `activation(product, bias)` if given (activations.with_bias: GELU adds the bias in its own kernel).
 
     scale_by_depth shrinks the init of projections that feed the residual stream by 1/sqrt(n_layer);
     scale_by_in shrinks every projection by 1/sqrt(fan_in), as GPT-2 and GPT-Neo do.
@@ -96,7 +97,10 @@ def dense(x: mtf.Tensor, scope: str, new_dim: mtf.Dimension | list, cfg: GPTConf
         # mtf.layers.dense's variables (kernel [in, new...], bias [new...]), its product as one matmul
         kernel = variable(x.mesh, "kernel", [x.shape[-1]] + new_dims, dtype, stddev=stddev, seed=cfg.seed)
         y = matmul(x, mtf.cast(kernel, x.dtype), x.shape.dims[:-1] + new_dims)
-        return bias_add(y, variable(x.mesh, "bias", new_dims, dtype, constant=0.0))
+        bias = variable(x.mesh, "bias", new_dims, dtype, constant=0.0)
+        if activation is None:
+            return bias_add(y, bias)
+    return activation(y, bias)  # outside the scope: parametric activations' scalars sit beside the layer
 
 
 def mlp(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType, train: bool) -> mtf.Tensor:
@@ -114,7 +118,7 @@ def mlp(x: mtf.Tensor, scope: str, cfg: GPTConfig, dtype: mtf.VariableDType, tra
             both = dense(x, "c_fc", [glu, hidden], cfg, dtype)
             h = mtf.gather(both, 0, glu) * activation(mtf.gather(both, 1, glu))
         else:
-            h = activation(dense(x, "c_fc", hidden, cfg, dtype))
+            h = dense(x, "c_fc", hidden, cfg, dtype, activation=with_bias(activation, x.dtype))
         h = dense(h, "c_proj", x.shape[-1], cfg, dtype, scale_for_residual=True)
         return dropout(h, cfg.res_dropout, train)
 

@@ -11,6 +11,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums, stored, widened, xla_function
+from models.kernels.matmul import adds_as_bias, bias_add, bias_gradient
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -20,32 +21,65 @@ from models.kernels.common import f32, fused, reduced_mesh_axes, row_sums, store
 _GELU_C = math.sqrt(2 / math.pi)
 
 
+def _gelu_value(y):
+    """tanh-GELU of fp32 y."""
+    return y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y))))
+
+
+def _gelu_gradient(y, dy):
+    """dy * GELU'(y), fp32."""
+    t = tf.tanh(_GELU_C * (y + 0.044715 * y * y * y))
+    return dy * (0.5 * (1.0 + t) + 0.5 * y * (1.0 - t * t) * (_GELU_C * (1.0 + 3 * 0.044715 * y * y)))
+
+
 @xla_function
 def _gelu_forward(x):
-    y = widened(x)
-    return stored(y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y)))), x.dtype)
+    return stored(_gelu_value(widened(x)), x.dtype)
 
 
 @xla_function
 def _gelu_backward(x, dy):
-    x, dtype, dy = widened(x), dy.dtype, widened(dy)
-    t = tf.tanh(_GELU_C * (x + 0.044715 * x * x * x))
-    return stored(dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_GELU_C * (1.0 + 3 * 0.044715 * x * x))), dtype)
+    return stored(_gelu_gradient(widened(x), widened(dy)), dy.dtype)
 
 
-def gelu(x: mtf.Tensor) -> mtf.Tensor:
-    """mtf.gelu's tanh approximation (GPT-Neo's, HF's "gelu_new"), forward and gradient each one XLA-fused
-    pass over the [batch, sequence, 4 x embd] activations, where mtf.gelu's op-by-op formula makes ~8 passes
-    forward and ~20 backward (a sixth of a step on the benchmark model). Element-wise: any layout."""
+@xla_function
+def _bias_gelu_forward(x, b):
+    return stored(_gelu_value(widened(x) + widened(b)), x.dtype)
+
+
+@xla_function
+def _bias_gelu_backward(x, b, dy):
+    return stored(_gelu_gradient(widened(x) + widened(b), widened(dy)), dy.dtype)
+
+
+def gelu(x: mtf.Tensor, bias: mtf.Tensor | None = None) -> mtf.Tensor:
+    """mtf.gelu's tanh approximation (GPT-Neo's, HF's "gelu_new") of x, or of x + bias (bias: x's last
+    dimensions), forward and gradient each one XLA-fused pass over the [batch, sequence, 4 x embd] activations,
+    where mtf.gelu's op-by-op formula makes ~8 passes forward and ~20 backward (a sixth of a step on the
+    benchmark model). With a bias the add is in the same pass (the MLP's c_fc bias: one pass over the widest
+    activations fewer each way), and the bias gradient is the input gradient's row sums as a product with a row
+    of ones (matmul.bias_add's). Element-wise: any layout."""
     dims = x.shape.dims
+    if bias is not None and not adds_as_bias(x, bias):
+        x, bias = bias_add(x, bias), None
+    if bias is None:
+        def grad_function(op, dy):
+            return [mtf.slicewise(lambda x_, dy_: fused(_gelu_backward, x_, dy_), [op.inputs[0], dy],
+                                  output_shape=x.shape, output_dtype=x.dtype, splittable_dims=dims, grad_function=0,
+                                  name="gelu_grad")]
 
-    def grad_function(op, dy):
-        return [mtf.slicewise(lambda x_, dy_: fused(_gelu_backward, x_, dy_), [op.inputs[0], dy],
-                              output_shape=x.shape, output_dtype=x.dtype, splittable_dims=dims, grad_function=0,
-                              name="gelu_grad")]
+        return mtf.slicewise(lambda x_: fused(_gelu_forward, x_), [x], output_shape=x.shape, output_dtype=x.dtype,
+                             splittable_dims=dims, grad_function=grad_function, name="gelu")
 
-    return mtf.slicewise(lambda x_: fused(_gelu_forward, x_), [x], output_shape=x.shape, output_dtype=x.dtype,
-                         splittable_dims=dims, grad_function=grad_function, name="gelu")
+    def biased_grad_function(op, dy):
+        dx = mtf.slicewise(lambda x_, b_, dy_: fused(_bias_gelu_backward, x_, b_, dy_), [op.inputs[0], op.inputs[1], dy],
+                           output_shape=x.shape, output_dtype=x.dtype, splittable_dims=dims, grad_function=0,
+                           name="bias_gelu_grad")
+        return [dx, bias_gradient(dx, bias)]
+
+    return mtf.slicewise(lambda x_, b_: fused(_bias_gelu_forward, x_, b_), [x, bias], output_shape=x.shape,
+                         output_dtype=x.dtype, splittable_dims=dims, grad_function=biased_grad_function,
+                         name="bias_gelu")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -157,17 +157,27 @@ def matmul(a: mtf.Tensor, b: mtf.Tensor, output_shape) -> mtf.Tensor:
     return MatmulOperation(a, b, output_shape).outputs[0]
 
 
-def bias_add(y: mtf.Tensor, bias: mtf.Tensor) -> mtf.Tensor:
-    """y + bias, where bias's dimensions are y's last ones; the bias gradient (dy summed over the other
-    dimensions) is a product with a row of ones (MatmulOperation, all-reduced where the layout splits those
-    dimensions): TF's column reduction of the MLP's [tokens, 4 x embd] gradient was 7x slower on a 2-core AVX2
-    CPU (models/kernels/common.row_sums)."""
+def adds_as_bias(y: mtf.Tensor, bias: mtf.Tensor) -> bool:
+    """Whether bias's dimensions are y's last ones (and there are others to sum its gradient over), same dtype."""
     summed = y.shape.dims[:y.shape.ndims - bias.shape.ndims]
-    if not summed or y.shape.dims[len(summed):] != bias.shape.dims or y.dtype != bias.dtype:
+    return bool(summed) and y.shape.dims[len(summed):] == bias.shape.dims and y.dtype == bias.dtype
+
+
+def bias_gradient(dy: mtf.Tensor, bias: mtf.Tensor) -> mtf.Tensor:
+    """dy summed over every dimension but bias's, as a product with a row of ones (MatmulOperation, all-reduced
+    where the layout splits the summed dimensions): TF's column reduction of the MLP's [tokens, 4 x embd]
+    gradient was 7x slower on a 2-core AVX2 CPU (models/kernels/common.row_sums)."""
+    summed = dy.shape.dims[:dy.shape.ndims - bias.shape.ndims]
+    return matmul(mtf.ones(dy.mesh, summed, dy.dtype), dy, bias.shape)
+
+
+def bias_add(y: mtf.Tensor, bias: mtf.Tensor) -> mtf.Tensor:
+    """y + bias, where bias's dimensions are y's last ones; its gradient is `bias_gradient`."""
+    if not adds_as_bias(y, bias):
         return y + bias
 
     def grad_function(op, dy):
-        return [dy, matmul(mtf.ones(dy.mesh, summed, dy.dtype), dy, bias.shape)]
+        return [dy, bias_gradient(dy, bias)]
 
     return mtf.slicewise(lambda y_, b_: y_ + b_, [y, bias], output_shape=y.shape, output_dtype=y.dtype,
                          splittable_dims=y.shape.dims, grad_function=grad_function, name="bias_add")
