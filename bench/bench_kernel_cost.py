@@ -4,6 +4,7 @@ profile_train.py's traced step, 0.1 ms in a loop of its own).
 
     .venv/bin/python bench/bench_kernel_cost.py                          # LayerNorm's forward, bench shape (~4 min)
     .venv/bin/python bench/bench_kernel_cost.py --kernel gelu --extra 8 --precision float32
+    .venv/bin/python bench/bench_kernel_cost.py --kernel bias_gelu       # bf16 MLPs add c_fc's bias in GELU's kernel
 
 No tracing: in the "extra" runs every call of the kernel in bench_train.py's training step (same model, shape,
 data and precision) is preceded by --extra more calls, a chain each on the last one's output, whose end the real
@@ -11,7 +12,8 @@ call reads: all on the step's critical path, so the untraced step grows by
 what those calls cost where they run: (fastest step with extra - fastest plain step) / (extra calls per step).
 Plain and extra runs alternate, each a process of its own (--repeats pairs). The "alone" line times the same
 chain of calls on a tensor of the step's shape in a graph of its own (no training around it): the per-call
-difference between chains of 1 and 1 + --alone_calls calls.
+difference between chains of 1 and 1 + --alone_calls calls, with TF's intra-op threads (one a core) and with one:
+whether XLA:CPU splits the kernel over the cores (it splits loop fusions, not fusions with row reductions).
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ import worker  # noqa: E402
 from worker import MARK  # noqa: E402
 
 # kernel -> (models/kernels/elementwise.py's function, the width of its input: times n_embd)
-KERNELS = {"layer_norm": ("_layer_norm_forward", 1), "gelu": ("_gelu_forward", 4)}
+KERNELS = {"layer_norm": ("_layer_norm_forward", 1), "gelu": ("_gelu_forward", 4),
+           "bias_gelu": ("_bias_gelu_forward", 4)}
 
 
 class Repeated:
@@ -88,17 +91,22 @@ def kernel_inputs(kernel: str, args, tf):
     x = variable(rng.randn(args.batch * args.n_ctx, width))
     if kernel == "layer_norm":
         return x, variable(np.ones(width)), variable(np.zeros(width)), 1e-5
+    if kernel == "bias_gelu":
+        return x, variable(rng.randn(width))
     return (x,)
 
 
 def worker_alone(args) -> dict:
     """ms per call of the kernel alone: chains of 1 and 1 + args.alone_calls calls (Repeated), the median of
-    args.alone_runs session calls each, on one CPU device as the step runs."""
+    args.alone_runs session calls each, on one CPU device as the step runs, with args.alone_threads intra-op
+    threads (0: TF's default, one a core)."""
     import models  # noqa: F401
     import tensorflow.compat.v1 as tf
     from devices.placement import Placement, configure
     from models.kernels import elementwise
 
+    if args.alone_threads:  # before anything initialises TF's context: the threads its devices' pools get
+        tf.config.threading.set_intra_op_parallelism_threads(args.alone_threads)
     placement = Placement(tuple(configure(["device:CPU:0"])))
     kernel = getattr(elementwise, KERNELS[args.kernel][0])
     medians = {}
@@ -125,11 +133,11 @@ def worker_alone(args) -> dict:
 WORKERS = {"train": worker_train, "alone": worker_alone}
 
 
-def run_worker(kind: str, args, extra: int = 0) -> dict:
+def run_worker(kind: str, args, extra: int = 0, threads: int = 0) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--kernel", args.kernel, "--extra",
                str(extra), "--shape", args.shape, "--precision", args.precision, "--warmup", str(args.warmup),
                "--steps", str(args.steps), "--alone_calls", str(args.alone_calls), "--alone_runs",
-               str(args.alone_runs)]
+               str(args.alone_runs), "--alone_threads", str(threads)]
     run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in run.stdout.splitlines() if line.startswith(MARK)]
     if run.returncode or not lines:  # as bench_train.run_worker: one error line, exit code 1
@@ -152,9 +160,13 @@ def measure(args) -> dict:
         for runs, count in ((plain, 0), (extra, args.extra)):
             print(f"  repeat {repeat + 1}/{args.repeats}: step with {count} extra calls ...", flush=True)
             runs.append(run_worker("train", args, count))
+            if count and not runs[-1]["calls_per_step"]:
+                raise SystemExit(f"error: the {args.precision} step never calls {KERNELS[args.kernel][0]}: pick "
+                                 f"the kernel it runs (bf16 MLPs run bias_gelu, fp32 ones gelu)")
     print("  the kernel alone ...", flush=True)
-    alone = run_worker("alone", args)
-    return {"plain": plain, "extra": extra, "alone": alone, "in_step_ms_per_call": per_call_ms(plain, extra)}
+    alone, alone_one = run_worker("alone", args), run_worker("alone", args, threads=1)
+    return {"plain": plain, "extra": extra, "alone": alone, "alone_one_thread": alone_one,
+            "in_step_ms_per_call": per_call_ms(plain, extra)}
 
 
 def print_table(s: dict, args) -> None:
@@ -168,7 +180,8 @@ def print_table(s: dict, args) -> None:
         print(f"  step, {name:<5}: median {1000 * statistics.median(steps):.1f} ms, min {1000 * min(steps):.1f} ms "
               f"({len(steps)} steps, {len(s[name])} runs)")
     print(f"  {args.kernel} in the step: {s['in_step_ms_per_call']:.3f} ms a call (untraced); alone: "
-          f"{s['alone']['ms_per_call']:.3f} ms a call")
+          f"{s['alone']['ms_per_call']:.3f} ms a call, {s['alone_one_thread']['ms_per_call']:.3f} on one intra-op "
+          f"thread")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -182,6 +195,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="pairs of plain and extra runs, interleaved")
     p.add_argument("--alone_calls", type=int, default=64)
     p.add_argument("--alone_runs", type=int, default=20)
+    p.add_argument("--alone_threads", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     shaped = bench_train.parse(["--shape", args.shape, "--precision", args.precision, "--warmup", str(args.warmup),
