@@ -88,3 +88,23 @@ def test_auto_jit_rows_compare_each_mode_with_the_same_variants_default():
     assert rows["float32", "auto_jit"]["to_first_step_s"] == 40.0
     assert rows["float32", "auto_jit"]["warmup_steps_s"] == 3.0
     assert rows["float32", "auto_jit"]["loss_difference"] == pytest.approx(0.001)
+
+
+def test_a_relative_peer_python_is_resolved_before_the_workers_run_in_the_peer_repo(tmp_path, monkeypatch):
+    """The peer's workers run with the peer checkout as their working folder, so `.venv/bin/python` given from
+    this checkout named nothing there (a FileNotFoundError traceback after the first measurement): it is made
+    absolute first, and a Python that is not there is one error line before anything runs."""
+    venv = tmp_path / "here" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    monkeypatch.chdir(tmp_path / "here")
+    args = bench_train.parse(["--skip_hf", "--peer_python", ".venv/bin/python", "--peer_repo", str(tmp_path)])
+    monkeypatch.setattr("devices.precision.cpu_info", lambda: (_ for _ in ()).throw(RuntimeError("ran on")))
+    with pytest.raises(RuntimeError, match="ran on"):  # past the check: the peer's Python is resolved
+        bench_train.measure(args)
+    assert args.peer_python == str(python)
+    args = bench_train.parse(["--skip_hf", "--peer_python", "nowhere/python", "--peer_repo", str(tmp_path)])
+    with pytest.raises(SystemExit, match="^error: --peer_python nowhere/python is not an executable"):
+        bench_train.measure(args)
