@@ -56,9 +56,9 @@ def gelu(x: mtf.Tensor, bias: mtf.Tensor | None = None) -> mtf.Tensor:
     """mtf.gelu's tanh approximation (GPT-Neo's, HF's "gelu_new") of x, or of x + bias (bias: x's last
     dimensions), forward and gradient each one XLA-fused pass over the [batch, sequence, 4 x embd] activations,
     where mtf.gelu's op-by-op formula makes ~8 passes forward and ~20 backward (a sixth of a step on the
-    benchmark model). With a bias the add is in the same pass (the MLP's c_fc bias: one pass over the widest
-    activations fewer each way), and the bias gradient is the input gradient's row sums as a product with a row
-    of ones (matmul.bias_add's). Element-wise: any layout."""
+    benchmark model). With a bias the add is in the forward kernel's pass, in fp32 (the MLP's c_fc bias: one
+    pass over the widest activations fewer), the backward kernel adds it again rather than keep the sum, and the
+    bias gradient is the input gradient's row sums (matmul.bias_gradient). Element-wise: any layout."""
     dims = x.shape.dims
     if bias is not None and not adds_as_bias(x, bias):
         x, bias = bias_add(x, bias), None
