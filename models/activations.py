@@ -117,10 +117,8 @@ def activation_for(name: str, dtype: tf.DType):
 
 def with_bias(fn, dtype: tf.DType):
     """`fn` of a biased product, as a function of (product, bias). Under 16-bit activations GELU's kernel adds the
-    bias in its own pass, in fp32: TF's separate bf16 add was a slow pass over the MLP's widest activations (the
-    bench shape's bf16 step 1.04x faster without it, median of 7 paired repeats, 2026-12-06, AVX-512 EPYC). In
-    fp32 TF's add runs at the bandwidth and the fused bias gained nothing (0.99x), so it stays a pass of its own;
-    any other activation adds the bias first."""
+    bias in its own pass, in fp32 (TF's separate bf16 add was a slow pass over the MLP's widest activations:
+    docs/speed.md); in fp32 TF's add is as fast, so it stays a pass of its own, as for every other activation."""
     if fn is gelu and dtype != tf.float32:
         return gelu
     return lambda y, bias: fn(bias_add(y, bias))
