@@ -382,9 +382,10 @@ def measure(args) -> dict:
         raise SystemExit("error: --peer_python and --peer_repo go together")
     if args.peer_python:  # the peer's workers run in --peer_repo: a relative path would be looked up from there
         found = shutil.which(args.peer_python)
-        if not found or not os.path.isdir(args.peer_repo):
-            raise SystemExit(f"error: --peer_python {args.peer_python} is not an executable or --peer_repo "
-                             f"{args.peer_repo} not a folder: give the peer's Python and its checkout")
+        if not found:
+            raise SystemExit(f"error: --peer_python {args.peer_python} is not an executable: give the peer's Python")
+        if not os.path.isdir(args.peer_repo):
+            raise SystemExit(f"error: --peer_repo {args.peer_repo} is not a folder: give the peer's checkout")
         args.peer_python = os.path.abspath(found)
     if args.warmup < 1 or args.steps < 1:
         raise SystemExit(f"error: --warmup and --steps must be at least 1 (got {args.warmup} and {args.steps}): the "

@@ -93,7 +93,8 @@ def test_auto_jit_rows_compare_each_mode_with_the_same_variants_default():
 def test_a_relative_peer_python_is_resolved_before_the_workers_run_in_the_peer_repo(tmp_path, monkeypatch):
     """The peer's workers run with the peer checkout as their working folder, so `.venv/bin/python` given from
     this checkout named nothing there (a FileNotFoundError traceback after the first measurement): it is made
-    absolute first, and a Python that is not there is one error line before anything runs."""
+    absolute first, and a Python or a checkout that is not there is one error line naming it, before anything
+    runs."""
     venv = tmp_path / "here" / ".venv" / "bin"
     venv.mkdir(parents=True)
     python = venv / "python"
@@ -107,4 +108,7 @@ def test_a_relative_peer_python_is_resolved_before_the_workers_run_in_the_peer_r
     assert args.peer_python == str(python)
     args = bench_train.parse(["--skip_hf", "--peer_python", "nowhere/python", "--peer_repo", str(tmp_path)])
     with pytest.raises(SystemExit, match="^error: --peer_python nowhere/python is not an executable"):
+        bench_train.measure(args)
+    args = bench_train.parse(["--skip_hf", "--peer_python", ".venv/bin/python", "--peer_repo", "no/checkout"])
+    with pytest.raises(SystemExit, match="^error: --peer_repo no/checkout is not a folder"):
         bench_train.measure(args)
