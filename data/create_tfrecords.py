@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import glob as globlib
 import hashlib
@@ -538,6 +539,20 @@ def _write_examples(examples: list, output_dir: str, name: str, index: int) -> s
 _worker_state: dict = {}
 
 
+@contextlib.contextmanager
+def _sigterm_held():
+    """SIGTERM blocked in this thread inside, so that the workers forked there start with it blocked, and the
+    previous mask back after. A SIGTERM that reached a worker before its own handling was in place was lost:
+    CPython clears the signals a child received while it was being forked, and pool.terminate() sends SIGTERM as
+    soon as the work is done, which a slow fork (a parent of several GB) can outlast; the pool then waited for
+    that worker forever (the test suite hung there). Blocked, the signal waits for the worker to unblock it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _initialise_worker(tokenizer_path: str, pretrained: bool, settings: EncodingSettings, output_dir: str) -> None:
     _quiet_on_interruption()
     _worker_state.update(tokenizer=load_tokenizer(tokenizer_path, pretrained), settings=settings, output_dir=output_dir)
@@ -550,6 +565,8 @@ def _quiet_on_interruption() -> None:
     when it next sends a result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler (main's) is inherited through fork
+    # blocked since the fork (_sigterm_held): a SIGTERM sent meanwhile ends the worker now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -581,7 +598,9 @@ def _process_groups_in_pool(pending_groups, tokenizer, settings, output_dir, pro
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers inherit it: processes already use the cores
     try:
-        with context.Pool(processes, _initialise_worker, (tokenizer.path, tokenizer.pretrained, settings, output_dir)) as pool:
+        with _sigterm_held():  # until each worker can end on it (_quiet_on_interruption)
+            pool = context.Pool(processes, _initialise_worker, (tokenizer.path, tokenizer.pretrained, settings, output_dir))
+        with pool:
             for item in pending_groups:
                 if isinstance(item, Summary):
                     in_flight.append(item)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 import lm_dataformat
 import pytest
@@ -206,6 +207,34 @@ def test_a_full_disk_is_one_line_keeps_the_finished_files_and_resumes(tmp_path, 
     assert outputs(out) == outputs(tmp_path / "fresh")
     for name in outputs(out):
         assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
+
+
+def test_workers_start_with_sigterm_held_until_it_ends_them(tmp_path, monkeypatch):
+    """The pool's workers are forked with SIGTERM blocked and unblock it once it ends them (data/create_tfrecords.py,
+    `_sigterm_held`): a pool.terminate() that reached a worker still being forked was lost (CPython clears a
+    child's pending signals after the fork), and the pool waited for that worker forever (the whole suite hung
+    there once, its worker process at 3 GB). Bugs caught: the parent not blocking it (a worker's mask at its start
+    lacks it), a worker not unblocking it (its mask after the initialiser holds it: a terminate() would never end
+    it), the parent's mask not put back."""
+    seen = tmp_path / "masks"
+    seen.mkdir()
+    real = ct._initialise_worker
+
+    def recording(*args):
+        before = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        real(*args)
+        after = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        (seen / str(os.getpid())).write_text(json.dumps([before, after]))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # with the second bug: the test fails, not hangs
+
+    monkeypatch.setattr(ct, "_initialise_worker", recording)
+    write_txt_folder(tmp_path / "in", [3, 4, 5, 6, 7, 8])
+    run(tmp_path / "in", tmp_path / "out", files_per=2, processes=2)
+    # a worker that the pool's terminate() reaches in its initialiser (the other did all the work) ends there
+    # without a record: that is the case this guards, now ended instead of waited for
+    records = [json.loads(path.read_text()) for path in seen.iterdir()]
+    assert records and all(record == [True, False] for record in records), records
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
