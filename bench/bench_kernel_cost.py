@@ -160,7 +160,7 @@ def measure(args) -> dict:
         for runs, count in ((plain, 0), (extra, args.extra)):
             print(f"  repeat {repeat + 1}/{args.repeats}: step with {count} extra calls ...", flush=True)
             runs.append(run_worker("train", args, count))
-            if count and not runs[-1]["calls_per_step"]:
+            if not runs[-1]["calls_per_step"]:  # the plain run counts the calls too: known after the first run
                 raise SystemExit(f"error: the {args.precision} step never calls {KERNELS[args.kernel][0]}: pick "
                                  f"the kernel it runs (bf16 MLPs run bias_gelu, fp32 ones gelu)")
     print("  the kernel alone ...", flush=True)

@@ -53,8 +53,10 @@ def test_the_command_line_takes_bench_trains_shapes():
 def test_a_kernel_the_step_never_calls_is_an_error_not_a_division_by_zero(monkeypatch):
     """bf16 MLPs add c_fc's bias inside GELU's kernel (`bias_gelu`), so `--kernel gelu` at bf16 finds no call to
     chain: one error line naming the kernel to pick, not a ZeroDivisionError after minutes of steps."""
-    monkeypatch.setattr(bench_kernel_cost, "run_worker",
-                        lambda kind, args, extra=0, threads=0: {"step_times": [0.9], "extra": extra, "calls_per_step": 0})
+    runs = []
+    monkeypatch.setattr(bench_kernel_cost, "run_worker", lambda kind, args, extra=0, threads=0: runs.append(extra) or
+                        {"step_times": [0.9], "extra": extra, "calls_per_step": 0})
     args = bench_kernel_cost.parse(["--kernel", "gelu", "--repeats", "1"])
     with pytest.raises(SystemExit, match="^error: the bfloat16 step never calls _gelu_forward: .*bias_gelu"):
         bench_kernel_cost.measure(args)
+    assert runs == [0]  # after the first (plain) run, which counts the calls too
