@@ -10,10 +10,11 @@ stateless draw, so the same tokens for a seed) into one program, launched once p
 
 It reads the weights as the mesh's variables hand them to the model (fp32, or bf16 under `precision: bfloat16`,
 cast once per generation), so it needs every weight whole on one device: one-device meshes. It computes in
-fp32 in either precision: bf16 weights are widened once per generation (the values bf16 gives, each product and
-sum in fp32). Reading them as bf16 in every token's products was slower on a 2-core AVX-512-bf16 EPYC (XLA:CPU's
-bf16 matrix-vector products: 12.0 against 9.4 CPU ms a token on the bench model; written as a fused multiply and
-sum over the widened weights, 19-21; 2026-12-04). Supported: GPT-Neo's
+fp32 in either precision (the values bf16 gives, each product and sum in fp32). On a CPU the step's
+matrix-vector products are models/kernels/native.py's custom calls, which read the weights as stored (bf16:
+half the bytes) on every core; the prefill's products, and the step's where the native library is unavailable,
+are XLA's over weights widened once per generation (XLA:CPU's own bf16 matrix-vector products were slower than
+fp32 ones on a 2-core AVX-512-bf16 EPYC: 12.0 against 9.4 CPU ms a token on the bench model, 2026-12-04). Supported: GPT-Neo's
 own model (global and local attention, LayerNorm, GELU MLP, learned positions, tied or untied output), in
 float32 or bfloat16, with every sampling option (temperature, top-k, top-p, entmax, stop ids, per-row prompt
 lengths, remove_partial_sequences). `compiled_decoding: false` (or `--no_compiled_decoding`) keeps the mtf loop.
@@ -35,6 +36,7 @@ import tensorflow.compat.v1 as tf
 from tensorflow.compiler.tf2xla.python import xla
 
 from models.attention import uses_cache
+from models.kernels import native
 from models.kernels.common import MASKED, widened, xla_kernels
 from models.kernels.elementwise import _GELU_C
 from models.token_choice import choose_tokens_tf, is_one_of_tf
@@ -83,21 +85,42 @@ def _gelu(y):
     return y * (0.5 * (1.0 + tf.tanh(_GELU_C * (y + 0.044715 * y * y * y))))
 
 
-def _dense(x, kernel, bias=None):
-    """x [..., in] @ kernel [in, out] (+ bias), fp32."""
-    y = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
-    y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [kernel.shape[-1]]], 0))
+@dataclasses.dataclass(frozen=True)
+class _Matrix:
+    """A weight matrix as stored (fp32 or bf16: the native products read it) and widened to fp32 (XLA's products;
+    XLA computes it only where one of them reads it)."""
+    stored: tf.Tensor
+
+    @property
+    def wide(self):
+        return widened(self.stored)
+
+
+def _dense(x, kernel: _Matrix, bias=None, native_products: bool = False, transposed: bool = False):
+    """x [..., in] @ kernel [in, out] (or kernel [out, in] transposed) (+ bias), fp32. A few rows (a decoding
+    step's) with `native_products` are the native library's product over the stored weights, more rows XLA's."""
+    x2 = tf.reshape(x, [-1, x.shape[-1]])
+    rows = x2.shape[0]
+    if native_products and rows is not None and rows <= native.MAX_ROWS:
+        y = native.product(x2, kernel.stored, transposed)
+    else:
+        y = tf.matmul(x2, kernel.wide, transpose_b=transposed)
+    out = kernel.stored.shape[0] if transposed else kernel.stored.shape[1]
+    y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [out]], 0))
     return y if bias is None else y + bias
 
 
 class _Model:
-    """The weights by role, in fp32, from {variable name: tensor} (fp32, or bf16 under `precision: bfloat16`:
-    widened once per generation, see the module docstring)."""
+    """The weights by role from {variable name: tensor} (fp32, or bf16 under `precision: bfloat16`): matrices as
+    `_Matrix`, vectors widened to fp32 (see the module docstring). `native_products`: the step's matrix-vector
+    products are models/kernels/native.py's."""
 
-    def __init__(self, cfg: GPTConfig, weights: dict):
+    def __init__(self, cfg: GPTConfig, weights: dict, native_products: bool = False):
         self.cfg = cfg
+        self.native = native_products
         w = lambda name: widened(weights["gpt2/" + name])  # noqa: E731
-        self.wte, self.wpe = w("wte"), w("wpe")
+        m = lambda name: _Matrix(weights["gpt2/" + name])  # noqa: E731
+        self.wte, self.wpe = m("wte"), m("wpe")
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"h{i}/"
@@ -105,13 +128,13 @@ class _Model:
                 kind=cfg.attention_types[i],
                 ln1=(w(p + "norm_1/g"), w(p + "norm_1/b")), ln2=(w(p + "norm_2/g"), w(p + "norm_2/b")),
                 # q, k and v side by side: one product a token (stacked once per generation)
-                qkv=tf.concat([w(p + "attn/q"), w(p + "attn/k"), w(p + "attn/v")], axis=1),
-                o=w(p + "attn/o"), o_b=w(p + "attn/compute_output_bias/o_b"),
-                fc=(w(p + "mlp/conv1d_main/c_fc/kernel"), w(p + "mlp/conv1d_main/c_fc/bias")),
-                proj=(w(p + "mlp/conv1d_main/c_proj/kernel"), w(p + "mlp/conv1d_main/c_proj/bias"))))
+                qkv=_Matrix(tf.concat([weights[f"gpt2/{p}attn/{n}"] for n in "qkv"], axis=1)),
+                o=m(p + "attn/o"), o_b=w(p + "attn/compute_output_bias/o_b"),
+                fc=(m(p + "mlp/conv1d_main/c_fc/kernel"), w(p + "mlp/conv1d_main/c_fc/bias")),
+                proj=(m(p + "mlp/conv1d_main/c_proj/kernel"), w(p + "mlp/conv1d_main/c_proj/bias"))))
         self.ln_f = (w("ln_f/g"), w("ln_f/b"))
         if cfg.no_weight_tie:
-            self.out = (w("wte_final_linear/conv1d_main/linear_out/kernel"),
+            self.out = (m("wte_final_linear/conv1d_main/linear_out/kernel"),
                         w("wte_final_linear/conv1d_main/linear_out/bias"))
         else:
             self.out = None
@@ -119,20 +142,26 @@ class _Model:
     def window(self, kind: str) -> Optional[int]:
         return self.cfg.local_attention_radius if kind == "local" else None
 
+    def dense(self, x, kernel: _Matrix, bias=None, transposed: bool = False):
+        return _dense(x, kernel, bias, self.native, transposed)
+
+    def embed(self, tokens, positions):
+        """The token and position embeddings' rows, fp32 (only the rows read are widened)."""
+        return widened(tf.gather(self.wte.stored, tokens)) + widened(tf.gather(self.wpe.stored, positions))
+
     def logits(self, h):
         """h [..., embd] fp32 -> logits [..., vocab] fp32."""
         h = _layer_norm(h, *self.ln_f)
         if self.out is not None:
-            return _dense(h, *self.out)
-        y = tf.matmul(tf.reshape(h, [-1, h.shape[-1]]), self.wte, transpose_b=True)
-        return tf.reshape(y, tf.concat([tf.shape(h)[:-1], [self.wte.shape[0]]], 0))
+            return self.dense(h, *self.out)
+        return self.dense(h, self.wte, transposed=True)
 
     def mlp(self, x, layer):
-        return _dense(_gelu(_dense(_layer_norm(x, *layer["ln2"]), *layer["fc"])), *layer["proj"])
+        return self.dense(_gelu(self.dense(_layer_norm(x, *layer["ln2"]), *layer["fc"])), *layer["proj"])
 
     def qkv(self, x, layer):
         """x [..., embd] -> q, k, v [..., heads, kv] fp32."""
-        y = _dense(_layer_norm(x, *layer["ln1"]), layer["qkv"])
+        y = self.dense(_layer_norm(x, *layer["ln1"]), layer["qkv"])
         y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [3, self.cfg.n_head, self.cfg.head_size]], 0))
         return tf.unstack(y, axis=-3)
 
@@ -151,7 +180,7 @@ def _prefill(model: _Model, tokens, span: int, length: int):
     the loop's state), each into a buffer of its own, and copied every global layer's cache twice a token (48 of
     the bench model's ~90 MB a token)."""
     cfg = model.cfg
-    x = tf.gather(model.wte, tokens[:, :span]) + model.wpe[:span][None]
+    x = model.embed(tokens[:, :span], tf.range(span)[None])
     query = tf.range(span)[:, None]
     memory = tf.range(span)[None, :]
     caches = []
@@ -164,7 +193,7 @@ def _prefill(model: _Model, tokens, span: int, length: int):
         bias = tf.cast(hidden, tf.float32) * MASKED
         a = tf.transpose(_attend(q, k, v, bias), [0, 2, 1, 3])                      # [batch, span, heads, kv]
         a = tf.reshape(a, tf.concat([tf.shape(a)[:2], [cfg.n_embd]], 0))
-        x = x + _dense(a, layer["o"], layer["o_b"])
+        x = x + model.dense(a, layer["o"], layer["o_b"])
         x = x + model.mlp(x, layer)
         pad = [[0, 0], [0, length - span], [0, 0]]
         caches += [tf.pad(tf.reshape(t, [-1, span, cfg.head_size]), pad) for t in (k, v)]
@@ -181,7 +210,7 @@ def _step(model: _Model, token, position, caches):
     a token (48 of the bench model's ~90 MB a token)."""
     cfg = model.cfg
     query = position - 1
-    x = tf.gather(model.wte, token) + tf.gather(model.wpe, query)[None]
+    x = model.embed(token, query[None])
     new_caches = []
     for i, layer in enumerate(model.layers):
         q, k, v = (tf.reshape(t, [-1, 1, cfg.head_size]) for t in model.qkv(x, layer))  # [batch * heads, 1, kv]
@@ -213,7 +242,7 @@ def _step(model: _Model, token, position, caches):
             a = tf.switch_case(branch, [lambda n=n: attend(k_cache[:, :n], v_cache[:, :n], tf.range(n)) for n in sizes])
         else:
             a = attend(k_rows, v_rows, memory)
-        x = x + _dense(tf.reshape(a, [-1, cfg.n_embd]), layer["o"], layer["o_b"])
+        x = x + model.dense(tf.reshape(a, [-1, cfg.n_embd]), layer["o"], layer["o_b"])
         x = x + model.mlp(x, layer)
         # query itself, computed from the attention's output: the writes then depend on the reads, so XLA orders
         # them after and writes in place (reads and writes unordered, it copied each cache twice a token)
@@ -223,11 +252,12 @@ def _step(model: _Model, token, position, caches):
     return model.logits(x), new_caches
 
 
-def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_lengths, seeds, *weights):
+def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_lengths, seeds, *weights,
+             native_products: bool = False):
     """models/sampling.sample's loop on TF tensors: tokens [batch, length] int32, prompt_lengths and seeds [batch]
     int32, the weights in the order of `names` -> (tokens, lengths) as `sample` returns them. The prefill runs
-    over the first `span` positions."""
-    model = _Model(cfg, dict(zip(names, weights)))
+    over the first `span` positions; `native_products`: the step's products are the native library's."""
+    model = _Model(cfg, dict(zip(names, weights)), native_products)
     batch, length = tokens.shape.as_list()
     caches = _prefill(model, tokens, span, length)
     start = tf.reduce_min(prompt_lengths)
@@ -283,9 +313,13 @@ class CompiledSampleOperation(mtf.Operation):
         if mesh_impl.size != 1:
             raise ValueError(f"compiled decoding runs on one device, not a mesh of {mesh_impl.size}")
         cfg, options, span, names = self._cfg, self._options, self._span, self._names
+        devices = getattr(mesh_impl, "devices", None) or []
+        on_cpu = bool(devices) and all("CPU" in d.upper() for d in devices)  # custom calls registered for the host
+        native_products = on_cpu and native.library() is not None
 
         def run(*args):
-            fn = tf.function(lambda *a: generate(cfg, options, span, names, *a), jit_compile=True, autograph=False)
+            fn = tf.function(lambda *a: generate(cfg, options, span, names, *a, native_products=native_products),
+                             jit_compile=True, autograph=False)
             return tuple(fn(*args))
 
         outputs = mesh_impl.slicewise(run, *(lowering.tensors[t] for t in self.inputs))

@@ -89,3 +89,24 @@ def test_mesh_tensorflow_finds_its_tensor_conversion_registration():
     assert callable(getattr(ops, "register_tensor_conversion_function", None)), GONE.format(
         tf.__version__, "tensorflow.python.framework.ops.register_tensor_conversion_function",
         "mesh-tensorflow cannot be imported")
+
+
+def test_xla_cpu_calls_a_host_target_registered_through_the_exported_registry():
+    """models/kernels/native.py registers its C++ products with XLA's custom-call registry through two functions
+    libtensorflow_cc.so.2 exports (xla::CustomCallTargetRegistry::Global and ::Register) and calls them with the
+    XlaCustomCallV2 op (tensorflow.compiler.tf2xla.ops.gen_xla_ops), whose custom call passes the status-returning
+    signature. A product inside an XLA program gives NumPy's value."""
+    import shutil
+
+    import pytest
+
+    from models.kernels import native
+    if not any(shutil.which(name) for name in ("g++", "c++")):
+        pytest.skip("no C++ compiler here: the native kernels cannot be built")
+    assert native.library() is not None, GONE.format(tf.__version__, "XLA's custom-call registry or XlaCustomCallV2",
+                                                     native.why_not())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    with tf.Graph().as_default(), tf.Session() as session:
+        program = tf.function(lambda x, w: native.product(x, w), jit_compile=True, autograph=False)
+        np.testing.assert_array_equal(session.run(program(tf.constant(x), tf.constant(w))), x @ w)

@@ -58,6 +58,9 @@ def test_compiled_tokens_are_the_mtf_loops(cfg, predictor, rows, options):
     np.testing.assert_array_equal(compiled["lengths"], mtf_loop["lengths"])
     if "stop_ids" in options:  # some row stopped early at one of the ids, so the stops were exercised
         assert (mtf_loop["lengths"] < MAX_NEW).any()
+    # on these CPU devices the compiled program's steps call the native products (models/kernels/native.py)
+    graph = predictor._shared[0]
+    assert any(node.op == "XlaCustomCallV2" for f in graph.as_graph_def().library.function for node in f.node_def)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -112,15 +115,16 @@ def numpy_logits(cfg, w, tokens) -> np.ndarray:
     return norm(x, "gpt2/ln_f") @ w["gpt2/wte"].T
 
 
-def compiled_step_logits(cfg, weights, tokens, span, dtype):
+def compiled_step_logits(cfg, weights, tokens, span, dtype, native_products=False):
     """The compiled path's logits for positions span + 1 .. len(tokens) of one row (a prefill over `span`, then
-    one step per position), the weights in `dtype` -> [len(tokens) - span, vocab]."""
+    one step per position), the weights in `dtype` -> [len(tokens) - span, vocab]; `native_products`: the steps'
+    products are models/kernels/native.py's (asserted: the program calls them)."""
     import tensorflow.compat.v1 as tf
     names = sorted(weights)
 
     @tf.function(jit_compile=True, autograph=False)
     def run(row, *values):
-        model = compiled_decoding._Model(cfg, {n: tf.cast(v, dtype) for n, v in zip(names, values)})
+        model = compiled_decoding._Model(cfg, {n: tf.cast(v, dtype) for n, v in zip(names, values)}, native_products)
         caches = compiled_decoding._prefill(model, row, span, cfg.n_ctx)
         out = []
         for position in range(span + 1, row.shape[1] + 1):
@@ -131,20 +135,33 @@ def compiled_step_logits(cfg, weights, tokens, span, dtype):
     row = np.zeros([1, cfg.n_ctx], np.int32)
     row[0, :len(tokens)] = tokens
     with tf.Graph().as_default(), tf.Session() as session:
-        return session.run(run(tf.constant(row), *[tf.constant(weights[n]) for n in names]))[:len(tokens) - span]
+        args = [tf.constant(row)] + [tf.constant(weights[n]) for n in names]
+        custom_calls = [op for op in run.get_concrete_function(*args).graph.get_operations()
+                        if op.type == "XlaCustomCallV2"]
+        # every step's (each layer's qkv, o, fc and proj, and the logits) and the prefill's (its 3 rows are few)
+        steps = cfg.n_ctx - span
+        assert len(custom_calls) == (steps * (4 * cfg.n_layer + 1) + 4 * cfg.n_layer) * native_products
+        assert all(op.inputs[1].dtype == dtype for op in custom_calls)  # the weights as stored (bf16: half the bytes)
+        return session.run(run(*args))[:len(tokens) - span]
 
 
+@pytest.mark.parametrize("products", ["native", "xla"])
 @pytest.mark.parametrize("no_weight_tie,prefixes", [  # the prefixes' case fails fast with a short prefix
     pytest.param(False, (4, 8), id="tied-prefixes-4-8"),
     pytest.param(True, None, id="untied-whole-cache", marks=pytest.mark.slow)])
 def test_compiled_step_logits_are_an_fp32_full_recomputes_in_float32_and_within_bf16_rounding_in_bfloat16(
-        no_weight_tie, prefixes, monkeypatch):
+        no_weight_tie, prefixes, products, monkeypatch):
     """Positions past the local window (4) and a prefill shorter than the row, so the window's slice of the
     cache, the global layer's masked read (of the whole cache, or of prefixes of 4 and 8 rows as the steps pass
     them: the bench model's 256, 512 and 1024 scaled to n_ctx 16) and the steps' cache writes all decide logits.
-    bf16: the weights handed over in bf16 (widened once, computed in fp32); the error bound is the oracle's own
-    sensitivity (its logits moved by rounding the weights to bf16) times 4."""
+    bf16: the weights handed over in bf16 (the native products read them as bf16, XLA's widened once; computed in
+    fp32); the error bound is the oracle's own sensitivity (its logits moved by rounding the weights to bf16)
+    times 4."""
     import tensorflow.compat.v1 as tf
+    from models.kernels import native
+    native_products = products == "native"
+    if native_products:
+        assert native.library() is not None, native.why_not()
     if prefixes:
         monkeypatch.setattr(compiled_decoding, "PREFIXES", prefixes)
     cfg = tiny_config(local_attention_radius=4, no_weight_tie=no_weight_tie)
@@ -152,12 +169,12 @@ def test_compiled_step_logits_are_an_fp32_full_recomputes_in_float32_and_within_
     tokens = random_tokens([12], vocab=cfg.n_vocab, seed=3)
     span = 3
     want = numpy_logits(cfg, weights, tokens)[span:]
-    fp32 = compiled_step_logits(cfg, weights, tokens, span, tf.float32)
+    fp32 = compiled_step_logits(cfg, weights, tokens, span, tf.float32, native_products)
     np.testing.assert_allclose(fp32, want, rtol=0, atol=1e-4 * np.abs(want).max())
     rounded = {n: tf.bfloat16.as_numpy_dtype(v).astype(np.float32) for n, v in weights.items()}
     sensitivity = np.abs(numpy_logits(cfg, rounded, tokens)[span:] - want).max()
     assert sensitivity > 1e-3 * np.abs(want).max()  # the bf16 rounding matters at these scales
-    bf16 = compiled_step_logits(cfg, weights, tokens, span, tf.bfloat16)
+    bf16 = compiled_step_logits(cfg, weights, tokens, span, tf.bfloat16, native_products)
     error = np.abs(bf16 - want).max()
     assert error < 4 * sensitivity, (error, sensitivity)
     assert (bf16.argmax(-1) == want.argmax(-1)).mean() >= 0.75
