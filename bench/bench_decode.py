@@ -28,8 +28,9 @@ Every side runs in its own process, one after another.
 HF runs as a PyTorch user on this CPU would pick (--peers): generate in eager mode and with the model's forward
 under torch.compile (dynamic shapes: the cache grows every token; GPTNeo has no static cache, so generate does
 not compile it by itself), each in float32 and, where the CPU has bf16 matrix units, with the weights in
-bfloat16. Ours runs in float32 (--variants; what `precision: auto` resolves to for inference). The headline is
-ours / the best peer at each prompt length.
+bfloat16. Ours runs in what `precision: auto` runs a trained model in on this CPU (training's precision:
+bfloat16 where the CPU has bf16 matrix units), and in float32 beside it (--variants). The headline is ours (the
+first of --variants) / the best peer at each prompt length.
 
 --auto_jit measures ours also under TensorFlow's XLA auto-clustering of the whole program (bench/worker.py's
 JIT_MODES: auto_jit, and auto_jit+onednn with XLA:CPU's oneDNN matmuls), each mode in its own processes,
@@ -283,6 +284,14 @@ def run_worker(kind: str, args, recompute: bool = False, peer: bool = False, var
     return values
 
 
+def default_variants(flags) -> list:
+    """Ours' precisions when --variants is not given: what `precision: auto` runs a trained model in on a CPU with
+    these flags (the headline's), then float32 where that differs."""
+    from devices import precision
+    auto = precision.choose("auto", "CPU", flags).precision
+    return [auto] + (["float32"] if auto != "float32" else [])
+
+
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n_layer", type=int, default=6)
@@ -303,8 +312,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--prefill_bucket", action="store_true",
                    help="also time ours with the prefill over the prompt's bucket (SamplingOptions.prefill_length, "
                         "as --predict runs it), interleaved with the whole context's prefill")
-    p.add_argument("--variants", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
-                   help="this project's precisions (default float32, what auto resolves to for inference)")
+    p.add_argument("--variants", nargs="+", choices=["float32", "bfloat16"],
+                   help="this project's precisions, the first the headline's (default: what `precision: auto` "
+                        "runs a trained model in on this CPU, bfloat16 where it has bf16 matrix units, then float32)")
     p.add_argument("--peers", nargs="+", choices=PEERS,
                    help="HF's set-ups: the weights' dtype, +compile for the forward under torch.compile (default: "
                         "float32 and float32+compile, and their bfloat16 where the CPU has bf16 matrix units)")
@@ -344,6 +354,8 @@ def measure(args) -> dict:
     cpu_name, flags = precision.cpu_info()
     if args.peers is None:
         args.peers = [p for p in PEERS if precision.units(flags) or not p.startswith("bfloat16")]
+    if args.variants is None:
+        args.variants = default_variants(flags)
     if args.skip_hf:
         args.peers = []
     cpu = precision.cpu_kind(cpu_name, flags)

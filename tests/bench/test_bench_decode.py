@@ -96,3 +96,8 @@ def test_the_cpu_ratio_takes_the_best_peer_and_skips_figures_noise_made_negative
     ours, peers = run(0.5, 0.82), [run(1.0, 1.64), run(1.0, 0.5), run(1.0, 2.0)]
     assert bench_decode.cpu_ratio(ours, peers, 16, 8, 40) == "2.00x"
     assert bench_decode.cpu_ratio(ours, [run(1.0, 0.5)], 16, 8, 40) == "-"
+
+
+def test_ours_headline_runs_in_what_auto_runs_a_trained_model_in_on_this_cpu():
+    assert bench_decode.default_variants({"avx2", "avx512f", "avx512_bf16"}) == ["bfloat16", "float32"]
+    assert bench_decode.default_variants({"avx2", "fma"}) == ["float32"]
