@@ -313,8 +313,10 @@ class CompiledSampleOperation(mtf.Operation):
         if mesh_impl.size != 1:
             raise ValueError(f"compiled decoding runs on one device, not a mesh of {mesh_impl.size}")
         cfg, options, span, names = self._cfg, self._options, self._span, self._names
+        # The native products are custom calls this process registered for the host: only on named CPU devices
+        # (the export's device "" makes a SavedModel that loads anywhere, with no library: XLA's products)
         devices = getattr(mesh_impl, "devices", None) or []
-        on_cpu = bool(devices) and all("CPU" in d.upper() for d in devices)  # custom calls registered for the host
+        on_cpu = bool(devices) and all("CPU" in d.upper() for d in devices)
         native_products = on_cpu and native.library() is not None
 
         def run(*args):
