@@ -66,8 +66,16 @@ class Pool {
     }
     cv_.notify_all();
     Take(0);
-    state_.fetch_or(kClosed, std::memory_order_acq_rel);  // no one joins now; wait for those who did
-    while ((state_.load(std::memory_order_acquire) & ~kClosed) != 0) Relax();
+    // No one joins now; wait for those who did, by spinning briefly, then asleep: a worker at idle priority that
+    // was preempted inside a piece runs again only on an idle core, and a caller spinning keeps this one busy.
+    if ((state_.fetch_or(kClosed, std::memory_order_acq_rel) & ~kClosed) != 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+      while ((state_.load(std::memory_order_acquire) & ~kClosed) != 0) {
+        if (std::chrono::steady_clock::now() < until) { Relax(); continue; }
+        std::unique_lock<std::mutex> lock(mutex_);
+        left_.wait(lock, [&] { return (state_.load(std::memory_order_acquire) & ~kClosed) == 0; });
+      }
+    }
     return used_.load(std::memory_order_acquire) | 1u;
   }
 
@@ -102,7 +110,10 @@ class Pool {
       while ((state & kClosed) == 0) {  // join the job while it is open
         if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel)) {
           Take(i);
-          state_.fetch_sub(1, std::memory_order_release);
+          if (state_.fetch_sub(1, std::memory_order_acq_rel) == (kClosed | 1)) {  // the last out of a closed job
+            std::lock_guard<std::mutex> lock(mutex_);
+            left_.notify_all();
+          }
           break;
         }
       }
@@ -113,7 +124,7 @@ class Pool {
   const pid_t pid_;
   std::vector<std::thread> threads_;
   std::mutex busy_, mutex_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, left_;  // a job posted; the last worker left a closed job
   std::atomic<uint64_t> generation_{0};
   std::atomic<int64_t> state_{kClosed};  // kClosed, plus the workers inside the job
   std::atomic<int64_t> next_{0};
