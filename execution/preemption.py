@@ -10,7 +10,9 @@ through it, so it leaves only when the chief releases it.
 
 Every handler here is installed by `install`, which makes it act in the process that installed it only: a fork
 (a library's worker pool: lm-eval's bootstrap, multiprocessing's) inherits the handler but not the run it
-serves, and ends quietly on SIGTERM, as its pool asks.
+serves, and ends quietly on SIGTERM, as its pool asks. While one of them handles SIGTERM, every fork holds
+SIGTERM blocked from just before it until the child's own after-fork steps are done (`_hold_sigterm_for_fork`),
+so a SIGTERM sent to a child still being forked waits for it instead of being lost.
 """
 from __future__ import annotations
 
@@ -47,7 +49,35 @@ def install(signum: int, handler):
             _default_action(signum)  # does not return
         return handler(signum, frame)
 
+    in_the_installing_process.installed_by = installer
     return signal.signal(signum, in_the_installing_process)
+
+
+_held_for_fork = threading.local()  # the forking thread's signal mask before _hold_sigterm_for_fork blocked SIGTERM
+
+
+def _hold_sigterm_for_fork() -> None:
+    """Before a fork (os.register_at_fork), while a handler of `install`'s takes SIGTERM: SIGTERM blocked in the
+    forking thread, whose mask the child inherits. CPython clears the signals a child received while it was being
+    forked (before its after-fork hooks run), so a pool's terminate() that reached a worker still being forked
+    was lost, and the pool waited for that worker forever (data/create_tfrecords.py met it in its own pool).
+    Blocked, the signal stays pending until `_release_sigterm_after_fork` unblocks it, and then the inherited
+    handler ends the child (`install`)."""
+    if getattr(signal.getsignal(signal.SIGTERM), "installed_by", None) is not None:
+        _held_for_fork.previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _release_sigterm_after_fork() -> None:
+    """After a fork, in the parent and in the child: the mask before `_hold_sigterm_for_fork`, if it held."""
+    previous = getattr(_held_for_fork, "previous", None)
+    if previous is not None:
+        _held_for_fork.previous = None
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hold_sigterm_for_fork, after_in_parent=_release_sigterm_after_fork,
+                        after_in_child=_release_sigterm_after_fork)
 
 
 def _default_action(signum: int) -> None:
