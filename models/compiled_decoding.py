@@ -87,13 +87,15 @@ def _gelu(y):
 
 @dataclasses.dataclass(frozen=True)
 class _Matrix:
-    """A weight matrix as stored (fp32 or bf16: the native products read it) and widened to fp32 (XLA's products;
-    XLA computes it only where one of them reads it)."""
+    """A weight matrix as stored (fp32 or bf16: the native products read it) and widened to fp32 (XLA's products
+    read it; XLA drops the widening where none does). Both are made where the model is, outside the token loop:
+    widened inside it, every token would widen the weights again (XLA keeps size-growing ops in the loop)."""
     stored: tf.Tensor
+    wide: tf.Tensor
 
-    @property
-    def wide(self):
-        return widened(self.stored)
+    @classmethod
+    def of(cls, stored):
+        return cls(stored, widened(stored))
 
 
 def _dense(x, kernel: _Matrix, bias=None, native_products: bool = False, transposed: bool = False):
@@ -119,7 +121,7 @@ class _Model:
         self.cfg = cfg
         self.native = native_products
         w = lambda name: widened(weights["gpt2/" + name])  # noqa: E731
-        m = lambda name: _Matrix(weights["gpt2/" + name])  # noqa: E731
+        m = lambda name: _Matrix.of(weights["gpt2/" + name])  # noqa: E731
         self.wte, self.wpe = m("wte"), m("wpe")
         self.layers = []
         for i in range(cfg.n_layer):
@@ -128,7 +130,7 @@ class _Model:
                 kind=cfg.attention_types[i],
                 ln1=(w(p + "norm_1/g"), w(p + "norm_1/b")), ln2=(w(p + "norm_2/g"), w(p + "norm_2/b")),
                 # q, k and v side by side: one product a token (stacked once per generation)
-                qkv=_Matrix(tf.concat([weights[f"gpt2/{p}attn/{n}"] for n in "qkv"], axis=1)),
+                qkv=_Matrix.of(tf.concat([weights[f"gpt2/{p}attn/{n}"] for n in "qkv"], axis=1)),
                 o=m(p + "attn/o"), o_b=w(p + "attn/compute_output_bias/o_b"),
                 fc=(m(p + "mlp/conv1d_main/c_fc/kernel"), w(p + "mlp/conv1d_main/c_fc/bias")),
                 proj=(m(p + "mlp/conv1d_main/c_proj/kernel"), w(p + "mlp/conv1d_main/c_proj/bias"))))
