@@ -145,7 +145,8 @@ def compiled_step_logits(cfg, weights, tokens, span, dtype, native_products=Fals
         return session.run(run(*args))[:len(tokens) - span]
 
 
-@pytest.mark.parametrize("products", ["native", "xla"])
+# XLA's products (the path without a compiler) in the slow tier: the fast one keeps the default, native
+@pytest.mark.parametrize("products", ["native", pytest.param("xla", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("no_weight_tie,prefixes", [  # the prefixes' case fails fast with a short prefix
     pytest.param(False, (4, 8), id="tied-prefixes-4-8"),
     pytest.param(True, None, id="untied-whole-cache", marks=pytest.mark.slow)])
