@@ -61,6 +61,8 @@ def library() -> Optional[ctypes.CDLL]:
                         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
             except NativeUnavailable as e:
                 _why_not = str(e)
+            except OSError as e:  # a cache folder that cannot be written after all, a full disk
+                _why_not = f"cannot build the library: {e.strerror or e}"
         if _why_not is not None and not _noted:
             _noted = True
             print(f"note: decoding's matrix-vector products run as XLA's ({_why_not})", file=sys.stderr)

@@ -119,3 +119,20 @@ def test_without_a_compiler_the_products_are_xlas_and_one_note_says_why(monkeypa
 def test_the_switch_turns_the_library_off(monkeypatch, setting):
     monkeypatch.setenv(native.SWITCH, setting)
     assert native.library() is None and native.why_not() == f"{native.SWITCH} is off"
+
+
+def test_a_library_that_cannot_be_written_leaves_xlas_products_and_a_note(tmp_path, monkeypatch, capsys):
+    """A cache folder that takes no file after all (a full disk, a read-only mount): a note, not a crash."""
+    monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={tmp_path}")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(native.tempfile, "mkstemp", full)
+    monkeypatch.setattr(native, "SOURCE", str(tmp_path / "changed.cc"))  # not in the cache: it must be written
+    (tmp_path / "changed.cc").write_text("// another source\n")
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setattr(native, "_why_not", None)
+    monkeypatch.setattr(native, "_noted", False)
+    assert native.library() is None
+    assert native.why_not() == "cannot build the library: No space left on device"
+    assert "note: decoding's matrix-vector products run as XLA's (cannot build" in capsys.readouterr().err
