@@ -121,7 +121,7 @@ def test_the_switch_turns_the_library_off(monkeypatch, setting):
     assert native.library() is None and native.why_not() == f"{native.SWITCH} is off"
 
 
-def test_a_library_that_cannot_be_written_leaves_xlas_products_and_a_note(tmp_path, monkeypatch, capsys):
+def test_a_library_that_cannot_be_written_leaves_xlas_products_and_a_note(library, tmp_path, monkeypatch, capsys):
     """A cache folder that takes no file after all (a full disk, a read-only mount): a note, not a crash."""
     monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={tmp_path}")
 
