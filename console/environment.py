@@ -13,6 +13,20 @@ CUDA_CACHE_BYTES = 4 << 30  # the CUDA JIT cache: TensorFlow's kernels JIT-compi
 XLA_CACHE_VARIABLE = "GPT_NEO_XLA_CACHE"  # "off" (or 0, no, false, empty): no XLA compile cache; else its folder
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
 XLA_CACHE_FOLDER = "gpt-neo/xla"  # under $XDG_CACHE_HOME or ~/.cache
+OFF_WORDS = ("", "0", "off", "no", "false")  # what turns a GPT_NEO_* switch off (case and spaces aside)
+
+
+def switched_off(setting: str | None) -> bool:
+    """Whether an environment setting (None: not set) says off."""
+    return setting is not None and setting.strip().lower() in OFF_WORDS
+
+
+def xla_cache_in_use(environ=os.environ) -> str | None:
+    """The XLA compile cache's folder TF_XLA_FLAGS names (`runtime_defaults` puts it there), if any."""
+    for flag in environ.get("TF_XLA_FLAGS", "").split():
+        if flag.startswith(XLA_CACHE_FLAG + "="):
+            return flag.split("=", 1)[1] or None
+    return None
 
 
 def runtime_defaults(environ=os.environ, tpu_device_files: int | None = None, system: str | None = None,
@@ -65,7 +79,7 @@ def xla_cache_directory(environ, machine: str, tf_version: str | None = None, cp
     XLA, and TensorFlow's own key (the cluster's signature and HLO) knows neither. Entries a killed process or a full disk left broken are removed
     first (`drop_broken_entries`): TensorFlow fails the job on one it cannot read."""
     setting = environ.get(XLA_CACHE_VARIABLE)
-    if setting is not None and setting.strip().lower() in ("", "0", "off", "no", "false"):
+    if switched_off(setting):
         return None
     if setting is None:
         home = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")

@@ -24,6 +24,8 @@ import tempfile
 import threading
 from typing import Optional
 
+from console.environment import switched_off, xla_cache_in_use
+
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matvec.cc")
 SWITCH = "GPT_NEO_NATIVE_KERNELS"  # "off" (or 0, no, false): XLA's own products
 MAX_ROWS = 16  # products of more rows than this are XLA's (a matrix product's compute, not the weights' reads)
@@ -32,7 +34,6 @@ FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
 REGISTRY_SYMBOLS = ("_ZN3xla24CustomCallTargetRegistry6GlobalEv",
                     "_ZN3xla24CustomCallTargetRegistry8RegisterERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"
                     "PvS8_")
-_OFF = {"off", "0", "no", "false", ""}
 
 _lock = threading.Lock()
 _loaded: Optional[ctypes.CDLL] = None
@@ -41,7 +42,7 @@ _noted = False
 
 
 def enabled(environ=os.environ) -> bool:
-    return environ.get(SWITCH, "on").strip().lower() not in _OFF
+    return not switched_off(environ.get(SWITCH))
 
 
 def library() -> Optional[ctypes.CDLL]:
@@ -92,14 +93,6 @@ def compiler(environ=os.environ) -> str:
     raise NativeUnavailable(f"no C++ compiler (g++ or c++) on PATH; install one, or set {SWITCH}=off")
 
 
-def cache_folder(environ=os.environ) -> Optional[str]:
-    """The XLA compile cache's folder from TF_XLA_FLAGS (keyed by TensorFlow's version and the CPU), if any."""
-    for flag in environ.get("TF_XLA_FLAGS", "").split():
-        if flag.startswith("--tf_xla_persistent_cache_directory="):
-            return flag.split("=", 1)[1] or None
-    return None
-
-
 def _build() -> tuple[str, bool]:
     """(the library's path, whether its folder is this process's own): compiled now unless the cache folder holds
     it for this source, compiler and flags."""
@@ -111,7 +104,7 @@ def _build() -> tuple[str, bool]:
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"{cxx} --version failed: {e}")
     key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    folder, temporary = cache_folder(), False
+    folder, temporary = xla_cache_in_use(), False
     if folder is not None:
         folder = os.path.join(folder, "native")
         try:
