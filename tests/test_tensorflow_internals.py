@@ -96,12 +96,11 @@ def test_xla_cpu_calls_a_host_target_registered_through_the_exported_registry():
     libtensorflow_cc.so.2 exports (xla::CustomCallTargetRegistry::Global and ::Register) and calls them with the
     XlaCustomCallV2 op (tensorflow.compiler.tf2xla.ops.gen_xla_ops), whose custom call passes the status-returning
     signature. A product inside an XLA program gives NumPy's value."""
-    import shutil
-
     import pytest
 
     from models.kernels import native
-    if not any(shutil.which(name) for name in ("g++", "c++")):
+    from tests.models.kernels.test_native import compiler_found
+    if not compiler_found():
         pytest.skip("no C++ compiler here: the native kernels cannot be built")
     assert native.library() is not None, GONE.format(tf.__version__, "XLA's custom-call registry or XlaCustomCallV2",
                                                      native.why_not())

@@ -1,7 +1,5 @@
 """Compiled decoding (models/compiled_decoding.py): the same tokens as the mtf sampler's loop in float32, logits
 within bf16's rounding of an fp32 full recompute in bfloat16, and the mtf loop wherever it does not apply."""
-import shutil
-
 import numpy as np
 import pytest
 
@@ -9,11 +7,12 @@ from models import compiled_decoding
 from models.sampling import SamplingOptions
 from models.kernels.common import kernels
 from infer.run import Predictor
+from tests.models.kernels.test_native import compiler_found
 from tiny import placement_for, random_tokens, tiny_config
 
 MAX_NEW = 6
 # The native products need a C++ compiler to be built (models/kernels/native.py); without one, XLA's are the path
-COMPILER = any(shutil.which(name) for name in ("g++", "c++"))
+COMPILER = compiler_found()
 SAMPLED = dict(temperature=1.0, top_k=20, top_p=0.9)
 
 

@@ -2,7 +2,6 @@
 for fp32 and bf16 weights, both layouts, row counts and shapes that leave remainders in every split; the library
 built once per cache folder and whole or not at all; and what happens without a compiler."""
 import os
-import shutil
 import threading
 
 import numpy as np
@@ -12,9 +11,27 @@ import tensorflow.compat.v1 as tf
 from models.kernels import native
 
 
+def compiler_found() -> bool:
+    """Whether native.py finds a C++ compiler here ($CXX, g++ or c++): without one its products are XLA's by
+    design, and the tests that need the library skip (tests elsewhere take this helper by its dotted name)."""
+    try:
+        native.compiler()
+        return True
+    except native.NativeUnavailable:
+        return False
+
+
+@pytest.fixture
+def unloaded(monkeypatch):
+    """native.py's process state as before any build (put back after the test)."""
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setattr(native, "_why_not", None)
+    monkeypatch.setattr(native, "_noted", False)
+
+
 @pytest.fixture(scope="module")
 def library():
-    if not any(shutil.which(name) for name in ("g++", "c++")):
+    if not compiler_found():
         pytest.skip("no C++ compiler here: the native kernels cannot be built")
     lib = native.library()
     assert lib is not None, native.why_not()
@@ -104,11 +121,8 @@ def test_a_failed_compile_leaves_no_library_and_says_why(library, tmp_path, monk
     assert os.listdir(tmp_path / "native") == []
 
 
-def test_without_a_compiler_the_products_are_xlas_and_one_note_says_why(monkeypatch, capsys):
+def test_without_a_compiler_the_products_are_xlas_and_one_note_says_why(unloaded, monkeypatch, capsys):
     monkeypatch.setenv("CXX", "no-such-compiler")
-    monkeypatch.setattr(native, "_loaded", None)
-    monkeypatch.setattr(native, "_why_not", None)
-    monkeypatch.setattr(native, "_noted", False)
     assert native.library() is None and native.library() is None
     assert "CXX=no-such-compiler is not a command" in native.why_not()
     err = capsys.readouterr().err
@@ -121,7 +135,8 @@ def test_the_switch_turns_the_library_off(monkeypatch, setting):
     assert native.library() is None and native.why_not() == f"{native.SWITCH} is off"
 
 
-def test_a_library_that_cannot_be_written_leaves_xlas_products_and_a_note(library, tmp_path, monkeypatch, capsys):
+def test_a_library_that_cannot_be_written_leaves_xlas_products_and_a_note(library, unloaded, tmp_path, monkeypatch,
+                                                                           capsys):
     """A cache folder that takes no file after all (a full disk, a read-only mount): a note, not a crash."""
     monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={tmp_path}")
 
@@ -130,9 +145,6 @@ def test_a_library_that_cannot_be_written_leaves_xlas_products_and_a_note(librar
     monkeypatch.setattr(native.tempfile, "mkstemp", full)
     monkeypatch.setattr(native, "SOURCE", str(tmp_path / "changed.cc"))  # not in the cache: it must be written
     (tmp_path / "changed.cc").write_text("// another source\n")
-    monkeypatch.setattr(native, "_loaded", None)
-    monkeypatch.setattr(native, "_why_not", None)
-    monkeypatch.setattr(native, "_noted", False)
     assert native.library() is None
     assert native.why_not() == "cannot build the library: No space left on device"
     assert "note: decoding's matrix-vector products run as XLA's (cannot build" in capsys.readouterr().err
