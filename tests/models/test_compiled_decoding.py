@@ -121,32 +121,40 @@ def numpy_logits(cfg, w, tokens) -> np.ndarray:
 
 def compiled_step_logits(cfg, weights, tokens, span, dtype, native_products=False):
     """The compiled path's logits for positions span + 1 .. len(tokens) of one row (a prefill over `span`, then
-    one step per position), the weights in `dtype` -> [len(tokens) - span, vocab]; `native_products`: the steps'
-    products are models/kernels/native.py's (asserted: the program calls them)."""
+    one step per position in a loop, as `generate` runs them), the weights in `dtype` -> [len(tokens) - span,
+    vocab]; `native_products`: the steps' products are models/kernels/native.py's (asserted: the program calls
+    them)."""
     import tensorflow.compat.v1 as tf
     names = sorted(weights)
+    steps = cfg.n_ctx - span
 
     @tf.function(jit_compile=True, autograph=False)
     def run(row, *values):
         model = compiled_decoding._Model(cfg, {n: tf.cast(v, dtype) for n, v in zip(names, values)}, native_products)
         caches = compiled_decoding._prefill(model, row, span, cfg.n_ctx)
-        out = []
-        for position in range(span + 1, row.shape[1] + 1):
-            logits, caches = compiled_decoding._step(model, row[:, position - 1], tf.constant(position), caches)
-            out.append(logits[0])
-        return tf.stack(out)
+
+        def body(position, out, *caches):
+            logits, caches = compiled_decoding._step(model, row[:, position - 1], position, list(caches))
+            return [position + 1, tf.tensor_scatter_nd_update(out, [[position - span - 1]], logits)] + caches
+
+        out = tf.zeros([steps, cfg.n_vocab])
+        return tf.while_loop(lambda position, *_: position <= cfg.n_ctx, body,
+                             [tf.constant(span + 1), out] + caches)[1]
 
     row = np.zeros([1, cfg.n_ctx], np.int32)
     row[0, :len(tokens)] = tokens
     with tf.Graph().as_default(), tf.Session() as session:
-        args = [tf.constant(row)] + [tf.constant(weights[n]) for n in names]
-        custom_calls = [op for op in run.get_concrete_function(*args).graph.get_operations()
-                        if op.type == "XlaCustomCallV2"]
-        # every step's (each layer's qkv, o, fc and proj, and the logits) and the prefill's (its 3 rows are few)
-        steps = cfg.n_ctx - span
-        assert len(custom_calls) == (steps * (4 * cfg.n_layer + 1) + 4 * cfg.n_layer) * native_products
-        assert all(op.inputs[1].dtype == dtype for op in custom_calls)  # the weights as stored (bf16: half the bytes)
-        return session.run(run(*args))[:len(tokens) - span]
+        args = [tf.placeholder(tf.int32, row.shape)] + [tf.placeholder(tf.float32, weights[n].shape) for n in names]
+        program = run.get_concrete_function(*args).graph.as_graph_def()
+        custom_calls = [node for node in [*program.node, *(n for f in program.library.function for n in f.node_def)]
+                        if node.op == "XlaCustomCallV2"]
+        # the step's (each layer's qkv, o, fc and proj, and the logits) once in the loop's body, and the prefill's
+        # (its 3 rows are few)
+        assert len(custom_calls) == ((4 * cfg.n_layer + 1) + 4 * cfg.n_layer) * native_products
+        # the weights as stored (bf16: half the bytes)
+        assert all(node.attr["operand_dtypes"].list.type[1] == dtype.as_datatype_enum for node in custom_calls)
+        logits = session.run(run(*args), dict(zip(args, [row] + [weights[n] for n in names])))
+        return logits[:len(tokens) - span]
 
 
 # XLA's products (the path without a compiler) in the slow tier: the fast one keeps the default, native
