@@ -36,7 +36,7 @@ import tensorflow.compat.v1 as tf
 from tensorflow.compiler.tf2xla.python import xla
 
 from models.attention import uses_cache
-from models.kernels import native
+from models.kernels import native, traces
 from models.kernels.common import MASKED, widened, xla_kernels
 from models.kernels.elementwise import _GELU_C
 from models.token_choice import choose_tokens_tf, is_one_of_tf
@@ -321,10 +321,13 @@ class CompiledSampleOperation(mtf.Operation):
         on_cpu = bool(devices) and all("CPU" in d.upper() for d in devices)
         native_products = on_cpu and native.library() is not None
 
-        def run(*args):
-            fn = tf.function(lambda *a: generate(cfg, options, span, names, *a, native_products=native_products),
-                             jit_compile=True, autograph=False)
-            return tuple(fn(*args))
+        def program():
+            return tf.function(lambda *a: generate(cfg, options, span, names, *a, native_products=native_products),
+                               jit_compile=True, autograph=False)
+
+        def run(*args):  # traced once per machine (models/kernels/traces.py): what the trace is made from
+            made_from = (cfg, options, span, names, native_products, PREFIXES, native.MAX_ROWS)
+            return tuple(traces.call(program, args, made_from))
 
         outputs = mesh_impl.slicewise(run, *(lowering.tensors[t] for t in self.inputs))
         for output, value in zip(self.outputs, outputs):

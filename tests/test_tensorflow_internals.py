@@ -109,3 +109,33 @@ def test_xla_cpu_calls_a_host_target_registered_through_the_exported_registry():
     with tf.Graph().as_default(), tf.Session() as session:
         program = tf.function(lambda x, w: native.product(x, w), jit_compile=True, autograph=False)
         np.testing.assert_array_equal(session.run(program(tf.constant(x), tf.constant(w))), x @ w)
+
+
+def test_a_stored_trace_is_called_through_the_call_ops_tf_function_makes(tmp_path, monkeypatch):
+    """models/kernels/traces.py reads a tf.function's FunctionDefs back and calls them with gen_functional_ops'
+    (Stateful)PartitionedCall, marked for XLA with `_XlaMustCompile` as tf.function marks its own call: a program
+    with a While over a variable, stored in one graph and read back in another, gives the same values and runs
+    compiled."""
+    from models.kernels import traces
+    assert traces.CALLS, GONE.format(tf.__version__, "tensorflow.python.ops.gen_functional_ops",
+                                     "every build of the compiled decoder traces it again")
+    monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={tmp_path}")
+    made = []
+
+    def program():
+        made.append(1)
+        return tf.function(lambda v, n: tf.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, x * 1.5),
+                                                      [0, v.read_value()])[1:], jit_compile=True, autograph=False)
+
+    values = []
+    for _ in range(2):
+        with tf.Graph().as_default(), tf.Session() as session:
+            v = tf.Variable(np.arange(4, dtype=np.float32), use_resource=True)
+            n = tf.placeholder(tf.int32, [])
+            (out,) = traces.call(program, [v, n], "the test's program")
+            session.run(v.initializer)
+            values.append(session.run(out, {n: 3}))
+            assert out.op.type == "StatefulPartitionedCall" and out.op.get_attr("_XlaMustCompile")
+    assert len(made) == 1
+    np.testing.assert_allclose(values[1], values[0])
+    np.testing.assert_allclose(values[0], np.arange(4) * 1.5 ** 3)
