@@ -12,6 +12,8 @@ values and gradients on split layouts. Callers import the module they use:
 * `decode`      -- the key/value cache's writes and one query's attention over it (incremental decoding).
 * `native`      -- C++ matrix-vector products (`matvec.cc`) for the compiled decoder's steps, on every core, bf16
                    weights read as stored; built once per machine, XLA's products where it cannot be.
+* `traces`      -- the compiled decoder's traced program kept on disk beside XLA's compiled ones, read back by
+                   later builds instead of tracing it again.
 * `common`      -- what several of them share: fp32 compute, XLA fusion with a small-tensor bypass, the mesh
                    axes a gradient is summed over.
 
