@@ -45,6 +45,13 @@ from schema import GPTConfig
 PREFIXES = (256, 512, 1024)  # the cache prefixes a global layer's step reads (and the whole cache)
 _OPTIONS = {"no_weight_tie"}  # model options the compiled path computes (the rest fall back to the mtf loop)
 _PRECISIONS = {"float32", "bfloat16", "auto"}  # "auto" reaching a model unresolved builds in float32
+# Config fields no program reads (where a run's files are, what it logs, how long it trains and evaluates): left
+# out of what the stored trace is keyed by, so the runs of one model in other folders (a ladder's, a benchmark's
+# temporary ones) read one trace
+_RUN_FIELDS = {"model_path", "datasets", "eval_results_path", "lambada_path", "harness_include_path", "wandb_project",
+               "wandb_mode", "train_steps", "steps_per_checkpoint", "keep_checkpoint_max",
+               "keep_checkpoint_every_n_hours", "keep_checkpoint_steps", "eval_steps", "predict_steps", "eval_tasks",
+               "harness_tasks", "harness_limit", "harness_num_fewshot"}
 
 
 def unsupported(cfg: GPTConfig, options) -> Optional[str]:
@@ -326,7 +333,8 @@ class CompiledSampleOperation(mtf.Operation):
                                jit_compile=True, autograph=False)
 
         def run(*args):  # traced once per machine (models/kernels/traces.py): what the trace is made from
-            made_from = (cfg, options, span, names, native_products, PREFIXES, native.MAX_ROWS)
+            model = tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in _RUN_FIELDS)
+            made_from = (model, options, span, names, native_products, PREFIXES, native.MAX_ROWS)
             return tuple(traces.call(program, args, made_from))
 
         outputs = mesh_impl.slicewise(run, *(lowering.tensors[t] for t in self.inputs))

@@ -2,6 +2,7 @@
 nothing, sampling the same tokens; the key moves with everything the trace is made from; a damaged file is traced
 again and replaced, a folder that takes no file leaves the trace as made, and without a cache folder nothing is
 kept."""
+import dataclasses
 import os
 
 import numpy as np
@@ -35,9 +36,10 @@ def traced(monkeypatch):
     return count
 
 
-def sample(options=SAMPLED) -> dict:
-    """The compiled sampler's tokens for ROWS from CFG's seeded initial weights, in a graph and session of its own."""
-    with Predictor(CFG, placement_for(CFG)) as predictor:
+def sample(options=SAMPLED, cfg=CFG) -> dict:
+    """The compiled sampler's tokens for ROWS from `cfg`'s seeded initial weights, in a graph and session of its
+    own."""
+    with Predictor(cfg, placement_for(cfg)) as predictor:
         return predictor.predict(ROWS, len(ROWS["tokens"]), options)
 
 
@@ -89,12 +91,19 @@ def test_the_key_moves_with_everything_the_trace_is_made_from(monkeypatch, tmp_p
     assert any(os.path.basename(s) == "schema.py" for s in traces.SOURCES)  # the config's derived values
 
 
-def test_the_sampling_options_and_the_config_make_traces_of_their_own(cache, traced):
-    """Bug caught: the options left out of what the decoder's trace is made from (greedy read back as sampled)."""
+def test_the_sampling_options_and_the_model_make_traces_of_their_own_and_the_runs_folders_do_not(cache, traced):
+    """Bugs caught: the options or the config's model left out of what the decoder's trace is made from (greedy
+    read back as sampled, a window of 8 as one of 4); the config's model_path kept in it (a run in another folder,
+    a ladder's or a benchmark's, traces the same program again)."""
     sampled = sample()
     greedy = sample(SamplingOptions.from_config(CFG, max_new_tokens=6, temperature=0.0))
     assert len(traced) == 2 and len(os.listdir(cache)) == 2
     assert not np.array_equal(sampled["tokens"], greedy["tokens"])
+    elsewhere = sample(cfg=dataclasses.replace(CFG, model_path="/elsewhere/run", train_steps=1000))
+    assert len(traced) == 2
+    np.testing.assert_array_equal(elsewhere["tokens"], sampled["tokens"])
+    sample(cfg=dataclasses.replace(CFG, local_attention_radius=8))
+    assert len(traced) == 3 and len(os.listdir(cache)) == 3
 
 
 def test_two_stored_programs_are_read_back_into_one_graph(cache, traced):
