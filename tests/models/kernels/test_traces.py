@@ -1,12 +1,15 @@
-"""The compiled decoder's trace kept on disk (models/kernels/traces.py): a second build reads it back and traces
-nothing, sampling the same tokens; the key moves with everything the trace is made from; a damaged file is traced
-again and replaced, a folder that takes no file leaves the trace as made, and without a cache folder nothing is
-kept."""
+"""The compiled decoder's trace kept on disk (models/kernels/traces.py): a run of the same model reads it back and
+traces nothing, sampling the same tokens; the key moves with everything the trace is made from; a damaged file is
+traced again and replaced, a folder that takes no file leaves the trace as made, and without a cache folder nothing
+is kept (these three on a small program of their own)."""
 import dataclasses
 import os
+import types
 
 import numpy as np
 import pytest
+import tensorflow.compat.v1 as tf
+from tensorflow.core.framework import graph_pb2
 
 from infer.run import Predictor
 from models import compiled_decoding
@@ -43,25 +46,44 @@ def sample(options=SAMPLED, cfg=CFG) -> dict:
         return predictor.predict(ROWS, len(ROWS["tokens"]), options)
 
 
-def test_a_second_build_reads_the_trace_back_and_samples_the_same_tokens(cache, traced, monkeypatch):
-    """Bugs caught: the stored file never looked for (traced twice); the call made without XLA's compile mark (the
-    program then runs op by op: `compiled_decoding`'s While over XLA-only ops fails)."""
-    first = sample()
-    assert len(traced) == 1 and len(os.listdir(cache)) == 1
+def test_runs_of_the_model_read_the_decoders_trace_back_and_other_options_or_models_trace_their_own(
+        cache, traced, monkeypatch):
+    """The compiled decoder, built by five Predictors in turn: the first traces and stores it; a run of the same
+    model in another folder reads it back (tracing nothing) and samples the same tokens; greedy sampling and a
+    wider window each trace their own; then one Predictor (one graph) reads the sampled and greedy programs back
+    together, as the harness's generations do. Bugs caught: the stored file never looked for; the call made
+    without XLA's compile mark; the options or the config's model left out of what the trace is made from, or its
+    model_path kept in it (every run folder traces again); the called functions stored under TensorFlow's counter
+    names (while_body_<n>, counted per process: two processes' files bring two bodies of one name into a graph)."""
     read = []
     call_stored = traces._call_stored
     monkeypatch.setattr(traces, "_call_stored", lambda *a: read.append(call_stored(*a)) or read[-1])
-    second = sample()
+    sampled = sample()
+    assert len(traced) == 1 and len(os.listdir(cache)) == 1 and not read
+    elsewhere = sample(cfg=dataclasses.replace(CFG, model_path="/elsewhere/run", train_steps=1000))
     assert len(traced) == 1 and len(read) == 1 and read[0] is not None  # read back, not traced
-    for name in first:
-        np.testing.assert_array_equal(second[name], first[name])
     assert read[0][0].op.get_attr("_XlaMustCompile")
+    for name in sampled:
+        np.testing.assert_array_equal(elsewhere[name], sampled[name])
+    greedy_options = SamplingOptions.from_config(CFG, max_new_tokens=6, temperature=0.0)
+    greedy = sample(greedy_options)
+    assert len(traced) == 2 and not np.array_equal(greedy["tokens"], sampled["tokens"])
+    sample(cfg=dataclasses.replace(CFG, local_attention_radius=8))
+    assert len(traced) == 3 and len(os.listdir(cache)) == 3
+    with Predictor(CFG, placement_for(CFG)) as predictor:
+        for options, want in ((SAMPLED, sampled), (greedy_options, greedy)):
+            np.testing.assert_array_equal(predictor.predict(ROWS, len(ROWS["tokens"]), options)["tokens"],
+                                          want["tokens"])
+    assert len(traced) == 3 and all(outputs is not None for outputs in read[-2:])
+    for path in cache.iterdir():
+        stored = graph_pb2.GraphDef.FromString(path.read_bytes())
+        called = {f.signature.name for f in stored.library.function} - {stored.node[0].op}
+        assert called and all(name.endswith("_" + path.stem[:16]) for name in called), (path.stem, called)
 
 
 def test_the_key_moves_with_everything_the_trace_is_made_from(monkeypatch, tmp_path):
     """Bugs caught: a key without the argument shapes or dtypes, without the source's digest or TensorFlow's
     version; a source digest blind to a file's content, to a file added or to schema.py."""
-    import tensorflow.compat.v1 as tf
     with tf.Graph().as_default():
         args = [tf.placeholder(tf.int32, [4, 16]), tf.placeholder(tf.float32, [8])]
         same = traces.key(("cfg", 1), args)
@@ -91,72 +113,56 @@ def test_the_key_moves_with_everything_the_trace_is_made_from(monkeypatch, tmp_p
     assert any(os.path.basename(s) == "schema.py" for s in traces.SOURCES)  # the config's derived values
 
 
-def test_the_sampling_options_and_the_model_make_traces_of_their_own_and_the_runs_folders_do_not(cache, traced):
-    """Bugs caught: the options or the config's model left out of what the decoder's trace is made from (greedy
-    read back as sampled, a window of 8 as one of 4); the config's model_path kept in it (a run in another folder,
-    a ladder's or a benchmark's, traces the same program again)."""
-    sampled = sample()
-    greedy = sample(SamplingOptions.from_config(CFG, max_new_tokens=6, temperature=0.0))
-    assert len(traced) == 2 and len(os.listdir(cache)) == 2
-    assert not np.array_equal(sampled["tokens"], greedy["tokens"])
-    elsewhere = sample(cfg=dataclasses.replace(CFG, model_path="/elsewhere/run", train_steps=1000))
-    assert len(traced) == 2
-    np.testing.assert_array_equal(elsewhere["tokens"], sampled["tokens"])
-    sample(cfg=dataclasses.replace(CFG, local_attention_radius=8))
-    assert len(traced) == 3 and len(os.listdir(cache)) == 3
+@pytest.fixture
+def small():
+    """A small XLA program (a While over a variable) built through traces.call: `small.run(count)` builds and runs
+    it in `count` fresh graphs and returns its values; `small.traced` lists its traces during the test."""
+    traced = []
+
+    def program():
+        traced.append(1)
+        return tf.function(lambda v: tf.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 1.5),
+                                                   [0, v.read_value()])[1:], jit_compile=True, autograph=False)
+
+    def run(count: int = 1) -> list:
+        values = []
+        for _ in range(count):
+            with tf.Graph().as_default(), tf.Session() as session:
+                v = tf.Variable(np.arange(4, dtype=np.float32), use_resource=True)
+                (out,) = traces.call(program, [v], "the small program")
+                session.run(v.initializer)
+                values.append(session.run(out))
+        return values
+    return types.SimpleNamespace(run=run, traced=traced)
 
 
-def test_two_stored_programs_are_read_back_into_one_graph(cache, traced):
-    """The harness's greedy and sampled generations, both read back by one Predictor (one graph). TensorFlow names
-    a While's body by a process-wide count (while_body_<n>), so two processes name two different bodies alike:
-    a stored file names the functions its program calls after itself. Bug caught: the called functions stored
-    under TensorFlow's names (two files from two processes then bring two bodies of one name, which the graph
-    refuses)."""
-    from tensorflow.core.framework import graph_pb2
-    greedy = SamplingOptions.from_config(CFG, max_new_tokens=6, temperature=0.0)
-    want = {options: sample(options) for options in (SAMPLED, greedy)}
-    assert len(traced) == 2
-    with Predictor(CFG, placement_for(CFG)) as predictor:
-        for options in (SAMPLED, greedy):
-            np.testing.assert_array_equal(predictor.predict(ROWS, len(ROWS["tokens"]), options)["tokens"],
-                                          want[options]["tokens"])
-    assert len(traced) == 2
-    for path in cache.iterdir():
-        stored = graph_pb2.GraphDef.FromString(path.read_bytes())
-        called = {f.signature.name for f in stored.library.function} - {stored.node[0].op}
-        assert called and all(name.endswith("_" + path.stem[:16]) for name in called), (path.stem, called)
-
-
-def test_a_damaged_file_is_traced_again_and_replaced(cache, traced):
+def test_a_damaged_file_is_traced_again_and_replaced(cache, small):
     """Bug caught: an unreadable file raising out of the build instead of being traced again."""
-    want = sample()
+    want = small.run()
     (path,) = cache.iterdir()
     path.write_bytes(b"not a trace")
-    got = sample()
-    assert len(traced) == 2
-    for name in want:
-        np.testing.assert_array_equal(got[name], want[name])
-    assert path.read_bytes() != b"not a trace"
-    sample()
-    assert len(traced) == 2  # the replacement is read back
+    got = small.run()
+    assert len(small.traced) == 2 and path.read_bytes() != b"not a trace"
+    np.testing.assert_array_equal(got, want)
+    small.run()
+    assert len(small.traced) == 2  # the replacement is read back
 
 
 @pytest.mark.parametrize("failing", ["mkstemp", "replace"])
-def test_a_folder_that_takes_no_file_leaves_the_trace_as_made_and_no_partial_file(cache, traced, monkeypatch,
+def test_a_folder_that_takes_no_file_leaves_the_trace_as_made_and_no_partial_file(cache, small, monkeypatch,
                                                                                     failing):
     """A full disk (or a read-only mount) when the file is made or put in place. Bug caught: the partial file
     left behind when putting it in place fails."""
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(getattr(traces, "tempfile" if failing == "mkstemp" else "os"), failing, full)
-    sample()
-    sample()
-    assert len(traced) == 2 and (not cache.exists() or not os.listdir(cache))
+    values = small.run(2)
+    assert len(small.traced) == 2 and (not cache.exists() or not os.listdir(cache))
+    np.testing.assert_allclose(values, [np.arange(4) * 1.5 ** 3] * 2)
 
 
-def test_without_a_cache_folder_nothing_is_kept(monkeypatch, traced):
+def test_without_a_cache_folder_nothing_is_kept(monkeypatch, small):
     monkeypatch.setenv("TF_XLA_FLAGS", "")
     assert traces.folder() is None
-    sample()
-    sample()
-    assert len(traced) == 2
+    small.run(2)
+    assert len(small.traced) == 2
