@@ -46,6 +46,7 @@ def sample(options=SAMPLED, cfg=CFG) -> dict:
         return predictor.predict(ROWS, len(ROWS["tokens"]), options)
 
 
+@pytest.mark.slow  # five Predictors; the fast tier keeps the small program's cases and the key's
 def test_runs_of_the_model_read_the_decoders_trace_back_and_other_options_or_models_trace_their_own(
         cache, traced, monkeypatch):
     """The compiled decoder, built by five Predictors in turn: the first traces and stores it; a run of the same
