@@ -27,6 +27,7 @@ logits are those of the bf16-rounded weights in fp32 arithmetic (tested against 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Optional
@@ -189,6 +190,12 @@ def _prefill(model: _Model, tokens, span: int, length: int):
     the loop's state), each into a buffer of its own, and copied every global layer's cache twice a token (48 of
     the bench model's ~90 MB a token)."""
     cfg = model.cfg
+    # XLA's products over the prefill's rows, never the native ones: XLA:CPU's persistent compile cache stored a
+    # program with custom calls outside its While that crashed when a later process loaded it (TF 2.21: the
+    # default model's `--predict` with the XLA kernels, heap corruption in the first custom call); the loop's
+    # calls load fine, and a prefill's product is a matrix product, not the weights' reads the kernel is for
+    model = copy.copy(model)
+    model.native = False
     x = model.embed(tokens[:, :span], tf.range(span)[None])
     query = tf.range(span)[:, None]
     memory = tf.range(span)[None, :]
