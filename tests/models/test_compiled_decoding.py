@@ -1,5 +1,7 @@
 """Compiled decoding (models/compiled_decoding.py): the same tokens as the mtf sampler's loop in float32, logits
 within bf16's rounding of an fp32 full recompute in bfloat16, and the mtf loop wherever it does not apply."""
+import os
+
 import numpy as np
 import pytest
 
@@ -232,3 +234,46 @@ def test_supported_models_build_the_compiled_program_and_plain_kernels_keep_the_
     with kernels("plain"):  # devices where XLA cannot compile (XLA:GPU without ptxas)
         assert "plain" in compiled_decoding.unsupported(cfg, options)
         assert not any(name.startswith("compiled_sample") for name in built_ops(cfg, options))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A program loaded from XLA's persistent compile cache (what every process after the first runs)
+
+LOADED_THREE_TIMES = """
+import sys
+sys.path.insert(0, "tests")
+import conftest  # the CPU's devices, as in the suite
+import os
+
+import numpy as np
+from infer.run import Predictor
+from models.sampling import SamplingOptions
+from tiny import placement_for, random_tokens, tiny_config
+cfg = tiny_config(precision="bfloat16")
+rows = {"tokens": random_tokens([1, cfg.n_ctx], vocab=cfg.n_vocab, seed=1), "prompt_length": np.array([5], np.int32),
+        "seed": np.array([7], np.int32)}
+options = SamplingOptions.from_config(cfg, max_new_tokens=6, padding_id=0, compiled=True, temperature=0.0,
+                                      prefill_length=8)
+for run in range(3):
+    with Predictor(cfg, placement_for(cfg)) as predictor:  # a graph and session each: the cache is per session
+        print("tokens", predictor.predict(rows, 1, options)["tokens"][0].tolist(), flush=True)
+"""
+
+
+@pytest.mark.slow  # a fresh process (~11 s)
+@pytest.mark.skipif(not COMPILER, reason="no C++ compiler here: the native products cannot be built")
+def test_a_native_program_loaded_from_xlas_compile_cache_samples_the_tokens_it_sampled_when_compiled(
+        tmp_path, monkeypatch):
+    """Three Predictors on one cache folder, in a process of their own: the first traces and compiles the program
+    (and stores its trace), the second compiles the trace read back, the third loads that executable from disk,
+    as every later process does. The prefill's 8 rows are few enough for the native products: made native custom
+    calls there (outside the loop), the loaded program crashed in its first one (SIGSEGV, TF 2.21's XLA:CPU),
+    which is why the prefill keeps XLA's products (models/compiled_decoding.py, `_prefill`)."""
+    from workspace import run_python
+    monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={tmp_path}")
+    done = run_python(LOADED_THREE_TIMES, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    runs = [line for line in done.stdout.splitlines() if line.startswith("tokens")]
+    assert len(runs) == 3 and len(set(runs)) == 1, runs
+    executables = [name for name in os.listdir(tmp_path) if name.startswith("xla_compile_cache")]
+    assert 0 < len(executables) < 3, executables  # a run loaded its program instead of compiling it
