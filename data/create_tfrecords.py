@@ -47,6 +47,7 @@ if __package__ in (None, ""):  # allow `python data/create_tfrecords.py` as well
 
 from tqdm import tqdm
 
+import modelpath.files
 from console.arguments import ArgumentParser
 from schema import DATASET_CONFIG_DIR as DEFAULT_DATASET_CONFIG_DIR, REPO_ROOT
 from data.documents import Document, check_whole, iter_documents, list_input_files
@@ -285,7 +286,8 @@ def _make_output_dir(output_dir: str) -> None:
 
 def _remove_leftover_temporaries(output_dir: str, name: str) -> None:
     """Delete half-written files of a crashed run; their groups are then redone."""
-    pattern = re.compile(rf"^{re.escape(name)}(_\d+\.tfrecords|\.manifest\.json){re.escape(TEMPORARY_SUFFIX)}$")
+    pattern = re.compile(rf"^{re.escape(name)}(_\d+\.tfrecords|\.manifest\.json(\.\d+-[0-9a-f]+)?)"
+                         rf"{re.escape(TEMPORARY_SUFFIX)}$")
     for entry in os.listdir(output_dir):
         if pattern.match(entry):
             os.remove(os.path.join(output_dir, entry))
@@ -396,11 +398,8 @@ def _read_manifest(path: str) -> tuple:
 
 
 def write_json_atomically(path: str, payload: dict) -> None:
-    temporary = path + TEMPORARY_SUFFIX
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2)
-        handle.write("\n")
-    os.replace(temporary, path)
+    """A manifest or dataset config, as users read them (indent 2), written whole (modelpath/files.py)."""
+    modelpath.files.write_json_atomically(path, payload, indent=2)
 
 
 # ----------------------------------------------------------------------------- encoding

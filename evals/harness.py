@@ -15,7 +15,6 @@ results JSON's "gpt_neo" entry name.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -28,6 +27,7 @@ from data.tokenizer import load_for_config
 from evals.tasks import append_result
 from infer import run
 from modelpath import checkpoints
+from modelpath.files import write_json_atomically
 from devices import precision
 from modelpath import events
 from modelpath.events import summary_writer, write_scalars
@@ -154,9 +154,7 @@ def task_metrics(results: dict) -> dict:
 def write_json(path: str, value) -> None:
     """Written whole under a temporary name, then renamed: a failed write leaves no half file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, default=str, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
+    write_json_atomically(path, value, default=str, ensure_ascii=False)
 
 
 @dataclass(frozen=True)

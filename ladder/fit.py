@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ladder import scaling_law
+from modelpath.files import write_json_atomically
 from ladder.records import PFLOP_DAY, duration, read_plan, results_file, validation_losses
 from ladder.spec import LadderError, LadderSpec, parse_count
 
@@ -246,9 +247,7 @@ def command(spec: LadderSpec, hold_out: list, budgets: list, configs: list, resa
     folder = os.path.join(spec.out, "fit", spec.name)  # specs may share OUT (a multiple added to a ladder)
     os.makedirs(folder, exist_ok=True)
     files = plots(spec, result, found, hold_out, fpt, folder)
-    with open(os.path.join(folder, "fit.json") + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1)
-    os.replace(os.path.join(folder, "fit.json") + ".tmp", os.path.join(folder, "fit.json"))
+    write_json_atomically(os.path.join(folder, "fit.json"), report)
     print(f"wrote {os.path.join(folder, 'fit.json')} and {', '.join(os.path.basename(p) for p in files)}")
     return 0
 

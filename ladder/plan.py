@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from schema import ConfigError, GPTConfig, batch_split, num_microbatches
+from modelpath.files import write_json_atomically
 from config import config_from_dict, dataset_registry_for, replace, resolve_config_path
 from plan import dry_run
 from plan.memory_check import available_host_bytes
@@ -262,10 +263,7 @@ def flops_per_token_curve(ladder: Ladder) -> list:
 
 def _write_json(path: str, data) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    write_json_atomically(path, data)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,10 +1,14 @@
 """File operations on a model_path, wherever it is: a local folder through `os`, a bucket (`gs://...`, any
 path with a scheme) through TensorFlow's gfile, which is imported only then. So what a model_path holds can be
 read without TensorFlow (tools/plot_runs.py, run_experiment.py, the ladder's status and fit), and a bucket
-works wherever TensorFlow does."""
+works wherever TensorFlow does. `write_atomically` and `write_json_atomically` are the project's one way to
+write a whole file (datasets' manifests, plans, results, the compiled decoder's traces, ...), in a model_path
+or not."""
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 
 
@@ -98,9 +102,25 @@ def open_text(path: str, mode: str = "r"):
     return open(path, mode, encoding="utf-8")
 
 
-def write_atomically(path: str, text: str) -> None:
-    """`text` written to a temporary file beside `path`, then renamed over it: a reader sees the old file or the
-    whole new one, never a part."""
-    with open_text(path + ".tmp", "w") as f:
-        f.write(text)
-    rename(path + ".tmp", path)
+def write_atomically(path: str, data: str | bytes) -> None:
+    """`data` (text as UTF-8) written to a temporary file of its own beside `path`, then renamed over it: a reader
+    sees the old file or the whole new one, never a part, and two writers never share a temporary. A write that
+    fails (a full disk, a read-only folder, an interrupt) raises and leaves `path` as it was and no temporary."""
+    temporary = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with (_gfile().GFile(temporary, "wb") if is_remote(path) else open(temporary, "xb")) as f:
+            f.write(payload)
+        rename(temporary, path)
+    except BaseException:
+        try:
+            if exists(temporary):
+                remove(temporary)
+        except Exception:  # noqa: BLE001  (the write's own error is the one to raise)
+            pass
+        raise
+
+
+def write_json_atomically(path: str, value, indent: int = 1, **dump_options) -> None:
+    """`value` as JSON (ending with a newline) through `write_atomically`; `dump_options` go to json.dumps."""
+    write_atomically(path, json.dumps(value, indent=indent, **dump_options) + "\n")

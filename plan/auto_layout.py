@@ -35,6 +35,7 @@ from mesh_tensorflow.auto_mtf import graph_interface as graph_interface_lib
 from ortools.sat.python import cp_model
 
 from plan import model_graph
+from modelpath.files import write_json_atomically
 from schema import ConfigError, GPTConfig, parse_mesh_shape
 from config import replace
 from models.layout import tensor_dim_sizes
@@ -373,9 +374,5 @@ def write_config(source_path: str, plan: LayoutPlan, out_path: str) -> str:
     raw["mesh_shape"], raw["layout"] = plan.mesh_shape, plan.layout
     folder = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(folder, exist_ok=True)
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(raw, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, out_path)
+    write_json_atomically(out_path, raw, indent=2)
     return out_path

@@ -19,7 +19,6 @@ import functools
 import hashlib
 import os
 import sys
-import tempfile
 from typing import Callable, Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -31,6 +30,7 @@ except ImportError:  # pragma: no cover -- a TensorFlow that moved them (tests/t
     gen_functional_ops = None
 
 from console.environment import xla_cache_in_use
+from modelpath.files import write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What a trace of the models' code is made of besides its arguments: the models package and the config schema
@@ -106,14 +106,7 @@ def _store(path: str, concrete, call_op: tf.Operation) -> None:
     stored = stored.SerializeToString(deterministic=True)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".partial")
-        try:
-            with os.fdopen(handle, "wb") as f:
-                f.write(stored)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        write_atomically(path, stored)
     except OSError:  # a read-only or full cache folder: the trace is used as made, and made again next time
         pass
 

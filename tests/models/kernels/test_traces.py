@@ -149,14 +149,17 @@ def test_a_damaged_file_is_traced_again_and_replaced(cache, small):
     assert len(small.traced) == 2  # the replacement is read back
 
 
-@pytest.mark.parametrize("failing", ["mkstemp", "replace"])
+@pytest.mark.parametrize("failing", ["open", "replace"])
 def test_a_folder_that_takes_no_file_leaves_the_trace_as_made_and_no_partial_file(cache, small, monkeypatch,
                                                                                     failing):
-    """A full disk (or a read-only mount) when the file is made or put in place. Bug caught: the partial file
-    left behind when putting it in place fails."""
+    """A full disk (or a read-only mount) when the file is made or put in place (modelpath/files.py's
+    `write_atomically`). Bugs caught: the error let through (the sampler fails for a cache folder); the partial
+    file left behind when putting it in place fails."""
+    from modelpath import files
+
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(getattr(traces, "tempfile" if failing == "mkstemp" else "os"), failing, full)
+    monkeypatch.setattr(files if failing == "open" else files.os, failing, full, raising=False)
     values = small.run(2)
     assert len(small.traced) == 2 and (not cache.exists() or not os.listdir(cache))
     np.testing.assert_allclose(values, [np.arange(4) * 1.5 ** 3] * 2)
