@@ -139,3 +139,22 @@ def test_a_stored_trace_is_called_through_the_call_ops_tf_function_makes(tmp_pat
     assert len(made) == 1
     np.testing.assert_allclose(values[1], values[0])
     np.testing.assert_allclose(values[0], np.arange(4) * 1.5 ** 3)
+
+
+def test_a_graph_tells_the_while_loop_an_op_is_made_in():
+    """models/kernels/attention._shared_mask keys the blocked attention's masks by `Graph._get_control_flow_context`
+    (None outside a TF 1 while loop, the loop's context inside): without it each layer makes its own masks."""
+    graph = tf.Graph()
+    assert callable(getattr(graph, "_get_control_flow_context", None)), GONE.format(
+        tf.__version__, "tf.Graph._get_control_flow_context", "every layer makes its own attention masks")
+    seen = []
+    before = tf.control_flow_v2_enabled()
+    tf.disable_control_flow_v2()
+    try:
+        with graph.as_default():
+            seen.append(graph._get_control_flow_context())
+            tf.while_loop(lambda i: i < 2, lambda i: seen.append(graph._get_control_flow_context()) or i + 1, [0])
+    finally:
+        if before:
+            tf.enable_control_flow_v2()
+    assert seen[0] is None and seen[1] is not None

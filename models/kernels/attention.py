@@ -6,8 +6,9 @@ memory dimension whole on each device; where the layout splits it, the caller sa
 the softmax is mtf's, which reduces across devices."""
 from __future__ import annotations
 
+import weakref
+
 import mesh_tensorflow as mtf
-import numpy as np
 import tensorflow.compat.v1 as tf
 
 from models.kernels.common import MASKED, compiled, f32, xla_function
@@ -127,6 +128,41 @@ def _softmax_backward_as(y, dy, dtype):
     return tf.cast((dy - tf.reduce_sum(dy * y, axis=-1, keepdims=True)) * y, dtype)
 
 
+def _rows(x, first: int, end: int):
+    """x[..., first:end, :] as one Slice (a StridedSlice takes a constant more; the blocks' slices were a tenth of
+    125M's training graph), or x itself when that is all of it."""
+    if first == 0 and end == x.shape.as_list()[-2]:
+        return x
+    rank = len(x.shape)
+    return tf.slice(x, [0] * (rank - 2) + [first, 0], [-1] * (rank - 2) + [end - first, -1])
+
+
+def _mask(start: int, end: int, first: int, radius: int | None):
+    """[end - start, end - first]: 0 where query start + i sees key first + j, MASKED elsewhere."""
+    offset = tf.range(first, end)[None, :] - tf.range(start, end)[:, None]
+    seen = offset <= 0 if radius is None else tf.logical_and(offset <= 0, offset > -radius)
+    return tf.where(seen, tf.zeros(tf.shape(offset)), tf.fill(tf.shape(offset), MASKED))
+
+
+# The blocks' masks of a graph, made once per device, block and control-flow context (a TF 1 while loop's body,
+# as TPU programs lower the step in, cannot read a tensor made in another loop's) and read by every layer: ~20 ops
+# a block, which every layer made again (a sixth of 125M's training graph at context 2048). Only where the
+# weights are kept: recomputing contexts (long ones) keep one block's mask at a time, not all of them.
+_MASKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _shared_mask(device: str, start: int, end: int, first: int, radius: int | None):
+    graph = tf.get_default_graph()
+    context_of = getattr(graph, "_get_control_flow_context", None)  # private (docs/repository.md)
+    if context_of is None:  # which loop the op is made in cannot be told: each layer makes its own
+        return _mask(start, end, first, radius)
+    masks = _MASKS.setdefault(graph, {})
+    key = (device, context_of(), start, end, first, radius)
+    if key not in masks:
+        masks[key] = _mask(start, end, first, radius)
+    return masks[key]
+
+
 def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bool):
     """One device's causal attention: q, k [..., length, key], v [..., length, value], all in the activations'
     dtype. Each block of queries against only the keys some query of it sees: from 0 (global) or the window's
@@ -156,13 +192,14 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bo
     spans = [(start, start + block_length, _visible_keys(start, start + block_length, radius))
              for start in range(0, length, block_length)]
 
-    def mask(start, end, first):  # [block, end - first]: 0 where the query sees the key, MASKED elsewhere
-        offset = tf.range(first, end)[None, :] - tf.range(start, end)[:, None]
-        seen = offset <= 0 if radius is None else tf.logical_and(offset <= 0, offset > -radius)
-        return tf.where(seen, tf.zeros(tf.shape(offset)), tf.fill(tf.shape(offset), MASKED))
+    def blocks_of(x):  # x's query blocks, one Split
+        return tf.split(x, len(spans), axis=-2) if len(spans) > 1 else [x]
 
-    def softmax(q32, k32, start, end, first):  # the block's fp32 softmax weights [.., block, keys]
-        logits = tf.matmul(q32[..., start:end, :], k32[..., first:end, :], transpose_b=True)
+    def mask(start, end, first):
+        return _mask(start, end, first, radius) if recompute else _shared_mask(q.device, start, end, first, radius)
+
+    def softmax(q32_block, k32, start, end, first):  # the block's fp32 softmax weights [.., block, keys]
+        logits = tf.matmul(q32_block, _rows(k32, first, end), transpose_b=True)
         return tf.nn.softmax(logits + mask(start, end, first), axis=-1)
 
     def one_at_a_time(after):
@@ -175,12 +212,13 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bo
     @tf.custom_gradient
     def blocks(q, k, v):
         q32, k32 = f32(q), f32(k)
+        q32_blocks = blocks_of(q32)
         kept, outputs = [], []  # kept: each block's weights in v's dtype, unless recomputed (kept_for_backward)
-        for start, end, first in spans:
+        for (start, end, first), q32_block in zip(spans, q32_blocks):
             with one_at_a_time(outputs[-1:]):
-                weights = tf.cast(softmax(q32, k32, start, end, first), v.dtype)
+                weights = tf.cast(softmax(q32_block, k32, start, end, first), v.dtype)
                 kept.append(None if recompute else weights)
-                outputs.append(tf.matmul(weights, v[..., first:end, :]))
+                outputs.append(tf.matmul(weights, _rows(v, first, end)))
 
         def gradient(d_out):
             if recompute:
@@ -191,17 +229,20 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bo
             d_q, d_k, d_v = [], [], []
             carry_k = carry_v = None  # over the keys from `carried_from` to the current block's start
             after = [d_out]
+            # the query-length operands' blocks, each one Split (the keys' overlap: sliced, again, per block)
+            d_out_blocks, q_blocks = blocks_of(d_out), blocks_of(q)
+            q32_blocks = blocks_of(q32) if recompute else None
             for i in reversed(range(len(spans))):
                 start, end, first = spans[i]
                 with one_at_a_time(after):
-                    keys, values = k[..., first:end, :], v[..., first:end, :]  # sliced again: not kept meanwhile
-                    d_out_i = d_out[..., start:end, :]
+                    keys, values = _rows(k, first, end), _rows(v, first, end)  # sliced again: not kept meanwhile
+                    d_out_i = d_out_blocks[i]
                     d_weights = tf.matmul(d_out_i, values, transpose_b=True)
-                    weights = softmax(q32, k32, start, end, first) if recompute else kept[i]
+                    weights = softmax(q32_blocks[i], k32, start, end, first) if recompute else kept[i]
                     d_logits = compiled(_softmax_backward_as, weights, d_weights, q.dtype)
                     weights = tf.cast(weights, v.dtype)
                     d_q.append(tf.matmul(d_logits, keys))
-                    part_k = f32(tf.matmul(d_logits, q[..., start:end, :], transpose_a=True))  # [.., end - first, key]
+                    part_k = f32(tf.matmul(d_logits, q_blocks[i], transpose_a=True))  # [.., end - first, key]
                     part_v = f32(tf.matmul(weights, d_out_i, transpose_a=True))
                 if carry_k is not None:  # the carry covers [carried_from, start): pad its front to `first`
                     before = [[0, 0]] * (len(part_k.shape) - 2) + [[carried_from - first, 0], [0, 0]]
@@ -209,9 +250,10 @@ def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bo
                     carry_v = part_v + tf.pad(carry_v, before) if carried_from > first else part_v + carry_v
                 else:
                     carry_k, carry_v = part_k, part_v
-                d_k.append(tf.cast(carry_k[..., start - first:, :], k.dtype))
-                d_v.append(tf.cast(carry_v[..., start - first:, :], v.dtype))
-                carry_k, carry_v, carried_from = carry_k[..., :start - first, :], carry_v[..., :start - first, :], first
+                rows = end - first
+                d_k.append(tf.cast(_rows(carry_k, start - first, rows), k.dtype))
+                d_v.append(tf.cast(_rows(carry_v, start - first, rows), v.dtype))
+                carry_k, carry_v, carried_from = _rows(carry_k, 0, start - first), _rows(carry_v, 0, start - first), first
                 after = [d_q[-1], d_k[-1], d_v[-1], carry_k, carry_v]  # the block done, nothing of it left pending
             return [tf.concat(d[::-1], axis=-2) for d in (d_q, d_k, d_v)]
 

@@ -118,3 +118,45 @@ def test_causal_attention_in_bfloat16_is_float32s_rounded_to_bfloat16(radius, re
     for g, e in zip(got, expected):
         scale = np.abs(e).max()
         np.testing.assert_allclose(g / scale, e / scale, atol=2e-2)
+
+
+def test_the_layers_of_a_graph_share_the_blocks_masks_and_a_while_loop_makes_its_own(monkeypatch):
+    """Blocked causal attention's masks are made once per graph and block and read by every layer (125M's
+    training graph: a sixth of its ops were masks), except inside a TF 1 while loop's body (TPU programs lower
+    the step there), whose masks stay its own: a tensor made in a loop cannot be read outside it. Values and
+    gradients are those of masks made per layer. Bugs caught: the loop left out of the masks' key (the layer
+    after the loop reads the body's mask: TensorFlow refuses the graph); no sharing at all (the second layer
+    makes its own ranges)."""
+    rng = np.random.RandomState(0)
+    inputs = [rng.randn(2, 256, 8).astype(np.float32) for _ in range(5)]
+
+    def build(shared: bool):
+        q, k_loop, v_loop, k, v = (tf.constant(x) for x in inputs)
+
+        def layer(x, keys, values, radius=None):
+            return attention._causal_blocks(x, keys, values, 64, radius, recompute=False)
+
+        before = tf.control_flow_v2_enabled()
+        tf.disable_control_flow_v2()
+        try:
+            looped = tf.while_loop(lambda i, x: i < 2, lambda i, x: (i + 1, layer(x, k_loop, v_loop)), [0, q])[1]
+        finally:
+            if before:
+                tf.enable_control_flow_v2()
+        graph = tf.get_default_graph()
+        ranges = lambda: sum(op.type == "Range" for op in graph.get_operations())  # noqa: E731
+        first = layer(looped, k, v)
+        made = ranges()
+        second = layer(first, k, v)
+        assert (ranges() == made) == shared  # the second layer's blocks read the first's masks
+        out = layer(second, k, v, radius=100)  # a window of its own: masks of its own
+        assert ranges() > made
+        return [out] + tf.gradients(tf.reduce_sum(out * out), [looped, k, v])
+
+    with tf.Graph().as_default(), tf.Session() as session:
+        shared = session.run(build(True))
+    monkeypatch.setattr(attention, "_shared_mask", lambda device, *a: attention._mask(*a))
+    with tf.Graph().as_default(), tf.Session() as session:
+        each_its_own = session.run(build(False))
+    for got, want in zip(shared, each_its_own):
+        np.testing.assert_array_equal(got, want)
