@@ -4,14 +4,14 @@ generation task), where reading the same functions back takes ~0.04 s.
 
 `call(make_function, args, parts)` is `make_function()(*args)` in the graph being built. The first time, it traces
 and writes the function and the ones it calls (a While's body and condition, a switch's branches) as a
-FunctionDefLibrary; later, with the same key, it adds those functions to the graph and calls them, tracing
-nothing. The key is a digest of `parts` (what the trace was made from: the config, the options, the argument
-shapes and dtypes), the source of every module under models/ and of schema.py (so an edit to the code traces
-again), and
-TensorFlow's and Python's versions. The files go to the XLA compile cache's folder (`traces/`), which is already
-keyed by TensorFlow's version and the CPU (console/environment.py); with no cache folder in use
-(GPT_NEO_XLA_CACHE=off) nothing is kept and every call traces. A file that cannot be read back is traced again
-and replaced; one that cannot be written is left out, and the trace used as made.
+FunctionDefLibrary and calls them as stored; later, with the same key, it adds those functions to the graph and
+calls them, tracing nothing: every process runs one program, so XLA's persistent cache compiles it once. The key is
+a digest of `parts` (what the trace was made from: the config, the options, the argument shapes and dtypes), the
+source of every module under models/ and of schema.py (so an edit to the code traces again), and TensorFlow's and
+Python's versions. The files go to the XLA compile cache's folder (`traces/`), which is already keyed by
+TensorFlow's version and the CPU (console/environment.py); with no cache folder in use (GPT_NEO_XLA_CACHE=off)
+nothing is kept and every call traces. A file that cannot be read back is traced again and replaced; one that
+cannot be written is left out, and the trace used as made.
 """
 from __future__ import annotations
 
@@ -83,6 +83,12 @@ def call(make_function: Callable[[], Callable], args: Sequence[tf.Tensor], parts
     outputs = list(function(*args))
     if path:
         _store(path, function.get_concrete_function(*args), outputs[0].op)
+        # and called as later processes call it, under the stored names: XLA's persistent cache then keeps the
+        # executable they load (the traced names' program, compiled, would be asked for by no later process, and
+        # the next one would compile the stored names' again); the traced call is left unfetched, never run
+        stored = _call_stored(path, args) if os.path.exists(path) else None
+        if stored is not None:
+            return stored
     return outputs
 
 
@@ -97,9 +103,10 @@ def _store(path: str, concrete, call_op: tf.Operation) -> None:
     library = function_pb2.FunctionDefLibrary()
     library.function.extend(concrete.graph.as_graph_def().library.function)
     library.function.append(concrete.function_def)
-    _rename_called(library, concrete.function_def.signature.name, os.path.basename(path).split(".")[0][:16])
+    suffix = os.path.basename(path).split(".")[0][:16]
+    _rename(library, suffix)
     stored = graph_pb2.GraphDef(library=library)
-    node = stored.node.add(name=call_op.type, op=concrete.function_def.signature.name)
+    node = stored.node.add(name=call_op.type, op=f"{concrete.function_def.signature.name}_{suffix}")
     for name in CALL_ATTRS:
         if name in call_op.node_def.attr:
             node.attr[name].CopyFrom(call_op.node_def.attr[name])
@@ -111,11 +118,12 @@ def _store(path: str, concrete, call_op: tf.Operation) -> None:
         pass
 
 
-def _rename_called(library, main: str, suffix: str) -> None:
-    """The functions `main` calls renamed after the file (TensorFlow names a While's body `while_body_<counter>`, a
-    process-wide count): two stored programs read into one graph would otherwise bring two different functions of
-    one name, which the graph refuses. `main` is named by its content already (models/kernels/common.py)."""
-    names = {f.signature.name: f"{f.signature.name}_{suffix}" for f in library.function if f.signature.name != main}
+def _rename(library, suffix: str) -> None:
+    """Every function of the library renamed after the file: TensorFlow names a While's body `while_body_<counter>`,
+    a process-wide count, so two stored programs read into one graph would bring two different functions of one
+    name, which the graph refuses; and the process that traced the program holds it under its first name (calling
+    the functions' first names) when it calls the stored one."""
+    names = {f.signature.name: f"{f.signature.name}_{suffix}" for f in library.function}
     for function in library.function:
         function.signature.name = names.get(function.signature.name, function.signature.name)
         for node in function.node_def:
