@@ -144,9 +144,10 @@ def _mask(start: int, end: int, first: int, radius: int | None):
     return tf.where(seen, tf.zeros(tf.shape(offset)), tf.fill(tf.shape(offset), MASKED))
 
 
-# The blocks' masks of a graph, made once per device, block and control-flow context (a TF 1 while loop's body,
+# The blocks' masks of each graph, made once per device, block and control-flow context (a TF 1 while loop's body,
 # as TPU programs lower the step in, cannot read a tensor made in another loop's) and read by every layer: ~20 ops
-# a block, which every layer made again (a sixth of 125M's training graph at context 2048). Only where the
+# a block, which every layer made again (a sixth of 125M's training graph at context 2048). Held by name: a
+# tensor (or a loop's context) would hold its graph, which the weak key would then never let go. Only where the
 # weights are kept: recomputing contexts (long ones) keep one block's mask at a time, not all of them.
 _MASKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -156,11 +157,12 @@ def _shared_mask(device: str, start: int, end: int, first: int, radius: int | No
     context_of = getattr(graph, "_get_control_flow_context", None)  # private (docs/repository.md)
     if context_of is None:  # which loop the op is made in cannot be told: each layer makes its own
         return _mask(start, end, first, radius)
+    context = context_of()
     masks = _MASKS.setdefault(graph, {})
-    key = (device, context_of(), start, end, first, radius)
+    key = (device, None if context is None else context.name, start, end, first, radius)
     if key not in masks:
-        masks[key] = _mask(start, end, first, radius)
-    return masks[key]
+        masks[key] = _mask(start, end, first, radius).name
+    return graph.get_tensor_by_name(masks[key])
 
 
 def _causal_blocks(q, k, v, block_length: int, radius: int | None, recompute: bool):

@@ -160,3 +160,21 @@ def test_the_layers_of_a_graph_share_the_blocks_masks_and_a_while_loop_makes_its
         each_its_own = session.run(build(False))
     for got, want in zip(shared, each_its_own):
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_shared_masks_keep_no_graph_alive():
+    """The masks are shared per graph without holding it: a process building many graphs (a harness run's programs,
+    the tests) frees each as before. (Bug: the map, keyed weakly by graph, holding the masks' tensors, each of
+    which holds its graph: no graph would ever be freed.) The graph here has no custom gradient, which TensorFlow's
+    gradient registry keeps alive by itself."""
+    import gc
+    import weakref
+    graph = tf.Graph()
+    with graph.as_default():
+        first = attention._shared_mask("", 0, 64, 0, None)
+        assert attention._shared_mask("", 0, 64, 0, None).name == first.name  # made once
+    assert attention._MASKS.get(graph)
+    released = weakref.ref(graph)
+    del graph, first
+    gc.collect()
+    assert released() is None
