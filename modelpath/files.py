@@ -11,6 +11,10 @@ import os
 import secrets
 import shutil
 
+# How the name of `write_atomically`'s temporary ends after its target's: `.<pid>-<8 hex digits>.tmp`, for those who
+# clear a crashed writer's leftovers (data/create_tfrecords.py)
+TEMPORARY_TAIL = r"\.\d+-[0-9a-f]{8}\.tmp"
+
 
 def is_remote(path: str) -> bool:
     """Whether `path` names a bucket (a scheme such as gs://), which only TensorFlow's gfile reaches."""

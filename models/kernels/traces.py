@@ -81,14 +81,14 @@ def call(make_function: Callable[[], Callable], args: Sequence[tf.Tensor], parts
             return outputs
     function = make_function()
     outputs = list(function(*args))
-    if path:
-        _store(path, function.get_concrete_function(*args), outputs[0].op)
-        # and called as later processes call it, under the stored names: XLA's persistent cache then keeps the
+    stored = _store(path, function.get_concrete_function(*args), outputs[0].op) if path else None
+    if stored is not None:
+        # called as later processes call it, under the stored names: XLA's persistent cache then keeps the
         # executable they load (the traced names' program, compiled, would be asked for by no later process, and
         # the next one would compile the stored names' again); the traced call is left unfetched, never run
-        stored = _call_stored(path, args) if os.path.exists(path) else None
-        if stored is not None:
-            return stored
+        called = _call_library(stored, args)
+        if called is not None:
+            return called
     return outputs
 
 
@@ -97,9 +97,9 @@ def _inputs(args: Sequence) -> list:
     return [a.handle if isinstance(a, tf.compat.v2.Variable) else a for a in args]
 
 
-def _store(path: str, concrete, call_op: tf.Operation) -> None:
+def _store(path: str, concrete, call_op: tf.Operation) -> Optional[graph_pb2.GraphDef]:
     """The concrete function, the functions it calls and its call's kind and attributes, written whole or not at
-    all."""
+    all; returns what was written (None when nothing was)."""
     library = function_pb2.FunctionDefLibrary()
     library.function.extend(concrete.graph.as_graph_def().library.function)
     library.function.append(concrete.function_def)
@@ -110,12 +110,12 @@ def _store(path: str, concrete, call_op: tf.Operation) -> None:
     for name in CALL_ATTRS:
         if name in call_op.node_def.attr:
             node.attr[name].CopyFrom(call_op.node_def.attr[name])
-    stored = stored.SerializeToString(deterministic=True)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomically(path, stored)
+        write_atomically(path, stored.SerializeToString(deterministic=True))
     except OSError:  # a read-only or full cache folder: the trace is used as made, and made again next time
-        pass
+        return None
+    return stored
 
 
 def _rename(library, suffix: str) -> None:
@@ -142,16 +142,25 @@ CALLS = {"PartitionedCall": gen_functional_ops.partitioned_call,
 def _call_stored(path: str, args: Sequence) -> Optional[list]:
     """The stored function called on `args` in the default graph, or None when the file does not hold one that
     takes them (damaged, or written by another program)."""
-    inputs = _inputs(args)
     try:
         with open(path, "rb") as f:
             stored = graph_pb2.GraphDef.FromString(f.read())
+    except Exception:  # noqa: BLE001 -- any unreadable file is traced again and replaced
+        return None
+    return _call_library(stored, args)
+
+
+def _call_library(stored: graph_pb2.GraphDef, args: Sequence) -> Optional[list]:
+    """The function `stored` holds (as `_store` writes it) called on `args` in the default graph, or None when it
+    does not take them."""
+    inputs = _inputs(args)
+    try:
         node = stored.node[0]
         signature = {f.signature.name: f for f in stored.library.function}[node.op].signature
         if [tf.as_dtype(a.type) for a in signature.input_arg] != [t.dtype for t in inputs] or node.name not in CALLS:
             return None
         tf.import_graph_def(graph_pb2.GraphDef(library=stored.library), name="")
-    except Exception:  # noqa: BLE001 -- any unreadable file is traced again and replaced
+    except Exception:  # noqa: BLE001 -- a damaged file's library, as an unreadable one
         return None
     outputs = CALLS[node.name](
         inputs, Tout=[tf.as_dtype(a.type) for a in signature.output_arg], f=attr_value_pb2.NameAttrList(name=node.op),

@@ -450,3 +450,24 @@ def test_cli_error_is_one_line_and_exit_code_1(tmp_path, capsys):
     code = ct.main(["--input_dir", str(tmp_path), "--name", "x", "--output_dir", str(tmp_path / "o"),
                     "--encoder_path", TOKENIZER_PATH, "--separator", "[0, 99999]", "--quiet"])
     assert code == 1 and "outside the tokenizer's vocabulary" in capsys.readouterr().err
+
+
+def test_a_manifests_temporary_left_by_a_killed_writer_is_cleared_by_the_next_run(tmp_path, monkeypatch):
+    """The manifest is written through modelpath.files.write_atomically; a writer killed between writing its
+    temporary and renaming it (kill -9: no clean-up) leaves `<manifest>.<pid>-<hex>.tmp`, which the next run
+    removes. Bug caught: the leftover pattern out of step with the temporary's name (the temporary stays forever)."""
+    import modelpath.files as files
+    write_txt_folder(tmp_path / "in", [3, 4, 5])
+    out = tmp_path / "out"
+
+    def killed(source, target):
+        raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(files, "rename", killed)
+    monkeypatch.setattr(files, "remove", lambda path: None)  # no clean-up after kill -9
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "in", out)
+    (left,) = [n for n in os.listdir(out) if n.endswith(".tmp")]
+    assert left.startswith("set.manifest.json.")
+    monkeypatch.undo()
+    run(tmp_path / "in", out)
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]

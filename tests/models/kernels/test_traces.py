@@ -57,8 +57,8 @@ def test_runs_of_the_model_read_the_decoders_trace_back_and_other_options_or_mod
     model_path kept in it (every run folder traces again); the called functions stored under TensorFlow's counter
     names (while_body_<n>, counted per process: two processes' files bring two bodies of one name into a graph)."""
     read = []
-    call_stored = traces._call_stored
-    monkeypatch.setattr(traces, "_call_stored", lambda *a: read.append(call_stored(*a)) or read[-1])
+    call_library = traces._call_library
+    monkeypatch.setattr(traces, "_call_library", lambda *a: read.append(call_library(*a)) or read[-1])
     sampled = sample()
     # traced, stored, and called as stored (later processes then load the executable this one compiles)
     assert len(traced) == 1 and len(os.listdir(cache)) == 1 and len(read) == 1 and read[0] is not None
@@ -136,6 +136,20 @@ def small():
                 values.append(session.run(out))
         return values
     return types.SimpleNamespace(run=run, traced=traced)
+
+
+def test_the_process_that_traces_calls_the_program_as_stored_without_reading_it_back(cache, small, monkeypatch):
+    """Bugs caught: the traced call returned (its program, compiled under the traced names, is one no later process
+    asks XLA's cache for); the file just written read back from disk."""
+    called, read = [], []
+    call_library = traces._call_library
+    monkeypatch.setattr(traces, "_call_library", lambda *a: called.append(call_library(*a)) or called[-1])
+    monkeypatch.setattr(traces, "_call_stored", lambda *a: read.append(a))
+    (values,) = small.run()
+    assert len(small.traced) == 1 and len(called) == 1 and called[0] is not None and not read
+    (path,) = cache.iterdir()
+    assert called[0][0].op.get_attr("f").name.endswith("_" + path.stem[:16])
+    np.testing.assert_allclose(values, np.arange(4) * 1.5 ** 3)
 
 
 def test_a_damaged_file_is_traced_again_and_replaced(cache, small):
