@@ -17,6 +17,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from schema import GPTConfig
+from models.kernels import traces
 from models.kernels.common import xla_function, xla_kernels
 
 # Norm gains/biases and other biases are not decayed (GPT-2/GPT-Neo practice).
@@ -56,10 +57,25 @@ def _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon
     return assigns
 
 
-@xla_function
-def _adam_compiled(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays):
-    _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays)
-    return tf.constant(0.0)  # an output for the caller to depend on: the assignments run inside the call
+def _adam_compiled(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays) -> tf.Operation:
+    """`_adam_pass` as one XLA-compiled call (the op to depend on: the assignments run inside it). Its trace is
+    kept on disk (models/kernels/traces.py): tracing the pass costs a build ~0.2 s for a tiny model and ~1 s at
+    GPT-Neo 125M's 481 variables, reading it back a few milliseconds."""
+    n, scaled, gated = len(weights), isinstance(scale, tf.Tensor), apply is not None
+    flat = [*weights, *ms, *vs, *grads, lr] + ([scale] if scaled else []) + ([apply] if gated else [])
+
+    def make_function():
+        @xla_function
+        def _adam_compiled(*flat):
+            w, m, v, g = (list(flat[i * n:(i + 1) * n]) for i in range(4))
+            rest = list(flat[4 * n + 1:])
+            _adam_pass(w, m, v, g, flat[4 * n], rest.pop(0) if scaled else scale, rest.pop(0) if gated else None,
+                       beta_1, beta_2, epsilon, decays)
+            return (tf.constant(0.0),)  # an output for the caller to depend on
+        return _adam_compiled
+    (done,) = traces.call(make_function, flat, ("adam", n, scaled, gated, scale if not scaled else None,
+                                                 beta_1, beta_2, epsilon, decays))
+    return done.op
 
 
 class AdamUpdate(mtf.Operation):
@@ -122,7 +138,7 @@ class AdamUpdate(mtf.Operation):
                     scale[p] if scale else 1.0, apply[p] if apply else None, *self._hyper, self._decays)
             with tf.device(mesh_impl.devices[p]) if placed else contextlib.nullcontext():
                 if placed and xla_kernels():
-                    ops.append(_adam_compiled(*args).op)
+                    ops.append(_adam_compiled(*args))
                 else:
                     ops.append(tf.group(_adam_pass(*args)))
         lowering.operations[self] = tf.group(ops)

@@ -15,6 +15,7 @@ from models.kernels import common
 from tiny import cpu_mesh_impl, fixed_batches, model_weights, placement_for, random_tokens, tiny_config
 from execution.callbacks import EachStep
 from train import loop
+from models import optimizers
 from models.optimizers import NO_DECAY, AdamWeightDecay
 from train.optimizer import autostack_allowed
 
@@ -27,7 +28,7 @@ def initial_values(seed=0) -> dict:
             "g_w": rng.randn(8, 6), "g_w2": rng.randn(8, 6), "g_o_b": rng.randn(6)}
 
 
-def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, lr=0.01, steps=2):
+def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, lr=0.01, steps=2, weight_decay=0.1):
     """`steps` Adam steps on the variables of initial_values with fp32 masters and activations (what the model
     reads) in `activation_dtype`; returns their values and slots, read from the masters after the last step.
     `optimizer_class` may be AdamWeightDecay with fused=False: its update per variable, as on TPU meshes
@@ -46,7 +47,8 @@ def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, 
                      for name, shape in shapes.items()]
         grads = [mtf.import_tf_tensor(mesh, tf.constant(start["g_" + name]), shape) for name, shape in shapes.items()]
         lr = mtf.import_fully_replicated(mesh, tf.constant(lr), mtf.Shape([]))
-        optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=0.1, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
+        optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=weight_decay, beta_1=0.9, beta_2=0.95,
+                                    epsilon=1e-8,
                                     exclude_from_weight_decay=NO_DECAY)
         updates = optimizer.apply_grads(grads, variables)
         lowering = mtf.Lowering(mtf_graph, {mesh: impl}, autostack=autostack_allowed(updates))  # as training lowers
@@ -87,6 +89,26 @@ def test_fused_adam_equals_adam_weight_decay(mesh_shape, layout, kernel_path):
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert np.abs(expected["w/adam_m"]).max() > 0  # the step ran
+
+
+def test_a_second_build_reads_adams_pass_back_and_another_weight_decay_traces_its_own(tmp_path, monkeypatch):
+    """The fused pass's trace is kept beside XLA's compile cache (models/kernels/traces.py): a second build of
+    the same update reads it back instead of tracing it again, and every build's steps are float64 NumPy's Adam.
+    Bugs caught: the pass traced on every build (traces.call bypassed); the weight decay (or Adam's other
+    constants) left out of what the trace is made from, so a run with another decay reads back a pass that
+    decays by the first's."""
+    monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={tmp_path}")
+    traced = []
+    adam_pass = optimizers._adam_pass
+    monkeypatch.setattr(optimizers, "_adam_pass", lambda *a: traced.append(1) or adam_pass(*a))
+    lr, steps = 0.01, 2
+    for weight_decay, traced_so_far in ((0.1, 1), (0.1, 1), (0.3, 2)):
+        with common.kernels("xla"):
+            got = two_steps(AdamWeightDecay, "all:1", "", lr=lr, steps=steps, weight_decay=weight_decay)
+        assert len(traced) == traced_so_far, weight_decay
+        for name, value in adam_oracle(lr, steps, weight_decay).items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=f"{name} {weight_decay}")
+    assert len(list((tmp_path / "traces").iterdir())) == 2
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "per_variable"])
