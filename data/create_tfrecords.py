@@ -286,8 +286,9 @@ def _make_output_dir(output_dir: str) -> None:
 
 def _remove_leftover_temporaries(output_dir: str, name: str) -> None:
     """Delete half-written files of a crashed run; their groups are then redone."""
+    # a manifest's temporary as write_atomically names it, or as versions before it did (`.manifest.json.tmp`)
     pattern = re.compile(rf"^{re.escape(name)}(_\d+\.tfrecords{re.escape(TEMPORARY_SUFFIX)}"
-                         rf"|\.manifest\.json{modelpath.files.TEMPORARY_TAIL})$")
+                         rf"|\.manifest\.json({modelpath.files.TEMPORARY_TAIL}|\.tmp))$")
     for entry in os.listdir(output_dir):
         if pattern.match(entry):
             os.remove(os.path.join(output_dir, entry))

@@ -59,17 +59,16 @@ def _adam_pass(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon
 
 def _adam_compiled(weights, ms, vs, grads, lr, scale, apply, beta_1, beta_2, epsilon, decays) -> tf.Operation:
     """`_adam_pass` as one XLA-compiled call (the op to depend on: the assignments run inside it). Its trace is
-    kept on disk (models/kernels/traces.py): tracing the pass costs a build ~0.2 s for a tiny model and ~1 s at
+    kept on disk (models/kernels/traces.py): tracing the pass costs a build ~0.2 s for a tiny model and ~1.5 s at
     GPT-Neo 125M's 481 variables, reading it back a few milliseconds."""
     n, scaled, gated = len(weights), isinstance(scale, tf.Tensor), apply is not None
     flat = [*weights, *ms, *vs, *grads, lr] + ([scale] if scaled else []) + ([apply] if gated else [])
 
     def make_function():
         @xla_function
-        def _adam_compiled(*flat):
+        def _adam_compiled(*flat):  # named as before: the kernel's name in the graph and XLA's cache
             w, m, v, g = (list(flat[i * n:(i + 1) * n]) for i in range(4))
-            rest = list(flat[4 * n + 1:])
-            _adam_pass(w, m, v, g, flat[4 * n], rest.pop(0) if scaled else scale, rest.pop(0) if gated else None,
+            _adam_pass(w, m, v, g, flat[4 * n], flat[4 * n + 1] if scaled else scale, flat[-1] if gated else None,
                        beta_1, beta_2, epsilon, decays)
             return (tf.constant(0.0),)  # an output for the caller to depend on
         return _adam_compiled

@@ -455,7 +455,8 @@ def test_cli_error_is_one_line_and_exit_code_1(tmp_path, capsys):
 def test_a_manifests_temporary_left_by_a_killed_writer_is_cleared_by_the_next_run(tmp_path, monkeypatch):
     """The manifest is written through modelpath.files.write_atomically; a writer killed between writing its
     temporary and renaming it (kill -9: no clean-up) leaves `<manifest>.<pid>-<hex>.tmp`, which the next run
-    removes. Bug caught: the leftover pattern out of step with the temporary's name (the temporary stays forever)."""
+    removes, as it removes the fixed `<manifest>.tmp` of earlier versions. Bug caught: the leftover pattern out of
+    step with the temporary's name (the temporary stays forever)."""
     import modelpath.files as files
     write_txt_folder(tmp_path / "in", [3, 4, 5])
     out = tmp_path / "out"
@@ -468,6 +469,7 @@ def test_a_manifests_temporary_left_by_a_killed_writer_is_cleared_by_the_next_ru
         run(tmp_path / "in", out)
     (left,) = [n for n in os.listdir(out) if n.endswith(".tmp")]
     assert left.startswith("set.manifest.json.")
+    (out / "set.manifest.json.tmp").write_text("{")  # as versions before write_atomically named it
     monkeypatch.undo()
     run(tmp_path / "in", out)
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]

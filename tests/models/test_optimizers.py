@@ -48,8 +48,7 @@ def two_steps(optimizer_class, mesh_shape, layout, activation_dtype=tf.float32, 
         grads = [mtf.import_tf_tensor(mesh, tf.constant(start["g_" + name]), shape) for name, shape in shapes.items()]
         lr = mtf.import_fully_replicated(mesh, tf.constant(lr), mtf.Shape([]))
         optimizer = optimizer_class(learning_rate=lr, weight_decay_rate=weight_decay, beta_1=0.9, beta_2=0.95,
-                                    epsilon=1e-8,
-                                    exclude_from_weight_decay=NO_DECAY)
+                                    epsilon=1e-8, exclude_from_weight_decay=NO_DECAY)
         updates = optimizer.apply_grads(grads, variables)
         lowering = mtf.Lowering(mtf_graph, {mesh: impl}, autostack=autostack_allowed(updates))  # as training lowers
         step = tf.group([lowering.lowered_operation(op) for op in updates])
