@@ -412,9 +412,10 @@ class CheckpointWriter:
 def copy(prefix: str, model_path: str) -> str:
     """The checkpoint at `prefix` copied into model_path (made if need be) as a checkpoint of the same step, landing
     as a save does: every file into a staging folder there, then the data shards moved in, then the index, so a
-    copy cut short is no checkpoint (the next start removes what it left). The state file is left to training's
-    start, which lists what it finds. Returns the copy's prefix. (The ladder starts a branch from its trunk's
-    checkpoint so: the branch's own model_path, resumed by training as any other.)"""
+    copy cut short is no checkpoint (the next start removes what it left); then, where model_path has no state
+    file, one listing the copy, so that TensorFlow's readers find it and training's start has nothing to repair.
+    Returns the copy's prefix. (The ladder starts a branch from its trunk's checkpoint so: the branch's own
+    model_path, resumed by training as any other.)"""
     step = step_of(prefix)
     folder, base = os.path.split(prefix)
     files.makedirs(model_path)
@@ -428,6 +429,8 @@ def copy(prefix: str, model_path: str) -> str:
     for name in [n for n in names if ".data-" in n] + [n for n in names if n.endswith(".index")]:
         files.rename(os.path.join(staging, name), os.path.join(model_path, name))
     files.rmtree(staging)
+    if not files.exists(os.path.join(model_path, "checkpoint")):
+        _write_state(model_path, [step], None)
     return prefix_of(model_path, step)
 
 

@@ -80,7 +80,8 @@ def test_cut_off_branch_resumes_without_training_again(trained_ladder):
     its own checkpoint and trains it to its end. (Bugs: CheckpointWriter._rotate deleting a keep_checkpoint_steps
     checkpoint, so the branch has nothing to start from; SizeState.done comparing step > steps, so a finished run is
     evaluated again; the ladder not passing SIGINT on, so the branch trains on to its end; a warmup past the small
-    branch's decay start, so its learning rate rises and it is never annealed.)"""
+    branch's decay start, so its learning rate rises and it is never annealed; checkpoints.copy writing no state
+    file, so each branch's start says it repaired one.)"""
     t, out = trained_ladder, trained_ladder["second"]
     assert t["first_code"] == 130, t["first"][-3000:]
     assert f"ladder stopped during {BIG_BRANCH}" in t["first"]
@@ -90,6 +91,7 @@ def test_cut_off_branch_resumes_without_training_again(trained_ladder):
         assert re.search(rf"\[{re.escape(branch)}\] starts from {re.escape(branch_path)}/model.ckpt-{start}$",
                          t["first"], re.M)
         assert re.search(rf"\[{re.escape(branch)}\] training .* steps {start} -> {end},", t["first"])
+    assert "repaired" not in t["first"]  # a branch's copy comes with its state file: nothing for training to fix
     # the small branch anneals: its learning rate falls over its steps (a decay inside the warmup would be skipped)
     lrs = [float(lr) for lr in re.findall(rf"\[{re.escape(SMALL_BRANCH)}\] step .*\| lr (\S+)", t["first"])]
     assert len(lrs) >= 2 and all(b < a for a, b in zip(lrs, lrs[1:])), lrs

@@ -45,7 +45,8 @@ def test_a_trunks_branch_points_survive_rotation_and_copy_whole(tmp_path):
     """A CheckpointWriter keeping one checkpoint (keep_checkpoint_max 1) with step 2 among its keep_checkpoint_steps:
     after saves at steps 1 to 4, steps 2 and 4 are left (2 unlisted in the state file, as an hours-kept one is), and
     modelpath/checkpoints.copy puts step 2 into another model_path as a checkpoint that holds the same values and is
-    restorable there. (Bug: _rotate deleting a keep step, `if old in self.keep_steps` dropped.)"""
+    restorable there, listed in the branch's new state file. (Bugs: _rotate deleting a keep step, `if old in
+    self.keep_steps` dropped; copy leaving the state file to training's start, which then says it repaired one.)"""
     import tensorflow.compat.v1 as tf
     from modelpath import checkpoints
     trunk, branch = str(tmp_path / "trunk"), str(tmp_path / "branch")
@@ -61,4 +62,6 @@ def test_a_trunks_branch_points_survive_rotation_and_copy_whole(tmp_path):
     copied = checkpoints.copy(checkpoints.prefix_of(trunk, 2), branch)
     assert copied == checkpoints.prefix_of(branch, 2) and checkpoints.restorable(branch) == copied
     assert tf.train.load_variable(copied, "w").tolist() == [2.0, 2.0, 2.0]
-    assert sorted(os.listdir(branch)) == sorted(n for n in os.listdir(trunk) if n.startswith("model.ckpt-2."))
+    assert sorted(os.listdir(branch)) == sorted(["checkpoint"] + [n for n in os.listdir(trunk)
+                                                                  if n.startswith("model.ckpt-2.")])
+    assert tf.train.latest_checkpoint(branch) == copied  # the state file lists it: nothing for training to repair
