@@ -259,7 +259,7 @@ def simd_mesh_arguments(cfg: GPTConfig, system: TpuSystem, assignment=None) -> d
 
 def simd_mesh(cfg: GPTConfig, system: TpuSystem, assignment=None):
     """(mtf.Mesh with the hosts' variable placer, SimdMeshImpl) for a program on this TPU."""
-    impl = mtf.simd_mesh_impl.SimdMeshImpl(**simd_mesh_arguments(cfg, system, assignment))
+    impl = meshes.SlicedSimdMeshImpl(**simd_mesh_arguments(cfg, system, assignment))
     return meshes.new_mesh(variable_placer(system)), impl
 
 
