@@ -132,12 +132,13 @@ class Progress:
         self.rate = None                # FLOP/s of the size under way (or the last one), between its progress lines
         self.overheads: list = []       # per size trained here: its wall time not spent between progress lines
         self._size_start = self._last = None
-        self._size_training = self._size_flops = 0.0
+        self._size_training = self._size_flops = self._size_from = 0.0
 
     def start(self, size: SizePlan) -> None:
         self.waiting.pop(size.name, None)
         self._size_start, self._last = time.monotonic(), None
         self._size_training = self._size_flops = 0.0
+        self._size_from = self.done[size.name]
 
     def gap(self) -> None:
         """A line that is not progress (an evaluation, a restart between checkpoints): the time to the next progress
@@ -161,7 +162,14 @@ class Progress:
 
     def finish(self, size: SizePlan) -> None:
         self.done[size.name] = size.flops
-        self.overheads.append(time.monotonic() - self._size_start - self._size_training)
+        elapsed = time.monotonic() - self._size_start
+        if self.rate is None and size.flops > self._size_from and elapsed > 0:
+            # no two progress lines in a row yet (a short run, evaluations between them): the size's FLOPs over its
+            # whole time, start-up and evaluations included (so its overhead is in the rate, not added again)
+            self.rate = (size.flops - self._size_from) / elapsed
+            self.overheads.append(0.0)
+            return
+        self.overheads.append(elapsed - self._size_training)
 
     def line(self, size: SizePlan) -> str:
         done = sum(self.done.values())

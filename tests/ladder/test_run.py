@@ -131,6 +131,35 @@ def test_status_reads_the_model_paths(trained_ladder):
         assert row.endswith("done") and " 100%" in row and f"{final:.3f}" in row, row
 
 
+def test_the_eta_after_a_size_without_a_measured_rate_comes_from_its_whole_time(monkeypatch):
+    """A size whose progress lines never came two in a row (an evaluation between each: a short run) leaves no
+    measured rate: its end gives the ETA from its FLOPs over its whole time, start-up and evaluations included, and
+    a rate measured later replaces it. (Bug: Progress.finish keeping no rate, so the line says `eta ?` until the
+    next size's second progress line.)"""
+    from types import SimpleNamespace
+    clock = [0.0]
+    monkeypatch.setattr(ladder_run.time, "monotonic", lambda: clock[0])
+    sizes = [SimpleNamespace(name=name, flops=flops, run=SimpleNamespace(start=0, trained_steps=10))
+             for name, flops in (("small", 100.0), ("big", 300.0))]
+    states = {s.name: SimpleNamespace(step=0, done=False) for s in sizes}
+    progress = ladder_run.Progress(SimpleNamespace(flops=400.0, sizes=sizes), states)
+    small, big = sizes
+    progress.start(small)
+    for step, at in ((5, 2.0), (10, 8.0)):
+        clock[0] = at
+        progress.update(small, step)
+        assert progress.line(small).endswith("eta ?")
+        progress.gap()  # an evaluation's line
+    clock[0] = 10.0
+    progress.finish(small)
+    assert progress.line(small) == "ladder 25% of FLOPs, eta 0m30s"  # big's 300 FLOPs at small's 100 in 10 s
+    progress.start(big)
+    for step, at in ((1, 11.0), (2, 12.0)):  # two lines in a row: big's own rate, 30 FLOPs a second
+        clock[0] = at
+        progress.update(big, step)
+    assert progress.line(big) == "ladder 40% of FLOPs, eta 0m08s"  # 240 FLOPs at 30/s, and no overhead to add
+
+
 @pytest.mark.parametrize("kind, suffix", [("slurm", "sbatch"), ("kubernetes", "yaml")])
 def test_run_on_a_cluster_writes_one_script_per_trunk(tmp_path, kind, suffix):
     """With a launcher, run trains nothing and writes a script per lineage (an sbatch file, an Indexed Job) running
