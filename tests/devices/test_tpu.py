@@ -172,7 +172,7 @@ def test_a_v3_512_pod_builds_gpt3_13b_shaped_meshes():
     hosts = {op.device for op in ops if op.type == "InfeedEnqueueTuple"}
     assert hosts == {f"/job:worker/task:{h}/device:CPU:0" for h in range(64)}
     assert loop.lowered.train_op is not None
-    # the cores' slices are bare variables, filled from the masters by every session, and no checkpoint's
+    # the cores' slices are bare variables (every session fills them from the masters), in no checkpoint
     slices = {op.name for op in ops if op.type == "VarHandleOp" and "_slice_" in op.name}
     assert len(slices) == 512 * 16, len(slices)
     assert not [op for op in ops if op.type == "VarIsInitializedOp" and op.inputs[0].op.name in slices]
