@@ -6,7 +6,8 @@ costs every training build ~0.2 s for a tiny model and ~1.5 s at GPT-Neo 125M.
 `call(make_function, args, parts)` is `make_function()(*args)` in the graph being built. The first time, it traces
 and writes the function and the ones it calls (a While's body and condition, a switch's branches) as a
 FunctionDefLibrary and calls them as stored; later, with the same key, it adds those functions to the graph and
-calls them, tracing nothing: every process runs one program, so XLA's persistent cache compiles it once. The key is
+calls them, tracing nothing: every process runs one program, so XLA's persistent cache compiles it once. A graph
+reads and imports a file once: its later calls there (another device's) only add a call. The key is
 a digest of `parts` (what the trace was made from: the config, the options, the argument shapes and dtypes), the
 source of every module under models/ and of schema.py (so an edit to the code traces again), and TensorFlow's and
 Python's versions. The files go to the XLA compile cache's folder (`traces/`), which is already keyed by
@@ -20,6 +21,7 @@ import functools
 import hashlib
 import os
 import sys
+import weakref
 from typing import Callable, Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -39,6 +41,9 @@ SOURCES = (os.path.join(ROOT, "models"), os.path.join(ROOT, "schema.py"))
 # The call's attributes kept beside the functions: XLA's compile mark and the call's own settings
 MARKS = ("_XlaMustCompile", "_read_only_resource_inputs")
 CALL_ATTRS = MARKS + ("config_proto", "executor_type")
+# graph -> {file: the GraphDef stored there, whose functions the graph holds}: a program called again in one graph
+# (the fused Adam pass on each device of a mesh) is neither read nor imported again
+_IMPORTED: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +81,11 @@ def call(make_function: Callable[[], Callable], args: Sequence[tf.Tensor], parts
     """make_function()(*args) (a tf.function) in the default graph, its trace read from disk when kept there."""
     where = folder()
     path = os.path.join(where, key(parts, args) + ".pb") if where else None
+    known = _IMPORTED.get(tf.get_default_graph(), {}).get(path) if path else None
+    if known is not None:
+        outputs = _call_library(known, args, True)
+        if outputs is not None:
+            return outputs
     if path and os.path.exists(path):
         outputs = _call_stored(path, args)
         if outputs is not None:
@@ -89,6 +99,7 @@ def call(make_function: Callable[[], Callable], args: Sequence[tf.Tensor], parts
         # the next one would compile the stored names' again); the traced call is left unfetched, never run
         called = _call_library(stored, args)
         if called is not None:
+            _IMPORTED.setdefault(tf.get_default_graph(), {})[path] = stored
             return called
     return outputs
 
@@ -148,19 +159,23 @@ def _call_stored(path: str, args: Sequence) -> Optional[list]:
             stored = graph_pb2.GraphDef.FromString(f.read())
     except Exception:  # noqa: BLE001 -- any unreadable file is traced again and replaced
         return None
-    return _call_library(stored, args)
+    outputs = _call_library(stored, args)
+    if outputs is not None:
+        _IMPORTED.setdefault(tf.get_default_graph(), {})[path] = stored
+    return outputs
 
 
-def _call_library(stored: graph_pb2.GraphDef, args: Sequence) -> Optional[list]:
+def _call_library(stored: graph_pb2.GraphDef, args: Sequence, imported: bool = False) -> Optional[list]:
     """The function `stored` holds (as `_store` writes it) called on `args` in the default graph, or None when it
-    does not take them."""
+    does not take them; `imported`: its functions are in the graph already."""
     inputs = _inputs(args)
     try:
         node = stored.node[0]
         signature = {f.signature.name: f for f in stored.library.function}[node.op].signature
         if [tf.as_dtype(a.type) for a in signature.input_arg] != [t.dtype for t in inputs] or node.name not in CALLS:
             return None
-        tf.import_graph_def(graph_pb2.GraphDef(library=stored.library), name="")
+        if not imported:
+            tf.import_graph_def(graph_pb2.GraphDef(library=stored.library), name="")
     except Exception:  # noqa: BLE001 -- a damaged file's library, as an unreadable one
         return None
     outputs = CALLS[node.name](

@@ -126,14 +126,15 @@ def small():
         return tf.function(lambda v: tf.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 1.5),
                                                    [0, v.read_value()])[1:], jit_compile=True, autograph=False)
 
-    def run(count: int = 1) -> list:
+    def run(count: int = 1, calls: int = 1) -> list:
+        """`count` graphs, each calling the program `calls` times (their values listed when more than once)."""
         values = []
         for _ in range(count):
             with tf.Graph().as_default(), tf.Session() as session:
                 v = tf.Variable(np.arange(4, dtype=np.float32), use_resource=True)
-                (out,) = traces.call(program, [v], "the small program")
+                outs = [traces.call(program, [v], "the small program")[0] for _ in range(calls)]
                 session.run(v.initializer)
-                values.append(session.run(out))
+                values.append(session.run(outs) if calls > 1 else session.run(outs[0]))
         return values
     return types.SimpleNamespace(run=run, traced=traced)
 
@@ -150,6 +151,23 @@ def test_the_process_that_traces_calls_the_program_as_stored_without_reading_it_
     (path,) = cache.iterdir()
     assert called[0][0].op.get_attr("f").name.endswith("_" + path.stem[:16])
     np.testing.assert_allclose(values, np.arange(4) * 1.5 ** 3)
+
+
+def test_a_graph_reads_and_imports_a_stored_program_once_for_all_its_calls(cache, small, monkeypatch):
+    """The fused Adam pass is called once per device of a mesh, every call in one graph: after the first, a call
+    reads no file and imports no function, and computes as the first; a graph of its own reads the file again.
+    (Bug: traces.call without its per-graph memo: the file read and its library imported at every call, ~20 ms
+    each.)"""
+    small.run()  # traced and stored
+    read, imports = [], []
+    call_stored, import_graph_def = traces._call_stored, tf.import_graph_def
+    monkeypatch.setattr(traces, "_call_stored", lambda *a: read.append(a) or call_stored(*a))
+    monkeypatch.setattr(traces.tf, "import_graph_def", lambda *a, **k: imports.append(1) or import_graph_def(*a, **k))
+    (values,) = small.run(calls=3)
+    assert len(read) == 1 and len(imports) == 1 and len(small.traced) == 1
+    np.testing.assert_allclose(values, [np.arange(4) * 1.5 ** 3] * 3)
+    small.run(calls=2)
+    assert len(read) == 2 and len(imports) == 2
 
 
 def test_a_damaged_file_is_traced_again_and_replaced(cache, small):
