@@ -79,6 +79,12 @@ def _uninitialized(next_creator, **kwargs):
     return variable
 
 
+def _bare_slices():
+    """The scope a mesh's slice variables are made in: `_uninitialized`'s, where TensorFlow has the class."""
+    return (tf.variable_creator_scope(_uninitialized) if UninitializedVariable is not None
+            else contextlib.nullcontext())
+
+
 class SlicedMeshImpl(mtf.placement_mesh_impl.PlacementMeshImpl):
     """mesh-tensorflow's placement mesh, its devices' slice variables made without an initializer. They are only
     ever assigned, from the masters (`copy_masters_to_slices`, which every session runs after restoring or
@@ -90,8 +96,7 @@ class SlicedMeshImpl(mtf.placement_mesh_impl.PlacementMeshImpl):
 
     class LaidOutVariable(mtf.placement_mesh_impl.PlacementMeshImpl.LaidOutVariable):
         def __init__(self, variable, mesh_impl):
-            with (tf.variable_creator_scope(_uninitialized) if UninitializedVariable is not None
-                  else contextlib.nullcontext()):
+            with _bare_slices():
                 super().__init__(variable, mesh_impl)
 
 
@@ -103,6 +108,5 @@ class SlicedSimdMeshImpl(mtf.simd_mesh_impl.SimdMeshImpl):
 
     class LaidOutVariable(mtf.simd_mesh_impl.SimdMeshImpl.LaidOutVariable):
         def __init__(self, variable, mesh_impl):
-            with (tf.variable_creator_scope(_uninitialized) if UninitializedVariable is not None
-                  else contextlib.nullcontext()):
+            with _bare_slices():
                 super().__init__(variable, mesh_impl)

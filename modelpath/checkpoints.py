@@ -59,6 +59,7 @@ class NonFiniteWeights(CheckpointError):
 
 PREFIX = "model.ckpt"
 STAGING = ".saving-"              # model_path/.saving-STEP/: a save in progress (or killed)
+STATE = "checkpoint"              # model_path/checkpoint: TensorFlow's list of the checkpoints, newest last
 _INDEX = re.compile(r"^model\.ckpt-(\d+)\.index$")
 
 
@@ -283,7 +284,7 @@ def repair_state(model_path: str, keep: int, restored: Optional[int]) -> Optiona
     found = [s for s in steps(model_path) if restored is not None and s <= restored]
     if not found:
         return None
-    state_path = os.path.join(model_path, "checkpoint")
+    state_path = os.path.join(model_path, STATE)
     state = _read_state(model_path)
     listed = None
     if state is not None and state.model_checkpoint_path:
@@ -429,7 +430,7 @@ def copy(prefix: str, model_path: str) -> str:
     for name in [n for n in names if ".data-" in n] + [n for n in names if n.endswith(".index")]:
         files.rename(os.path.join(staging, name), os.path.join(model_path, name))
     files.rmtree(staging)
-    if not files.exists(os.path.join(model_path, "checkpoint")):
+    if not files.exists(os.path.join(model_path, STATE)):
         _write_state(model_path, [step], None)
     return prefix_of(model_path, step)
 

@@ -83,7 +83,7 @@ def call(make_function: Callable[[], Callable], args: Sequence[tf.Tensor], parts
     path = os.path.join(where, key(parts, args) + ".pb") if where else None
     known = _IMPORTED.get(tf.get_default_graph(), {}).get(path) if path else None
     if known is not None:
-        outputs = _call_library(known, args, True)
+        outputs = _call_library(known, args, imported=True)
         if outputs is not None:
             return outputs
     if path and os.path.exists(path):
@@ -99,7 +99,7 @@ def call(make_function: Callable[[], Callable], args: Sequence[tf.Tensor], parts
         # the next one would compile the stored names' again); the traced call is left unfetched, never run
         called = _call_library(stored, args)
         if called is not None:
-            _IMPORTED.setdefault(tf.get_default_graph(), {})[path] = stored
+            _remember(path, stored)
             return called
     return outputs
 
@@ -161,8 +161,13 @@ def _call_stored(path: str, args: Sequence) -> Optional[list]:
         return None
     outputs = _call_library(stored, args)
     if outputs is not None:
-        _IMPORTED.setdefault(tf.get_default_graph(), {})[path] = stored
+        _remember(path, stored)
     return outputs
+
+
+def _remember(path: str, stored: graph_pb2.GraphDef) -> None:
+    """The default graph holds `stored`'s functions, from the file at `path`: its next call there imports nothing."""
+    _IMPORTED.setdefault(tf.get_default_graph(), {})[path] = stored
 
 
 def _call_library(stored: graph_pb2.GraphDef, args: Sequence, imported: bool = False) -> Optional[list]:

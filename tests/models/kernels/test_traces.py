@@ -58,7 +58,7 @@ def test_runs_of_the_model_read_the_decoders_trace_back_and_other_options_or_mod
     names (while_body_<n>, counted per process: two processes' files bring two bodies of one name into a graph)."""
     read = []
     call_library = traces._call_library
-    monkeypatch.setattr(traces, "_call_library", lambda *a: read.append(call_library(*a)) or read[-1])
+    monkeypatch.setattr(traces, "_call_library", lambda *a, **k: read.append(call_library(*a, **k)) or read[-1])
     sampled = sample()
     # traced, stored, and called as stored (later processes then load the executable this one compiles)
     assert len(traced) == 1 and len(os.listdir(cache)) == 1 and len(read) == 1 and read[0] is not None
@@ -144,7 +144,7 @@ def test_the_process_that_traces_calls_the_program_as_stored_without_reading_it_
     asks XLA's cache for); the file just written read back from disk."""
     called, read = [], []
     call_library = traces._call_library
-    monkeypatch.setattr(traces, "_call_library", lambda *a: called.append(call_library(*a)) or called[-1])
+    monkeypatch.setattr(traces, "_call_library", lambda *a, **k: called.append(call_library(*a, **k)) or called[-1])
     monkeypatch.setattr(traces, "_call_stored", lambda *a: read.append(a))
     (values,) = small.run()
     assert len(small.traced) == 1 and len(called) == 1 and called[0] is not None and not read
