@@ -15,10 +15,13 @@ results JSON's "gpt_neo" entry name.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import platform
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Optional
 
 from schema import ConfigError, GPTConfig, closest
@@ -209,6 +212,38 @@ def prepare(options: HarnessOptions, cfg: Optional[GPTConfig] = None) -> Prepare
     return prepared
 
 
+def package_version(name: str) -> str:
+    """An installed distribution's version, read from its metadata without importing it; "N/A" if absent."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "N/A"
+
+
+def add_environment(storage: dict) -> None:
+    """The results JSON's environment entries (the keys lm-eval's own add_env_info writes), for this stack. lm-eval's
+    imports PyTorch wherever it is installed and runs `pip list` and nvidia-smi for its "pretty_env_info": seconds
+    of every evaluation (after each checkpoint, in training's process) and torch's memory, for a model run by
+    TensorFlow."""
+    storage.update(
+        pretty_env_info=f"TensorFlow {package_version('tensorflow')}, mesh-tensorflow "
+                        f"{package_version('mesh-tensorflow')}, Python {platform.python_version()}, "
+                        f"{platform.platform()}, {precision.cpu_kind(*precision.cpu_info())}",
+        transformers_version=package_version("transformers"), lm_eval_version=package_version("lm_eval"),
+        upper_git_hash=None)
+
+
+@contextlib.contextmanager
+def environment_of_this_stack(evaluator):
+    """simple_evaluate with add_environment in place of lm-eval's add_env_info (its evaluator module's name)."""
+    original = evaluator.add_env_info
+    evaluator.add_env_info = add_environment
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = original
+
+
 class Harness:
     """The harness's tasks at checkpoints (see the module docstring for what a run writes). The scoring programs
     are built at the first checkpoint and kept, restored at each next one (a training run's evaluations)."""
@@ -235,10 +270,11 @@ class Harness:
         lm = harness_model.CheckpointLM(cfg, self.placement, prefix, self.tokenizer, options.batch_size,
                                         predictor=self.predictor)
         try:
-            results = evaluator.simple_evaluate(model=lm, tasks=tasks, num_fewshot=options.num_fewshot,
-                                                limit=options.limit, task_manager=manager,
-                                                log_samples=options.log_samples,
-                                                bootstrap_iters=0 if options.limit else 100000)
+            with environment_of_this_stack(evaluator):
+                results = evaluator.simple_evaluate(model=lm, tasks=tasks, num_fewshot=options.num_fewshot,
+                                                    limit=options.limit, task_manager=manager,
+                                                    log_samples=options.log_samples,
+                                                    bootstrap_iters=0 if options.limit else 100000)
         except (FileNotFoundError, ConnectionError) as e:  # a task's data neither local nor in the datasets cache
             raise DataError(f"a harness task's data could not be read offline ({str(e).splitlines()[0]}): give the "
                             f"task local data files (docs/evaluation.md)") from None

@@ -32,7 +32,8 @@ def test_training_runs_the_harness_after_each_checkpoint_and_checks_tasks_first(
     (nothing written); with the right one the task runs after each checkpoint, its metrics appended to
     eval_results.jsonl, written to TensorBoard and the harness's results JSON.
     Bugs caught: the tasks checked only after training, training's chunks not stopping at checkpoints for
-    harness tasks alone, results not appended with the checkpoint's step."""
+    harness tasks alone, results not appended with the checkpoint's step, lm-eval's environment report (torch's
+    collect_env, `pip list`) run at each checkpoint."""
     import main
     config = make_workspace(tmp_path, train_steps=2, steps_per_checkpoint=1, harness_tasks=["tiny_lambada"],
                             harness_include_path=TASKS + "_typo", harness_limit=2)
@@ -49,6 +50,7 @@ def test_training_runs_the_harness_after_each_checkpoint_and_checks_tasks_first(
     assert records[1]["acc"] in (0.0, 0.5, 1.0) and records[1]["perplexity"] > 1
     results = json.loads((tmp_path / "run" / "harness" / "results_2.json").read_text())
     assert results["results"]["tiny_lambada"]["acc,none"] == records[1]["acc"] and results["gpt_neo"]["step"] == 2
+    assert results["pretty_env_info"].startswith("TensorFlow ")  # ours, not torch's (PyTorch, pip list)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(tmp_path / "run" / "eval"))
     events.Reload()
