@@ -146,7 +146,7 @@ class Placement:
         """What stops training after a step: Ctrl-C and SIGTERM to this process (execution/preemption.py)."""
         return StopOnSignal()
 
-    def peak(self, dtype: str, seconds: float = 1.0) -> peaks.Peak:
+    def peak(self, dtype: str, seconds: float = peaks.PEAK_SECONDS) -> peaks.Peak:
         """One mesh device's peak FLOP/s in `dtype`, for MFU (devices/peaks.py)."""
         return peaks.device_peak(self, dtype, self.session_config(), seconds=seconds)
 

@@ -185,7 +185,7 @@ class TpuPlacement(Placement):
     def steps(self, make_inputs: Callable, build: Callable, steps_per_call: int) -> "LoopSteps":
         return LoopSteps(self.system, make_inputs, build, steps_per_call)
 
-    def peak(self, dtype: str, seconds: float = 1.0) -> peaks.Peak:
+    def peak(self, dtype: str, seconds: float = peaks.PEAK_SECONDS) -> peaks.Peak:
         return peaks.Peak(0.0, "unknown for TPUs: pass --peak_tflops (one core's peak) for MFU")
 
     def start_up(self, plain_kernels: bool = False, xla: bool = False, precision: str = "float32",

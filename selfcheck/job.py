@@ -201,7 +201,7 @@ def run(device_cfg: GPTConfig, reference_cfg: GPTConfig, placement: Placement, r
     else:  # listed by the devices' first step
         elsewhere = off_device(device.placed_ops, placement.devices)
         placed = f"{len(elsewhere)} ops of the step ran off their device"
-    peak = placement.peak(precision, seconds=0.5)
+    peak = placement.peak(precision)
     tokens = device_cfg.train_batch_size * device_cfg.n_ctx
     mfu = (training_flops_per_token(device_cfg) * tokens / device.step_s / (peak.flops * n_devices)
            if peak.flops and device.step_s > 0 else None)
