@@ -54,7 +54,7 @@ def evaluate(cfg: GPTConfig, placement: Placement, batches: Callable[[], tf.data
     inside the graph) at `checkpoint` (default: model_path's latest); returns (loss, the checkpoint's step)."""
     checkpoint = checkpoint or checkpoints.require_checkpoint(cfg.model_path)
     program = evaluation_program(cfg, placement, batches, steps)
-    with program.open(checkpoint, slot_patterns()) as session:
+    with program.open(checkpoint, slot_patterns(), saves=False) as session:
         return mean_loss(program, session, steps), checkpoints.step_of(checkpoint)
 
 
@@ -97,7 +97,7 @@ class Validation:
     def loss(self, checkpoint: str) -> float:
         if self.session is None:
             self.program = evaluation_program(self.cfg, self.placement, self.batches, self.steps)
-            self.session = self.program.open(checkpoint, slot_patterns())
+            self.session = self.program.open(checkpoint, slot_patterns(), saves=False)
         else:
             self.session.restore(checkpoint)
         return mean_loss(self.program, self.session, self.steps)

@@ -35,16 +35,19 @@ class MeshSession:
     variables and shapes are compared with the graph's first (checkpoints.check_fits): a checkpoint of another
     model is one CheckpointError, before anything is restored or written. `slot_patterns` (opt_name -> the
     pattern of its slot names, models/optimizers.slot_patterns()) tells optimizer state in the checkpoint apart from
-    model variables."""
+    model variables. `saves=False` (prediction, evaluation, export) leaves out what only saving needs: the
+    finiteness check's ops, four a variable and a third of a tiny model's session set-up."""
 
     def __init__(self, graph: tf.Graph, lowering: mtf.Lowering, target: str, config: tf.ConfigProto,
-                 checkpoint: Optional[str], finalize: bool = True, slot_patterns: Mapping[str, str] = {}):
+                 checkpoint: Optional[str], finalize: bool = True, slot_patterns: Mapping[str, str] = {},
+                 saves: bool = True):
         with graph.as_default():
             self.saver = checkpoint_saver(tf.global_variables())
             initialize = tf.group(tf.global_variables_initializer(), tf.local_variables_initializer())
             self.copy_to_slices = lowering.copy_masters_to_slices()
             self.copy_to_masters = lowering.copy_slices_to_masters()
-            self._checked, self._finite = finiteness(tf.global_variables())
+            self.saves = saves
+            self._checked, self._finite = finiteness(tf.global_variables()) if saves else ([], None)
         self.session = tf.Session(target, graph=graph, config=config)
         self.checkpoint, self._slot_patterns = checkpoint, slot_patterns
         try:
@@ -123,6 +126,8 @@ class MeshSession:
     def save(self, writer: checkpoints.CheckpointWriter, step: int) -> str:
         """Copies the slices back to the masters and writes them as model.ckpt-STEP; weights holding inf or NaN
         are a checkpoints.NonFiniteWeights, with nothing written."""
+        if not self.saves:
+            raise RuntimeError("this session was opened with saves=False: it has no finiteness check to save with")
         self.session.run(self.copy_to_masters)
         return save_finite(self.session, writer, step, self._checked, self._finite)
 

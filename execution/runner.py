@@ -196,12 +196,12 @@ class Program:
         self._listing, self._listing_out, self._on_listed = self.placement.op_listing is None, out, then
 
     def open(self, checkpoint: Optional[str], slot_patterns: Mapping[str, str] = {},
-             finalize: bool = True) -> MeshSession:
+             finalize: bool = True, saves: bool = True) -> MeshSession:
         """The session on the placement (its master; in-process when it has none) with its session config, the
         variables restored from `checkpoint` (or initialised from their seeds when None) and copied to the mesh's
-        slices."""
+        slices; `saves=False` for a session that never writes a checkpoint (MeshSession)."""
         return MeshSession(self.graph, self.lowered.lowering, self.placement.target,
-                           self.placement.session_config(), checkpoint, finalize, slot_patterns)
+                           self.placement.session_config(), checkpoint, finalize, slot_patterns, saves)
 
     def start(self, session) -> None:
         """Initialises the input pipeline (Batches); before the first `run`."""

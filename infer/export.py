@@ -92,7 +92,7 @@ def export_saved_model(cfg: GPTConfig, checkpoint: str, export_dir: str, batch_s
             method_name=tf.saved_model.signature_constants.PREDICT_METHOD_NAME)
     # The session compares the checkpoint with this graph (a checkpoint of another model is an error) before the
     # builder makes export_dir; a write that fails removes the half-written export.
-    with program.open(checkpoint, slot_patterns(), finalize=False) as session:
+    with program.open(checkpoint, slot_patterns(), finalize=False, saves=False) as session:
         try:
             with graph.as_default():  # every model variable must be in the checkpoint (restored, not initialised)
                 builder = tf.saved_model.Builder(export_dir)

@@ -78,7 +78,7 @@ class Predictor:
             else:
                 graph = tf.Graph() if self.placement.programs_share_weights and runner.GRAPHS_REOPEN else None
                 program = prediction_program(self.cfg, self.placement, rows, batch_size, options, graph)
-                session = program.open(self.checkpoint, slot_patterns())
+                session = program.open(self.checkpoint, slot_patterns(), saves=False)
                 if graph is not None:
                     self._shared = (graph, session)
             self._programs[key] = (program, session)

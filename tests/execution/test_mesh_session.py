@@ -1,5 +1,6 @@
 """execution/mesh_session.py: the session every job's program runs in. Its initialisation leaves nothing
-weight-sized behind (issue 34), and a save refuses weights that hold inf or NaN, writing nothing. (Its restore of
+weight-sized behind (issue 34), a save refuses weights that hold inf or NaN, writing nothing, and a session that
+never saves builds no check for it. (Its restore of
 a checkpoint a trainer rotated away is tested with the trainer's lock: tests/modelpath/test_lock.py.)"""
 import numpy as np
 import pytest
@@ -75,3 +76,31 @@ def test_a_save_of_weights_holding_inf_or_nan_names_them_and_writes_nothing(tmp_
     assert info.value.names == ["w"] and info.value.step == 8
     assert checkpoints.steps(model_path) == [7]
     assert not [name for name in tf.io.gfile.listdir(model_path) if "-8" in name]
+
+
+def test_a_session_that_never_saves_builds_no_finiteness_check_and_refuses_to_save(tmp_path):
+    """saves=False (prediction, evaluation, export) adds no IsFinite op to the graph and its save is an error, not
+    a checkpoint written unchecked; the default session of the same graph checks every floating-point variable.
+    Bug caught: MeshSession ignoring `saves` (the check built for every reading session: a third of a tiny model's
+    session set-up)."""
+    cfg = tiny_config(model_path=str(tmp_path / "run"))
+    placement = placement_for(cfg)
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(placement.device_function()):
+        tokens = tf.constant(random_tokens([cfg.train_batch_size, cfg.n_ctx], cfg.n_vocab))
+        mesh, impl = meshes.placement_mesh(cfg, placement)
+        lowered = training_step(cfg, mesh, impl, tokens, tokens)
+        floating = [v for v in tf.global_variables() if v.dtype.base_dtype.is_floating]
+
+    def checks() -> int:
+        return sum(op.type == "IsFinite" for op in graph.get_operations())
+
+    with MeshSession(graph, lowered.lowering, "", placement.session_config(), None, finalize=False,
+                     saves=False) as reading:
+        assert checks() == 0
+        saver = checkpoint_saver(floating)
+        with pytest.raises(RuntimeError, match="saves=False"):
+            reading.save(checkpoints.CheckpointWriter(cfg.model_path, saver), 1)
+    assert checkpoints.steps(cfg.model_path) == []
+    with MeshSession(graph, lowered.lowering, "", placement.session_config(), None):
+        assert checks() == len(floating) > 0

@@ -92,7 +92,8 @@ def test_the_programs_of_a_predictor_hold_one_copy_of_the_weights(mesh, monkeypa
     differ from the first's. Bugs caught: the later builds not finding the first's variables (runner.Program's
     reuse off: "already exists"); each program in a graph and session of its own again (three copies: three
     sessions opened); `restore` skipping the shared session, or restoring the masters without copying them to the
-    slices the later programs read."""
+    slices the later programs read; the predictor's session opened as one that saves (saves=False dropped in
+    Predictor._program: the finiteness check's ops built for every variable)."""
     cfg = tiny_config(**mesh)
     placement = placement_for(cfg)
     checkpoint = checkpoint_of_order_one_weights(cfg, str(tmp_path / "model.ckpt-1"), seed=0)
@@ -107,8 +108,10 @@ def test_the_programs_of_a_predictor_hold_one_copy_of_the_weights(mesh, monkeypa
         outputs = run_kinds(shared, cfg)
         shared_bytes = shared.variable_bytes()
         graphs = {id(program.graph) for program, _ in shared._programs.values()}
-        variables = runner.variable_names(next(iter(shared._programs.values()))[0].graph)
+        graph = next(iter(shared._programs.values()))[0].graph
+        variables = runner.variable_names(graph)
     assert len(opened) == 1 and len(graphs) == 1
+    assert not [op for op in graph.get_operations() if op.type == "IsFinite"]  # a session that never saves
     alone = []
     for kind, (rows, batch, options) in enumerate([(scoring_rows(cfg, 8), 3, None),
                                                   (scoring_rows(cfg, cfg.n_ctx), 3, None),
