@@ -346,3 +346,26 @@ def test_the_pipelines_functions_are_traced_without_autograph(documents_glob, tm
     assert len(take(train_dataset(sources, 8, 3, seed=5, n_vocab=10 ** 7), 2)) == 2
     assert len(take(eval_dataset(path, 8, 2, n_vocab=10 ** 7), 1)) == 1
     assert autograph_conversions == []
+
+
+def test_the_graph_hash_is_the_numpy_hash_with_its_leading_integers_folded():
+    """_hash_tf gives _hash_np's values for the argument lists the pipeline hashes (plain integers first, then
+    tensors; values past 2**31 - 1, whose second part counts), and mixes only its tensors in ops: three
+    multipliers and two parts a tensor. Bugs caught: the folded state dropped (the tensors mixed into the initial
+    constant: other file orders, windows and source choices than the first epoch's numpy order and a resume
+    compute); the integers mixed in ops again (2.5x the ops in every pipeline's functions)."""
+    from data import inputs
+    seed, tag, big = 1234, 7, 3 * 2 ** 40 + 5
+    cases = [((seed, tag, inputs._FILE_ORDER), (3, np.arange(5))),  # a later epoch's file order
+             ((seed, tag, inputs._WINDOW_OFFSET), (big,)), ((seed, inputs._SOURCE_CHOICE), (np.arange(4) + big,)),
+             ((), (np.arange(3), seed))]
+    for integers, tensors in cases:
+        tensors = [np.asarray(v, np.int64) for v in tensors]
+        graph = tf.Graph()
+        with graph.as_default():
+            hashed = inputs._hash_tf(*integers, *[tf.constant(v) for v in tensors])
+            with tf.compat.v1.Session(graph=graph) as session:
+                np.testing.assert_array_equal(session.run(hashed), inputs._hash_np(*integers, *tensors))
+        # a tensor: its low part's mod and each part's three mixing rounds' mods
+        mods = sum(op.type == "FloorMod" for op in graph.get_operations())
+        assert mods == len(tensors) * (1 + 2 * len(inputs._MULTIPLIERS)), (integers, mods)
