@@ -27,6 +27,7 @@ from typing import Optional
 from schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
 from data.tokenizer import load_for_config
+from evals import task_index
 from evals.tasks import append_result
 from infer import run
 from modelpath import checkpoints
@@ -95,7 +96,8 @@ def task_manager(include_path: Optional[str], names: tuple):
         manager = TaskManager(include_path=include_path, include_defaults=False)
         if all(name in manager.all_tasks for name in names):
             return manager
-    manager = TaskManager(include_path=include_path)
+    with task_index.lm_evals_own_tasks_cached(task_index.cache_folder()):  # 5.6 CPU s to index them afresh
+        manager = TaskManager(include_path=include_path)
     for name in names:
         if name not in manager.all_tasks:
             where = f" or in {include_path}" if include_path else ""

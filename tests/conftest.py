@@ -49,6 +49,15 @@ if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "
     os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("TF_XLA_FLAGS", ""),
                                                         f"--tf_xla_persistent_cache_directory={_xla_cache}"]))
 
+# lm-eval's index of its own tasks (evals/task_index.py) likewise goes to a folder of the run's, not the user's.
+if "GPT_NEO_TASK_INDEX_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    _task_index_cache = tempfile.mkdtemp(prefix="tests-task-index-")
+    atexit.register(shutil.rmtree, _task_index_cache, ignore_errors=True)
+    os.environ["GPT_NEO_TASK_INDEX_CACHE"] = _task_index_cache
+
 from console.environment import runtime_defaults  # noqa: E402
 
 runtime_defaults()  # TensorFlow's kernels as every entry point sets them up (oneDNN on x86-64), before it loads
