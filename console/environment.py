@@ -21,6 +21,18 @@ def switched_off(setting: str | None) -> bool:
     return setting is not None and setting.strip().lower() in OFF_WORDS
 
 
+def cache_root(variable: str, folder: str, environ=os.environ) -> str | None:
+    """A cache's folder: the environment variable `variable` names it (None when it says off), else `folder`
+    under $XDG_CACHE_HOME or ~/.cache."""
+    setting = environ.get(variable)
+    if switched_off(setting):
+        return None
+    if setting is not None:
+        return os.path.expanduser(setting)
+    home = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(home, folder)
+
+
 def xla_cache_in_use(environ=os.environ) -> str | None:
     """The XLA compile cache's folder TF_XLA_FLAGS names (`runtime_defaults` puts it there), if any."""
     for flag in environ.get("TF_XLA_FLAGS", "").split():
@@ -78,14 +90,9 @@ def xla_cache_directory(environ, machine: str, tf_version: str | None = None, cp
     would crash an AVX2 machine sharing the home directory, an A100's kernels an older GPU) by one TensorFlow's
     XLA, and TensorFlow's own key (the cluster's signature and HLO) knows neither. Entries a killed process or a full disk left broken are removed
     first (`drop_broken_entries`): TensorFlow fails the job on one it cannot read."""
-    setting = environ.get(XLA_CACHE_VARIABLE)
-    if switched_off(setting):
+    root = cache_root(XLA_CACHE_VARIABLE, XLA_CACHE_FOLDER, environ)
+    if root is None:
         return None
-    if setting is None:
-        home = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
-        root = os.path.join(home, XLA_CACHE_FOLDER)
-    else:
-        root = os.path.expanduser(setting)
     if tf_version is None:
         tf_version = installed_tensorflow_version()
     if cpu_flags is None:

@@ -26,6 +26,7 @@ from typing import Optional
 
 from schema import ConfigError, GPTConfig, closest
 from data.errors import DataError
+from console.environment import installed_tensorflow_version
 from data.tokenizer import load_for_config
 from evals import task_index
 from evals.tasks import append_result
@@ -228,7 +229,7 @@ def add_environment(storage: dict) -> None:
     of every evaluation (after each checkpoint, in training's process) and torch's memory, for a model run by
     TensorFlow."""
     storage.update(
-        pretty_env_info=f"TensorFlow {package_version('tensorflow')}, mesh-tensorflow "
+        pretty_env_info=f"TensorFlow {installed_tensorflow_version()}, mesh-tensorflow "
                         f"{package_version('mesh-tensorflow')}, Python {platform.python_version()}, "
                         f"{platform.platform()}, {precision.cpu_kind(*precision.cpu_info())}",
         transformers_version=package_version("transformers"), lm_eval_version=package_version("lm_eval"),

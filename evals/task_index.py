@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from console.environment import switched_off
+from console.environment import cache_root
 
 CACHE_VARIABLE = "GPT_NEO_TASK_INDEX_CACHE"
 CACHE_FOLDER = "gpt-neo/lm-eval-index"  # under $XDG_CACHE_HOME or ~/.cache
@@ -26,13 +26,7 @@ CACHE_FOLDER = "gpt-neo/lm-eval-index"  # under $XDG_CACHE_HOME or ~/.cache
 
 def cache_folder(environ=os.environ) -> Optional[str]:
     """Where the index is kept: $GPT_NEO_TASK_INDEX_CACHE, else the user's cache folder; None when switched off."""
-    setting = environ.get(CACHE_VARIABLE)
-    if switched_off(setting):
-        return None
-    if setting is not None:
-        return os.path.expanduser(setting)
-    home = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
-    return os.path.join(home, CACHE_FOLDER)
+    return cache_root(CACHE_VARIABLE, CACHE_FOLDER, environ)
 
 
 def cache_key(root: Path) -> str:
@@ -84,7 +78,7 @@ def lm_evals_own_tasks_cached(folder: Optional[str], defaults_root: Optional[Pat
         index = {}
         for root in paths:
             if resolve_includes and Path(root).resolve() == defaults_root:
-                index.update(folder_index(Path(root), folder, lambda roots: original(roots)))
+                index.update(folder_index(Path(root), folder, original))
             else:
                 index.update(original([root], resolve_includes=resolve_includes))
         return index

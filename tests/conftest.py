@@ -40,23 +40,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # step took 17 CPU s with a cold cache, 6 with a warm one (2-core AVX2 EPYC). The executables are the same.
 # The product keeps one in ~/.cache by default (console/environment.py); the run's own, named here before
 # runtime_defaults runs, takes its place, so the tests neither read nor write the user's.
-if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
+def _run_folder(prefix: str) -> str:
+    """A folder of this run's, removed when the process that made it (the controller of `pytest -n 2`) exits."""
     import atexit
     import shutil
     import tempfile
-    _xla_cache = tempfile.mkdtemp(prefix="tests-xla-cache-")
-    atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
-    os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("TF_XLA_FLAGS", ""),
-                                                        f"--tf_xla_persistent_cache_directory={_xla_cache}"]))
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
+    os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, [
+        os.environ.get("TF_XLA_FLAGS", ""), f"--tf_xla_persistent_cache_directory={_run_folder('tests-xla-cache-')}"]))
 
 # lm-eval's index of its own tasks (evals/task_index.py) likewise goes to a folder of the run's, not the user's.
 if "GPT_NEO_TASK_INDEX_CACHE" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
-    _task_index_cache = tempfile.mkdtemp(prefix="tests-task-index-")
-    atexit.register(shutil.rmtree, _task_index_cache, ignore_errors=True)
-    os.environ["GPT_NEO_TASK_INDEX_CACHE"] = _task_index_cache
+    os.environ["GPT_NEO_TASK_INDEX_CACHE"] = _run_folder("tests-task-index-")
 
 from console.environment import runtime_defaults  # noqa: E402
 

@@ -24,6 +24,17 @@ def allocator_bytes_in_use(session, probe) -> int:
     return min(used)
 
 
+def training_graph(cfg, placement, probe: bool = False):
+    """(graph, the tiny model's lowered training step on a batch of random tokens, a 1 MiB probe op if asked for)."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(placement.device_function()):
+        tokens = tf.constant(random_tokens([cfg.train_batch_size, cfg.n_ctx], cfg.n_vocab))
+        mesh, impl = meshes.placement_mesh(cfg, placement)
+        lowered = training_step(cfg, mesh, impl, tokens, tokens)
+        # 1 MiB: taken from the allocator whose use it reports
+        return graph, lowered, (tf.random.uniform([1 << 18]) * 2.0 if probe else None)
+
+
 @pytest.mark.slow
 def test_no_copy_of_the_optimizer_state_outlives_initialisation(tmp_path):
     """TF folds a zeros initializer into a constant (compact in the graph, whole in memory) and a session keeps
@@ -33,13 +44,9 @@ def test_no_copy_of_the_optimizer_state_outlives_initialisation(tmp_path):
     initialiser with session.run, and the allocator holds the slots' size twice more after a step."""
     cfg = tiny_config(n_vocab=16384, n_embd=128, n_head=4, train_batch_size=2, model_path=str(tmp_path / "run"))
     placement = placement_for(cfg)
-    graph = tf.Graph()
-    with graph.as_default(), tf.device(placement.device_function()):
-        tokens = tf.constant(random_tokens([cfg.train_batch_size, cfg.n_ctx], cfg.n_vocab))
-        mesh, impl = meshes.placement_mesh(cfg, placement)
-        lowered = training_step(cfg, mesh, impl, tokens, tokens)
-        probe = tf.random.uniform([1 << 18]) * 2.0  # 1 MiB: taken from the allocator whose use it reports
-        slots = sum(v.shape.num_elements() * 4 for v in tf.global_variables() if "adam_" in v.op.name)
+    graph, lowered, probe = training_graph(cfg, placement, probe=True)
+    slots = sum(v.shape.num_elements() * 4 for v in graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+                if "adam_" in v.op.name)
     with MeshSession(graph, lowered.lowering, "", placement.session_config(), checkpoint=None) as session:
         before = allocator_bytes_in_use(session.session, probe)
         for _ in range(2):
@@ -85,12 +92,8 @@ def test_a_session_that_never_saves_builds_no_finiteness_check_and_refuses_to_sa
     session set-up)."""
     cfg = tiny_config(model_path=str(tmp_path / "run"))
     placement = placement_for(cfg)
-    graph = tf.Graph()
-    with graph.as_default(), tf.device(placement.device_function()):
-        tokens = tf.constant(random_tokens([cfg.train_batch_size, cfg.n_ctx], cfg.n_vocab))
-        mesh, impl = meshes.placement_mesh(cfg, placement)
-        lowered = training_step(cfg, mesh, impl, tokens, tokens)
-        floating = [v for v in tf.global_variables() if v.dtype.base_dtype.is_floating]
+    graph, lowered, _ = training_graph(cfg, placement)
+    floating = [v for v in graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES) if v.dtype.base_dtype.is_floating]
 
     def checks() -> int:
         return sum(op.type == "IsFinite" for op in graph.get_operations())
