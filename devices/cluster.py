@@ -36,6 +36,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import dataclasses
 from dataclasses import dataclass
@@ -360,6 +361,10 @@ def serve_worker(request: DeviceRequest, cfg) -> int:
 
 # A non-chief's wait for the chief's release, in seconds, between looks at its signals.
 RELEASE_WAIT = 0.25
+# How long past --worker_timeout a worker leaves even if TensorFlow's call has not come back: in a cluster the
+# runtime does not always honour a call's deadline (a session's creation or step waiting inside it on a task
+# that never answers, tensorflow/tensorflow#14489), and a worker must not outlive its timeout by more than this.
+WATCHDOG_GRACE = 5.0
 
 
 def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
@@ -370,7 +375,8 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     me = f"/job:{JOB}/task:{cluster.task_index}"
     with tf.Graph().as_default(), \
-            DeferredSignal("the chief saves a checkpoint (it was asked to stop) and then releases this worker") as term:
+            DeferredSignal("the chief saves a checkpoint (it was asked to stop) and then releases this worker") as term, \
+            _watchdog(cluster, timeout, term, log):
         dequeue = _release_queue(cluster, cluster.task_index).dequeue()
         # Only this task's devices: a session over the whole cluster would first wait for every other task.
         config = tf.ConfigProto(device_filters=[me])
@@ -397,6 +403,30 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
                         log(f"worker {cluster.task_index}: no release from the chief within {timeout:.0f} s; "
                             f"exiting", flush=True)
                         return exit_code(term.received) if term.received else 3
+
+
+class _watchdog:
+    """Ends the process (exit code 3, or the signal's) WATCHDOG_GRACE seconds after `timeout` unless the wait
+    returns first: the thread runs while TensorFlow's call, which releases the GIL, has not come back."""
+
+    def __init__(self, cluster: Cluster, timeout: Optional[float], term, log):
+        self._timer = None if timeout is None else threading.Timer(timeout + WATCHDOG_GRACE, self._leave)
+        self._cluster, self._timeout, self._term, self._log = cluster, timeout, term, log
+
+    def _leave(self):
+        self._log(f"worker {self._cluster.task_index}: no release from the chief within {self._timeout:.0f} s, and "
+                  f"TensorFlow's wait did not return within {WATCHDOG_GRACE:.0f} s more; exiting", flush=True)
+        exit_process(exit_code(self._term.received) if self._term.received else 3)
+
+    def __enter__(self):
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:
+            self._timer.cancel()  # released (or gave up) in time: the process may go on
 
 
 def _ask_chief_to_stop(cluster: Cluster, server, log) -> None:

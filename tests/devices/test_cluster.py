@@ -14,7 +14,7 @@ from ports import loopback_ports
 from modelpath import checkpoints
 from devices import cluster as cluster_lib
 from devices.placement import DeviceError
-from workspace import REPO, make_workspace, start_main
+from workspace import REPO, make_workspace, run_python, start_main
 
 
 def flags(**given):
@@ -181,3 +181,26 @@ def test_srun_two_tasks_train_like_the_loopback_ones(tmp_path):
     assert "1: cluster of 2 tasks from SLURM job" in out and "this is task 1 (a worker)" in out, out[-3000:]
     assert checkpoints.steps(str(tmp_path / "run")) == [1]
     assert os.path.exists(checkpoints.prefix_of(str(tmp_path / "run"), 1) + ".data-00001-of-00002")
+
+
+@pytest.mark.slow
+def test_a_worker_leaves_after_its_timeout_even_when_tensorflows_wait_never_returns():
+    """TensorFlow does not always honour a call's deadline in a cluster (tensorflow/tensorflow#14489): a worker
+    whose wait hangs inside the runtime still leaves, with exit code 3 and a line saying why, WATCHDOG_GRACE after
+    --worker_timeout. Here the session's call never returns (it sleeps, releasing the GIL as TF's calls do).
+    The bug it guards: a worker outliving its timeout (seen once in test_multihost, silent 120 s past 2)."""
+    ports = loopback_ports(2)
+    code = f"""
+import time
+import tensorflow.compat.v1 as tf
+from devices import cluster
+tf.Session.run = lambda *args, **kwargs: time.sleep(3600)  # a wait that never comes back
+cluster.WATCHDOG_GRACE = 0.5
+lonely = cluster.Cluster(workers=("127.0.0.1:{ports[0]}", "127.0.0.1:{ports[1]}"), task_index=1)
+cluster.serve(lonely, cluster.start_server(lonely, ["device:CPU:0"]), timeout=1.0)
+print("serve returned")
+"""
+    result = run_python(code, timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr[-2000:]
+    assert "no release from the chief within 1 s, and TensorFlow's wait did not return" in result.stdout
+    assert "serve returned" not in result.stdout
