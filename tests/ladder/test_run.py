@@ -131,6 +131,52 @@ def test_status_reads_the_model_paths(trained_ladder):
         assert row.endswith("done") and " 100%" in row and f"{final:.3f}" in row, row
 
 
+@pytest.mark.slow
+def test_the_branch_and_status_commands_on_a_copy_of_the_ladder(trained_ladder, tmp_path, capsys):
+    """`python -m ladder branch` (what the launcher scripts run before a branch's main.py) makes a branch's
+    model_path from its trunk's checkpoint at the branch point, with the trunk's tokenizer record, then leaves it
+    alone; a name that is no branch is one error line listing the branches; `status` prints every run's row. Run
+    on a copy of the trained ladder without its plan file (so the records are planned afresh for the copy's
+    folders) and without the small branch's model_path. (Bugs: the command copying the trunk's latest checkpoint
+    instead of the branch point; copying again over a branch that has its own.)"""
+    import json
+    import shutil
+    from modelpath.tokenizer_record import RECORD as TOKENIZER_RECORD
+    from ladder.records import PLAN_FILE
+    original = trained_ladder["spec"]
+    out = str(tmp_path / "out")
+    shutil.copytree(original.out, out)
+    os.remove(os.path.join(out, PLAN_FILE.format(original.name)))
+    shutil.rmtree(os.path.join(out, SMALL_BRANCH))
+    with open(original.path) as f:
+        raw = json.load(f)
+    spec = str(tmp_path / f"{original.name}.json")
+    with open(spec, "w") as f:
+        json.dump(dict(raw, out=out), f)
+    capsys.readouterr()
+
+    branch_path = os.path.join(out, SMALL_BRANCH)
+    assert ladder_cli.main(["branch", spec, SMALL_BRANCH]) == 0
+    assert capsys.readouterr().out.strip() == f"{SMALL_BRANCH}: starts from {branch_path}/model.ckpt-10"
+    assert ladder_run.checkpoint_steps(branch_path) == [10]  # the branch point, not the trunk's latest (25)
+    with open(os.path.join(out, SMALL, TOKENIZER_RECORD)) as trunk, open(os.path.join(branch_path, TOKENIZER_RECORD)) as mine:
+        assert mine.read() == trunk.read()
+    kept = {n: os.stat(os.path.join(branch_path, n)).st_mtime_ns for n in os.listdir(branch_path)}
+    assert ladder_cli.main(["branch", spec, SMALL_BRANCH]) == 0
+    assert "has its own checkpoints" in capsys.readouterr().out
+    assert {n: os.stat(os.path.join(branch_path, n)).st_mtime_ns for n in os.listdir(branch_path)} == kept
+
+    assert ladder_cli.main(["branch", spec, SMALL]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {SMALL} is not a branch of ladder {original.name}: its branches are "
+                   f"{SMALL_BRANCH}, {BIG_BRANCH}"), err
+
+    assert ladder_cli.main(["status", spec]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert rows[BIG].endswith("done") and rows[BIG_BRANCH].endswith("done"), rows
+    assert not rows[SMALL_BRANCH].endswith("done"), rows  # at its branch point, not trained
+
+
 def test_the_eta_after_a_size_without_a_measured_rate_comes_from_its_whole_time(monkeypatch):
     """A size whose progress lines never came two in a row (an evaluation between each: a short run) leaves no
     measured rate: its end gives the ETA from its FLOPs over its whole time, start-up and evaluations included, and
