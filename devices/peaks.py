@@ -115,13 +115,19 @@ def measure_matmul_peak(dtype: str = "float32", device: str = "/device:CPU:0", s
 
 
 def cpu_threads(config) -> int:
-    """How many threads a session with `config` runs one matmul on: its intra-op pool, TensorFlow's default being
-    one per core this process may run on."""
+    """How many threads a session with `config` runs one matmul on: its intra-op pool; where the config leaves it
+    at 0, TF_NUM_INTRAOP_THREADS as TensorFlow reads it, else TensorFlow's default of one per core this process
+    may run on."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     intra = config.intra_op_parallelism_threads
+    if intra <= 0:
+        try:
+            intra = int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0"))
+        except ValueError:  # TensorFlow ignores a value it cannot read
+            intra = 0
     return min(intra, cores) if intra > 0 else cores
 
 

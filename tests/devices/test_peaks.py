@@ -30,6 +30,23 @@ def test_the_measured_peak_is_a_plausible_rate_on_this_cpu():
     assert peaks.measure_matmul_peak("bfloat16", "/device:CPU:0", size=64, chain=2, seconds=0.02) > 1e7
 
 
+def test_the_threads_a_cpu_matmul_runs_on_follow_the_config_then_tensorflows_variable(monkeypatch):
+    """cpu_threads: the session config's intra-op threads; where it says 0, TF_NUM_INTRAOP_THREADS, which
+    TensorFlow reads then (the test suite sets it under `pytest -n 2`); else every core. Bug: the variable ignored
+    (the peak's CPU time divided by the cores while one thread ran: a peak too low by that factor)."""
+    import os
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: every count is 1")
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    assert peaks.cpu_threads(tf.compat.v1.ConfigProto()) == cores
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+    assert peaks.cpu_threads(tf.compat.v1.ConfigProto()) == 1
+    assert peaks.cpu_threads(tf.compat.v1.ConfigProto(intra_op_parallelism_threads=cores)) == cores
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "many")
+    assert peaks.cpu_threads(tf.compat.v1.ConfigProto()) == cores
+
+
 def test_a_cpu_peak_measured_while_other_processes_hold_the_cores_is_not_low():
     """A CPU's matmul calls are timed by the process's CPU time over its threads as well as by the clock: with
     three busy processes per core beside it, the peak stays near the one measured without them (without them
