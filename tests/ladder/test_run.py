@@ -1,7 +1,8 @@
 """ladder/run.py (`python -m ladder run`): a real ladder of trunks and branches, trained here on the test corpus,
 keeps its branch points, resumes a cut-off branch without training anything again, and its annealed eval loss falls
-with N; `status` reads its model_paths (here, beside the one real ladder the suite trains); with a launcher, one
-script per trunk and nothing trained; a dataset without files is one error line before anything is written."""
+with N; `status` reads its model_paths and `python -m ladder branch` starts a branch from its trunk's checkpoint (both
+on that ladder or a copy of it); with a launcher, one script per trunk and nothing trained; a dataset without files
+is one error line before anything is written."""
 from __future__ import annotations
 
 import os
