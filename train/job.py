@@ -3,6 +3,7 @@ train/loop.py to train_steps, with the validation loss, the eval tasks and the h
 checkpoint when the config asks for them (eval_steps, eval_tasks, harness_tasks)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -132,15 +133,16 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
     # The evaluations after each checkpoint are handed this config (their precision: devices/precision.py).
     cfg, note = precision.for_training(cfg, placement)
     sources = dataset_sources(cfg)
-    # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices
-    peak = (Peak(options.peak_tflops * 1e12, "--peak_tflops") if options.peak_tflops else
-            placement.peak(cfg.precision))
     log_every = options.log_every or max(1, min(cfg.iterations, 50))
     print(f"training {cfg.n_layer} layers x {cfg.n_embd} wide on mesh {cfg.mesh_shape} "
           f"({placement.describe()}) in {cfg.precision}, steps {start} -> {cfg.train_steps}, "
           f"checkpoints every {cfg.steps_per_checkpoint} in {cfg.model_path}", flush=True)
     if note:
         print(note, flush=True)
+    # MFU's denominator is one device's peak: the progress line divides the mesh's FLOP/s by cfg.n_devices.
+    # Measured after the line above, which says what starts.
+    peak = (Peak(options.peak_tflops * 1e12, "--peak_tflops") if options.peak_tflops else
+            placement.peak(cfg.precision))
     if peak.flops:
         print(f"MFU against {peak.flops / 1e12:.3g} TFLOP/s per device ({peak.source})", flush=True)
     else:
@@ -152,6 +154,9 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
         return mask_dataset(stream, cfg, first_step=first)  # MLM masking; unchanged for language modelling
 
     validate = bool(cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
+    # The step's graph takes seconds to build (2 s at the default's 4 layers on 2 cores, more with the model)
+    weights = f"restoring {os.path.basename(restored)}" if restored else "initialising the weights"
+    print(f"building the training graph, {weights} ...", flush=True)
     # One program and one session train to train_steps; the evaluations run after each steps_per_checkpoint save,
     # their programs built at the first and kept (evals/at_checkpoints.py).
     with Evaluations(cfg, placement, validate, harness_options, prepared) as evaluations:

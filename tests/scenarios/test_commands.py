@@ -43,10 +43,18 @@ def test_train_resume_eval_predict(workspace):
     assert first.returncode == 0, first.stderr
     assert "step      3/3 | loss" in first.stdout and "tok/s" in first.stdout and "lr" in first.stdout
     assert os.path.exists(workspace / "run" / "model.ckpt-3.index")
+    # what the start-up's waits are (the graph's build, the session's first call), said before each
+    lines = first.stdout.splitlines()
+    order = [next(i for i, line in enumerate(lines) if line.startswith(start)) for start in (
+        "training 2 layers", "building the training graph, initialising the weights ...",
+        "running step 1, the session's first: ", "step      1/3 | loss")]
+    assert order == sorted(order), lines[:8]
 
     again = run_main("--model", config_path(workspace), "--log_every", "1")  # train_steps 6: resumes at 3
     assert again.returncode == 0, again.stderr
     assert "steps 3 -> 6" in again.stdout and "step      6/6" in again.stdout
+    assert "building the training graph, restoring model.ckpt-3 ..." in again.stdout
+    assert "running step 4, the session's first: " in again.stdout
     assert "step      1/" not in again.stdout
     assert os.path.exists(workspace / "run" / "model.ckpt-6.index")
     assert {"loss", "learning_rate", "grad_norm", "tokens_per_sec", "model_flops_per_sec", "mfu"} <= \
