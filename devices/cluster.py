@@ -31,6 +31,7 @@ a node listens on --cluster_port + i).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -405,28 +406,27 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
                         return exit_code(term.received) if term.received else 3
 
 
-class _watchdog:
+@contextlib.contextmanager
+def _watchdog(cluster: Cluster, timeout: Optional[float], term, log):
     """Ends the process (exit code 3, or the signal's) WATCHDOG_GRACE seconds after `timeout` unless the wait
-    returns first: the thread runs while TensorFlow's call, which releases the GIL, has not come back."""
+    inside returns first: the timer's thread runs while TensorFlow's call, which releases the GIL, has not come
+    back. Cancelled on leaving: released (or gave up) in time, the process may go on."""
+    if timeout is None:
+        yield
+        return
 
-    def __init__(self, cluster: Cluster, timeout: Optional[float], term, log):
-        self._timer = None if timeout is None else threading.Timer(timeout + WATCHDOG_GRACE, self._leave)
-        self._cluster, self._timeout, self._term, self._log = cluster, timeout, term, log
+    def leave():
+        log(f"worker {cluster.task_index}: no release from the chief within {timeout:.0f} s, and TensorFlow's wait "
+            f"did not return within {WATCHDOG_GRACE:.0f} s more; exiting", flush=True)
+        exit_process(exit_code(term.received) if term.received else 3)
 
-    def _leave(self):
-        self._log(f"worker {self._cluster.task_index}: no release from the chief within {self._timeout:.0f} s, and "
-                  f"TensorFlow's wait did not return within {WATCHDOG_GRACE:.0f} s more; exiting", flush=True)
-        exit_process(exit_code(self._term.received) if self._term.received else 3)
-
-    def __enter__(self):
-        if self._timer is not None:
-            self._timer.daemon = True
-            self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._timer is not None:
-            self._timer.cancel()  # released (or gave up) in time: the process may go on
+    timer = threading.Timer(timeout + WATCHDOG_GRACE, leave)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _ask_chief_to_stop(cluster: Cluster, server, log) -> None:

@@ -2,7 +2,6 @@
 --predict's samples, the eval tasks' scores and tools that need logits; on CPUs and GPUs or on a TPU."""
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 import numpy as np
@@ -90,8 +89,7 @@ class Predictor:
         rows = {name: np.asarray(value) for name, value in rows.items()}
         count = len(next(iter(rows.values())))
         if label:  # the graph's build, the restore and the first call's optimisation: seconds without output
-            where = f"restoring {os.path.basename(self.checkpoint)}" if self.checkpoint else "initialising the weights"
-            print(f"{label}: building the graph, {where} ...", flush=True)
+            print(f"{label}: building the graph, {checkpoints.weights_origin(self.checkpoint)} ...", flush=True)
         program, session = self._program(rows, batch_size, options)
         if label:
             print(f"{label}: running ...", flush=True)

@@ -72,6 +72,12 @@ def step_of(prefix: str) -> int:
     return int(prefix.rsplit("-", 1)[1])
 
 
+def weights_origin(prefix: Optional[str]) -> str:
+    """Where a program's weights come from, for the line before its build: "restoring model.ckpt-600", or
+    "initialising the weights" without a checkpoint."""
+    return f"restoring {os.path.basename(prefix)}" if prefix else "initialising the weights"
+
+
 def steps(model_path: str) -> list[int]:
     """The steps of every complete checkpoint in model_path (an index file), ascending."""
     if not files.isdir(model_path):

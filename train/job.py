@@ -3,7 +3,6 @@ train/loop.py to train_steps, with the validation loss, the eval tasks and the h
 checkpoint when the config asks for them (eval_steps, eval_tasks, harness_tasks)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -155,8 +154,7 @@ def _train_locked(cfg: GPTConfig, placement: Placement, options: TrainOptions,
 
     validate = bool(cfg.eval_steps and cfg.tokenizer_dataset and cfg.tokenizer_dataset.eval_path)
     # The step's graph takes seconds to build (2 s at the default's 4 layers on 2 cores, more with the model)
-    weights = f"restoring {os.path.basename(restored)}" if restored else "initialising the weights"
-    print(f"building the training graph, {weights} ...", flush=True)
+    print(f"building the training graph, {checkpoints.weights_origin(restored)} ...", flush=True)
     # One program and one session train to train_steps; the evaluations run after each steps_per_checkpoint save,
     # their programs built at the first and kept (evals/at_checkpoints.py).
     with Evaluations(cfg, placement, validate, harness_options, prepared) as evaluations:

@@ -5,8 +5,10 @@ on that ladder or a copy of it); with a launcher, one script per trunk and nothi
 is one error line before anything is written."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 
 import pytest
@@ -18,7 +20,9 @@ from ladder import cli as ladder_cli
 from ladder import plan as ladder_plan
 from ladder import run as ladder_run
 from ladder import status
+from ladder.records import PLAN_FILE
 from ladder.spec import load_spec
+from modelpath.tokenizer_record import RECORD as TOKENIZER_RECORD
 
 
 def ladder_workspace(root) -> str:
@@ -140,10 +144,6 @@ def test_the_branch_and_status_commands_on_a_copy_of_the_ladder(trained_ladder, 
     on a copy of the trained ladder without its plan file (so the records are planned afresh for the copy's
     folders) and without the small branch's model_path. (Bugs: the command copying the trunk's latest checkpoint
     instead of the branch point; copying again over a branch that has its own.)"""
-    import json
-    import shutil
-    from modelpath.tokenizer_record import RECORD as TOKENIZER_RECORD
-    from ladder.records import PLAN_FILE
     original = trained_ladder["spec"]
     out = str(tmp_path / "out")
     shutil.copytree(original.out, out)
