@@ -2,7 +2,9 @@
 
 `predict_outputs` turns a dict of features into mesh-tensorflow outputs:
 
-* sampling: {"tokens" [batch, n_ctx], "prompt_length" [batch], optional "seed" [batch]}
+* sampling: {"tokens" [batch, n_ctx], "prompt_length" [batch], optional "seed" [batch] and each drawn option
+  (models/sampling.DRAWN: "temperature", "top_k", "top_p", "max_new_tokens", "stop_id" [batch], fed by
+  infer/run.Predictor; where absent, the sampling options' value for every row)}
   -> {"tokens", "lengths"} (see models/sampling.py);
 * scoring (eval tasks): {"tokens" [batch, n_ctx], "targets" [batch, n_ctx]}
   -> {"token_loss": per-position cross-entropy, "token_correct": 1 where the argmax is the target};
@@ -49,7 +51,9 @@ def predict_outputs(features: dict, mesh: mtf.Mesh, cfg: GPTConfig, dims: gpt.Di
     if seed is None:
         seed = tf.fill([dims.batch.size], default_seed(cfg))
     seeds = mtf.import_fully_replicated(mesh, tf.cast(seed, tf.int32), batch, "seed")
-    return sampling.sample(tokens, lengths, seeds, cfg, dims, options or sampling.SamplingOptions.from_config(cfg))
+    options = options or sampling.SamplingOptions.from_config(cfg)
+    draw = sampling.Draw.of(features, options, mesh, dims.batch)
+    return sampling.sample(tokens, lengths, seeds, cfg, dims, options.program(), draw)
 
 
 def predictions(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, features: dict, options=None,

@@ -15,6 +15,7 @@ from execution import runner
 from devices.placement import Placement
 from execution.mesh_session import padded_batch
 from models.optimizers import slot_patterns
+from models.sampling import SamplingOptions
 
 
 def prediction_program(cfg: GPTConfig, placement: Placement, rows: dict, batch_size: int,
@@ -29,7 +30,8 @@ def prediction_program(cfg: GPTConfig, placement: Placement, rows: dict, batch_s
 
 class Predictor:
     """infer/outputs.py's outputs from one checkpoint, over programs built once per kind of rows (their arrays'
-    dtypes and row shapes, the batch size and the sampling options) and kept: `restore(checkpoint)` moves them all
+    dtypes and row shapes, the batch size and the sampling options that shape a program: the drawn ones,
+    models/sampling.DRAWN, are fed with each batch's rows, a row's own where `rows` has them) and kept: `restore(checkpoint)` moves them all
     to another checkpoint of the model without building anything again. Training's evaluations at each checkpoint
     score through one (evals/tasks.py, evals/harness.py).
 
@@ -88,6 +90,9 @@ class Predictor:
         """The outputs for every row of `rows` (see `predict`)."""
         rows = {name: np.asarray(value) for name, value in rows.items()}
         count = len(next(iter(rows.values())))
+        if isinstance(options, SamplingOptions):  # the drawn options fed per row: one program for every setting
+            rows = {**options.draw_rows(count), **rows}
+            options = options.program()
         if label:  # the graph's build, the restore and the first call's optimisation: seconds without output
             print(f"{label}: building the graph, {checkpoints.weights_origin(self.checkpoint)} ...", flush=True)
         program, session = self._program(rows, batch_size, options)

@@ -268,18 +268,19 @@ def _step(model: _Model, token, position, caches):
     return model.logits(x), new_caches
 
 
-def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_lengths, seeds, *weights,
-             native_products: bool = False):
+def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_lengths, seeds, temperature, top_k,
+             top_p, max_new_tokens, stop_id, *weights, native_products: bool = False):
     """models/sampling.sample's loop on TF tensors: tokens [batch, length] int32, prompt_lengths and seeds [batch]
-    int32, the weights in the order of `names` -> (tokens, lengths) as `sample` returns them. The prefill runs
-    over the first `span` positions; `native_products`: the step's products are the native library's."""
+    int32, the drawn options [batch] each (models/sampling.DRAWN), the weights in the order of `names` ->
+    (tokens, lengths) as `sample` returns them. The prefill runs over the first `span` positions;
+    `native_products`: the step's products are the native library's."""
     model = _Model(cfg, dict(zip(names, weights)), native_products)
     batch, length = tokens.shape.as_list()
     caches = _prefill(model, tokens, span, length)
     start = tf.reduce_min(prompt_lengths)
     if span < length:
         start = tf.minimum(start, span + 1)
-    limit = tf.minimum(prompt_lengths + options.max_new_tokens, length)
+    limit = tf.minimum(prompt_lengths + max_new_tokens, length)
     end = tf.reduce_max(limit)
     done = tf.cast(prompt_lengths >= limit, tf.int32)
     rows = tf.range(batch)
@@ -289,15 +290,13 @@ def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_len
 
     def body(position, tokens_, done_, lengths_, *caches_):
         step_logits, new_caches = _step(model, tokens_[:, position - 1], position, list(caches_))
-        new = choose_tokens_tf(step_logits, seeds, rows, position, options)
+        new = choose_tokens_tf(step_logits, seeds, rows, position, options, temperature, top_k, top_p)
         in_prompt = position < prompt_lengths
         active = tf.logical_and(tf.logical_not(in_prompt), tf.equal(done_, 0))
         value = tf.where(in_prompt, tokens_[:, position], tf.where(active, new, tf.fill([batch], options.padding_id)))
         tokens_ = xla.dynamic_update_slice(tokens_, value[:, None], [0, position])
         lengths_ = tf.where(active, tf.fill([batch], position + 1), lengths_)
-        finished = position + 1 >= limit
-        if options.stop_id is not None:
-            finished = tf.logical_or(finished, tf.equal(new, options.stop_id))
+        finished = tf.logical_or(position + 1 >= limit, tf.equal(new, stop_id))
         if options.stop_ids:
             finished = tf.logical_or(finished, is_one_of_tf(new, options.stop_ids))
         done_ = tf.maximum(done_, tf.cast(tf.logical_and(active, finished), tf.int32))
@@ -315,11 +314,13 @@ def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_len
 
 
 class CompiledSampleOperation(mtf.Operation):
-    """`generate` as one XLA program on the mesh's one device: inputs tokens, prompt_lengths, seeds and the
-    model's weights (the variables' tensors in the activations' dtype), outputs tokens and lengths."""
+    """`generate` as one XLA program on the mesh's one device: inputs tokens, prompt_lengths, seeds, the drawn
+    options and the model's weights (the variables' tensors in the activations' dtype), outputs tokens and
+    lengths."""
 
-    def __init__(self, cfg, options, span, tokens, prompt_lengths, seeds, variables: list):
-        super().__init__([tokens, prompt_lengths, seeds] + [v.outputs[0] for v in variables], name="compiled_sample")
+    def __init__(self, cfg, options, span, tokens, prompt_lengths, seeds, drawn: list, variables: list):
+        super().__init__([tokens, prompt_lengths, seeds] + drawn + [v.outputs[0] for v in variables],
+                         name="compiled_sample")
         self._cfg, self._options, self._span = cfg, options, span
         self._names = [v.name for v in variables]
         self._outputs = [mtf.Tensor(self, tokens.shape, tf.int32), mtf.Tensor(self, prompt_lengths.shape, tf.int32)]
@@ -349,7 +350,7 @@ class CompiledSampleOperation(mtf.Operation):
             lowering.set_tensor_lowering(output, value)
 
 
-def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cfg: GPTConfig, dims, options,
+def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cfg: GPTConfig, dims, options, draw,
            span: int) -> dict:
     """models/sampling.sample's outputs, compiled. The model's variables are made as the mtf sampler makes them
     (its forward over the prefill's span, never run: a graph's variables are made by the model's own code)."""
@@ -357,5 +358,6 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
     gpt.logits(mtf.slice(tokens, 0, span, dims.sequence.name), cfg,
                dataclasses.replace(dims, sequence=mtf.Dimension(dims.sequence.name, span)), train=False)
     variables = [v for v in tokens.mesh.graph.all_variables if v.name.startswith("gpt2/")]
-    op = CompiledSampleOperation(cfg, options, span, tokens, prompt_lengths, seeds, variables)
+    drawn = [draw.temperature, draw.top_k, draw.top_p, draw.max_new_tokens, draw.stop_id]
+    op = CompiledSampleOperation(cfg, options, span, tokens, prompt_lengths, seeds, drawn, variables)
     return {"tokens": op.outputs[0], "lengths": op.outputs[1]}

@@ -18,6 +18,11 @@ Choosing a token (temperature, with `sampling_use_entmax` entmax instead of the 
 Gumbel-max draw) runs on whole vocabulary rows. Its
 randomness is a stateless hash of (seed, row, position, token id), so a fixed seed gives the same samples on
 every run, on every mesh layout, incremental or not.
+
+The options a draw changes (`DRAWN`: temperature, top-k, top-p, max_new_tokens, the stop id) are tensors with a
+row each, not part of the graph: infer/run.Predictor feeds them beside the prompts (`SamplingOptions.draw_rows`),
+so one program serves every setting of them (greedy and sampled, each task's generation settings) and a batch
+may mix them. The rest (entmax, the stop ids, the prefill, the path) shape the program.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import mesh_tensorflow as mtf
+import numpy as np
 import tensorflow.compat.v1 as tf
 
 from models import compiled_decoding, gpt, kv_cache
@@ -60,10 +66,45 @@ class SamplingOptions:
         values.update(changes)
         return cls(**values)
 
+    def draw_rows(self, count: int) -> dict:
+        """The options a draw feeds (`DRAWN`), each as an array of `count` rows: the stop id None as NO_STOP."""
+        values = {name: getattr(self, name) for name in DRAWN}
+        values["stop_id"] = NO_STOP if self.stop_id is None else self.stop_id
+        return {name: np.full(count, values[name], dtype) for name, dtype in DRAWN.items()}
+
+    def program(self) -> "SamplingOptions":
+        """These options without the drawn ones (None): what a program is built from and keyed by, the drawn
+        values fed per row to it."""
+        return dataclasses.replace(self, **{name: None for name in DRAWN})
+
     def with_prefill_bucket(self, prompt_lengths, n_ctx: int) -> "SamplingOptions":
         """These options with the kv cache's prefill over the bucket of the longest of `prompt_lengths`
         (`prefill_bucket`), not all n_ctx positions: a few programs, one per bucket, serve every prompt length."""
         return dataclasses.replace(self, prefill_length=prefill_bucket(max(prompt_lengths), n_ctx))
+
+
+# The options fed per row (the features of these names, with their dtypes) rather than built into the program.
+DRAWN = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "max_new_tokens": np.int32,
+         "stop_id": np.int32}
+NO_STOP = -1  # a row's stop id when it has none (no token id is negative)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The drawn options as mtf tensors [batch] (see DRAWN)."""
+    temperature: mtf.Tensor
+    top_k: mtf.Tensor
+    top_p: mtf.Tensor
+    max_new_tokens: mtf.Tensor
+    stop_id: mtf.Tensor
+
+    @classmethod
+    def of(cls, features: dict, options: SamplingOptions, mesh: mtf.Mesh, batch: mtf.Dimension) -> "Draw":
+        """The drawn options from `features` where they are fed, or else `options`' values for every row."""
+        if any(name not in features for name in DRAWN):
+            features = {**options.draw_rows(batch.size), **features}
+        return cls(**{name: mtf.import_fully_replicated(mesh, tf.cast(features[name], dtype), mtf.Shape([batch]), name)
+                      for name, dtype in DRAWN.items()})
 
 
 def prefill_bucket(longest_prompt: int, n_ctx: int) -> int:
@@ -89,15 +130,16 @@ def prefill_span(cfg: GPTConfig, options: SamplingOptions, sequence: mtf.Dimensi
 
 
 def choose_tokens(logits: mtf.Tensor, seeds: mtf.Tensor, position: mtf.Tensor, dims: gpt.Dims,
-                  options: SamplingOptions) -> mtf.Tensor:
-    """logits [batch, vocab] -> token ids [batch]. The vocabulary is gathered onto each device first (a
-    layout may split it), so each batch slice chooses from whole rows."""
+                  options: SamplingOptions, draw: Draw) -> mtf.Tensor:
+    """logits [batch, vocab] -> token ids [batch], each row by its own drawn options. The vocabulary is gathered
+    onto each device first (a layout may split it), so each batch slice chooses from whole rows."""
     whole = mtf.Dimension("sampling_vocab", dims.vocab.size)
     rows_logits = mtf.replace_dimensions(logits, dims.vocab, whole)
     rows = mtf.range(logits.mesh, dims.batch, tf.int32)
-    return mtf.slicewise(lambda lg, sd, rw, pos: choose_tokens_tf(lg, sd, rw, pos, options),
-                         [rows_logits, seeds, rows, position], output_shape=mtf.Shape([dims.batch]),
-                         output_dtype=tf.int32, splittable_dims=[dims.batch], name="choose_tokens")
+    return mtf.slicewise(lambda lg, sd, rw, pos, t, k, p: choose_tokens_tf(lg, sd, rw, pos, options, t, k, p),
+                         [rows_logits, seeds, rows, position, draw.temperature, draw.top_k, draw.top_p],
+                         output_shape=mtf.Shape([dims.batch]), output_dtype=tf.int32, splittable_dims=[dims.batch],
+                         name="choose_tokens")
 
 
 def is_one_of(ids: mtf.Tensor, values: tuple) -> mtf.Tensor:
@@ -111,8 +153,9 @@ def is_one_of(ids: mtf.Tensor, values: tuple) -> mtf.Tensor:
 
 
 def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cfg: GPTConfig, dims: gpt.Dims,
-           options: SamplingOptions) -> dict:
-    """tokens [batch, sequence] int32, prompt_lengths [batch] int32 (>= 1), seeds [batch] int32 ->
+           options: SamplingOptions, draw: Draw) -> dict:
+    """tokens [batch, sequence] int32, prompt_lengths [batch] int32 (>= 1), seeds [batch] int32, each row's drawn
+    options `draw` (`options`' own drawn values are not read) ->
 
     {"tokens": [batch, sequence] int32, "lengths": [batch] int32}: each row's prompt and new tokens (the stop
     token included) followed by padding, and how many of its positions are filled. With
@@ -124,7 +167,7 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
     mesh = tokens.mesh
     seq = dims.sequence
     if compiled_decoding.unsupported(cfg, options) is None:  # one XLA program for the whole generation
-        return compiled_decoding.sample(tokens, prompt_lengths, seeds, cfg, dims, options,
+        return compiled_decoding.sample(tokens, prompt_lengths, seeds, cfg, dims, options, draw,
                                         prefill_span(cfg, options, seq))
     incremental = uses_cache(cfg, options)
     # The first pass builds the variables (a while_loop body may only reuse them) and, when incremental,
@@ -148,7 +191,7 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
         gpt.logits(tokens, cfg, dims, train=False)
         caches = []
 
-    limit = mtf.minimum(prompt_lengths + options.max_new_tokens, seq.size)  # per row: end of its new tokens
+    limit = mtf.minimum(prompt_lengths + draw.max_new_tokens, seq.size)  # per row: end of its new tokens
     end = mtf.reduce_max(limit)
     done = mtf.cast(mtf.greater_equal(prompt_lengths, limit), tf.int32)  # rows whose prompt fills the context
     lengths = prompt_lengths
@@ -164,7 +207,7 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
         else:
             step_logits = mtf.gather(gpt.logits(tokens_, cfg, dims, train=False), position - 1, seq)
             new_caches = []
-        new = choose_tokens(step_logits, seeds, position, dims, options)
+        new = choose_tokens(step_logits, seeds, position, dims, options, draw)
         in_prompt = mtf.less(position, prompt_lengths)
         active = mtf.logical_and(mtf.logical_not(in_prompt), mtf.equal(done_, 0))
         value = mtf.where(in_prompt, mtf.gather(tokens_, position, seq),
@@ -172,9 +215,7 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
         write = mtf.one_hot(position, seq, dtype=tf.int32)
         tokens_ = tokens_ * (1 - write) + value * write
         lengths_ = mtf.where(active, mtf.zeros_like(lengths_) + position + 1, lengths_)
-        finished = mtf.greater_equal(position + 1, limit)
-        if options.stop_id is not None:
-            finished = mtf.logical_or(finished, mtf.equal(new, options.stop_id))
+        finished = mtf.logical_or(mtf.greater_equal(position + 1, limit), mtf.equal(new, draw.stop_id))
         if options.stop_ids:
             finished = mtf.logical_or(finished, is_one_of(new, options.stop_ids))
         done_ = mtf.maximum(done_, mtf.cast(mtf.logical_and(active, finished), tf.int32))

@@ -43,34 +43,47 @@ def stateless_uniform(seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor, vo
     return (tf.cast(tf.bitwise.right_shift(state, tf.constant(8, tf.int64)), tf.float32) + 0.5) / 2.0 ** 24
 
 
-def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor,
-                     options) -> tf.Tensor:
-    """logits [rows, vocab] float -> token ids [rows] int32: temperature, top-k, top-p, Gumbel-max, as
-    `options` (models/sampling.SamplingOptions) set them.
+def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, position: tf.Tensor, options,
+                     temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
+    """logits [rows, vocab] float -> token ids [rows] int32, each row by its own temperature (0: greedy), top-k (0:
+    none) and top-p (1: none), [rows] each, then Gumbel-max. `options` (models/sampling.SamplingOptions) gives
+    what shapes the program: `entmax_alpha`.
 
     With `entmax_alpha` the draw is from entmax_α(logits / temperature) (models/entmax.py): the logits are
     replaced by its log-probabilities, NEG_INF outside its support, so no filter or draw can pick a token of
-    probability 0, and top-p measures entmax's probabilities."""
+    probability 0, and top-p measures entmax's probabilities. The filters' sort and the draw's noise run only
+    where some row needs them (conditionals), so a greedy batch costs an argmax."""
     logits = tf.cast(logits, tf.float32)
-    if options.temperature == 0:
-        return tf.argmax(logits, axis=-1, output_type=tf.int32)
-    vocab_size = logits.shape[-1]
-    logits = logits / options.temperature
-    if options.entmax_alpha is not None:
-        probs = entmax_tf(logits, options.entmax_alpha)
-        logits = tf.where(probs > 0, tf.math.log(probs), tf.fill(tf.shape(probs), NEG_INF))
-    if options.top_k and options.top_k < vocab_size:
-        kth = tf.math.top_k(logits, options.top_k, sorted=True).values[:, -1:]
-        logits = tf.where(logits < kth, tf.fill(tf.shape(logits), NEG_INF), logits)
-    if options.top_p < 1.0:
-        ordered = tf.sort(logits, axis=-1, direction="DESCENDING")
-        mass_before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)
-        kept = mass_before < options.top_p  # the most likely token is always kept
-        threshold = tf.reduce_min(tf.where(kept, ordered, tf.fill(tf.shape(ordered), -NEG_INF)), axis=-1,
-                                  keepdims=True)
-        logits = tf.where(logits < threshold, tf.fill(tf.shape(logits), NEG_INF), logits)
-    gumbel = -tf.math.log(-tf.math.log(stateless_uniform(seeds, rows, position, vocab_size)))
-    return tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
+    greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
+    drawn = temperature > 0
+
+    def draw():
+        vocab_size = logits.shape[-1]
+        scaled = logits / tf.where(drawn, temperature, tf.ones_like(temperature))[:, None]
+        if options.entmax_alpha is not None:
+            probs = entmax_tf(scaled, options.entmax_alpha)
+            scaled = tf.where(probs > 0, tf.math.log(probs), tf.fill(tf.shape(probs), NEG_INF))
+        k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, tf.fill(tf.shape(top_k), vocab_size))
+        filtering = tf.reduce_any(drawn & ((k < vocab_size) | (top_p < 1.0)))
+        scaled = tf.cond(filtering, lambda: _filtered(scaled, k, top_p), lambda: scaled)
+        gumbel = -tf.math.log(-tf.math.log(stateless_uniform(seeds, rows, position, vocab_size)))
+        return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
+
+    chosen = tf.cond(tf.reduce_any(drawn), draw, lambda: greedy)
+    return tf.where(drawn, chosen, greedy)
+
+
+def _filtered(logits: tf.Tensor, k: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
+    """`logits` with NEG_INF outside each row's k most likely tokens (ties at the k-th kept; k = vocab: all), then
+    outside the fewest most likely of those whose probability reaches top_p (the most likely always kept; 1: all),
+    from one sort of each row."""
+    ordered = tf.sort(logits, axis=-1, direction="DESCENDING")
+    kth = tf.gather(ordered, k - 1, axis=-1, batch_dims=1)[:, None]
+    ordered = tf.where(ordered < kth, tf.fill(tf.shape(ordered), NEG_INF), ordered)  # top-k's logits, sorted
+    mass_before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)
+    kept = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    threshold = tf.reduce_min(tf.where(kept, ordered, tf.fill(tf.shape(ordered), -NEG_INF)), axis=-1, keepdims=True)
+    return tf.where((logits < kth) | (logits < threshold), tf.fill(tf.shape(logits), NEG_INF), logits)
 
 
 def is_one_of_tf(ids: tf.Tensor, values: tuple) -> tf.Tensor:

@@ -182,6 +182,15 @@ def run_predict(cfg: GPTConfig, features: dict, devices: list[str], checkpoint: 
     return predict(cfg, Placement(devices=tuple(devices)), features, rows, checkpoint, options)
 
 
+def choose_tokens(logits, seeds, rows, position: int, options) -> tf.Tensor:
+    """models/token_choice.choose_tokens_tf with every row drawn by `options`' (a SamplingOptions) temperature,
+    top-k and top-p, as TF tensors."""
+    from models.token_choice import choose_tokens_tf
+    drawn = options.draw_rows(int(logits.shape[0]))
+    return choose_tokens_tf(logits, seeds, rows, tf.constant(position), options,
+                            *(tf.constant(drawn[name]) for name in ("temperature", "top_k", "top_p")))
+
+
 def checkpoint_of_order_one_weights(cfg, prefix, seed=0) -> str:
     """A checkpoint of cfg's model (GPT-Neo's variable names) whose activations are of order 1 everywhere: at
     the initial weights (std 0.02) GELU's inputs are ~0.1, where its cubic term is ~1e-4 of the output and an

@@ -10,8 +10,8 @@ import tensorflow.compat.v1 as tf
 
 from config import replace
 from models.entmax import entmax_loss, entmax_mtf, entmax_tf
-from models.sampling import SamplingOptions, choose_tokens_tf
-from tiny import (compute_logits, compute_losses, devices_for, random_tokens, run_mtf, run_predict,
+from models.sampling import SamplingOptions
+from tiny import (choose_tokens, compute_logits, compute_losses, devices_for, random_tokens, run_mtf, run_predict,
                   tiny_config, train)
 
 
@@ -134,7 +134,7 @@ def draws(logits, options, n):
     tiled = np.repeat(logits, n, axis=0)
     rows = np.arange(len(tiled), dtype=np.int32)
     seeds = np.full(len(tiled), 11, np.int32)
-    chosen = run_tf(lambda lg, sd, rw: choose_tokens_tf(lg, sd, rw, tf.constant(0), options), tiled, seeds, rows)
+    chosen = run_tf(lambda lg, sd, rw: choose_tokens(lg, sd, rw, 0, options), tiled, seeds, rows)
     return chosen.reshape(len(logits), n)
 
 

@@ -184,6 +184,33 @@ def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greed
 
 
 @pytest.mark.slow
+def test_each_row_draws_by_its_own_options_and_one_program_serves_them_all(cfg, rows, greedy, sampled, predictor):
+    """The drawn options (models/sampling.DRAWN) are fed with the rows: a batch whose rows mix them gives each row
+    the tokens a batch of its setting alone gives it, and the predictor builds no program beyond the one that drew
+    `greedy` and `sampled`. Guards row 0's values fed to every row, and a drawn option built into the program."""
+    tokens, lengths = rows
+    programs = len(predictor._programs)
+    free_new = new_tokens(*greedy, lengths)
+    stop = int(free_new[5][1])
+    settings = [SAMPLED, dict(temperature=1.0, top_k=3), dict(temperature=1.0, top_p=0.5),
+                dict(temperature=0.0, max_new_tokens=2), dict(temperature=0.0), dict(temperature=0.0, stop_id=stop)]
+    options = [SamplingOptions.from_config(cfg, **dict(dict(max_new_tokens=MAX_NEW, padding_id=PADDING), **setting))
+               for setting in settings]
+    alone = [sample(cfg, tokens, lengths, predictor=predictor, **dict(dict(max_new_tokens=MAX_NEW), **setting))
+             for setting in settings]
+    drawn = [o.draw_rows(1) for o in options]
+    mixed = predictor.predict({"tokens": tokens, "prompt_length": lengths, "seed": np.full(len(tokens), 7, np.int32),
+                               **{name: np.concatenate([d[name] for d in drawn]) for name in drawn[0]}},
+                              len(tokens), options[0])
+    for row, (out, out_lengths) in enumerate(alone):
+        np.testing.assert_array_equal(mixed["tokens"][row], out[row], err_msg=f"row {row}: {settings[row]}")
+        assert mixed["lengths"][row] == out_lengths[row]
+    assert mixed["lengths"][3] == lengths[3] + 2  # its max_new_tokens
+    assert mixed["lengths"][5] == lengths[5] + free_new[5].index(stop) + 1 < lengths[5] + MAX_NEW  # its stop id
+    assert len(predictor._programs) == programs
+
+
+@pytest.mark.slow
 def test_greedy_decoding_matches_hf_transformers_generate(order_one):
     """order_one's model (4 layers, local then global, window 3) at its weights of order one (GPT-Neo's variable
     names, as a training saves them: the tokens follow the logits' shifts, and no training is run to get a

@@ -9,7 +9,8 @@ import tensorflow.compat.v1 as tf
 from scipy import stats
 
 from models.sampling import SamplingOptions
-from models.token_choice import choose_tokens_tf, is_one_of_tf, stateless_uniform
+from models.token_choice import is_one_of_tf, stateless_uniform
+from tiny import choose_tokens
 
 LOGITS = np.array([2.0, 1.2, 0.9, 0.3, -0.4, -1.5], np.float32)
 DRAWS = 20_000
@@ -24,8 +25,7 @@ def counts(options: SamplingOptions, seed: int = 5, position: int = 3) -> np.nda
     tiled = np.tile(LOGITS, (DRAWS, 1))
     rows = np.arange(DRAWS, dtype=np.int32)
     seeds = np.full(DRAWS, seed, np.int32)
-    chosen = run_tf(lambda lg, sd, rw: choose_tokens_tf(lg, sd, rw, tf.constant(position), options),
-                    tiled, seeds, rows)
+    chosen = run_tf(lambda lg, sd, rw: choose_tokens(lg, sd, rw, position, options), tiled, seeds, rows)
     return np.bincount(chosen, minlength=len(LOGITS))
 
 
