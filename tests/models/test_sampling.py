@@ -186,8 +186,9 @@ def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greed
 @pytest.mark.slow
 def test_each_row_draws_by_its_own_options_and_one_program_serves_them_all(cfg, rows, greedy, sampled, predictor):
     """The drawn options (models/sampling.DRAWN) are fed with the rows: a batch whose rows mix them gives each row
-    the tokens a batch of its setting alone gives it, and the predictor builds no program beyond the one that drew
-    `greedy` and `sampled`. Guards row 0's values fed to every row, and a drawn option built into the program."""
+    the tokens a batch of its setting alone gives it, compiled and on the mtf loop, and the predictor builds no
+    program beyond the one that drew `greedy` and `sampled`. Guards the options' values fed over the rows' own, and
+    a drawn option built into the program."""
     tokens, lengths = rows
     programs = len(predictor._programs)
     free_new = new_tokens(*greedy, lengths)
@@ -199,15 +200,18 @@ def test_each_row_draws_by_its_own_options_and_one_program_serves_them_all(cfg, 
     alone = [sample(cfg, tokens, lengths, predictor=predictor, **dict(dict(max_new_tokens=MAX_NEW), **setting))
              for setting in settings]
     drawn = [o.draw_rows(1) for o in options]
-    mixed = predictor.predict({"tokens": tokens, "prompt_length": lengths, "seed": np.full(len(tokens), 7, np.int32),
-                               **{name: np.concatenate([d[name] for d in drawn]) for name in drawn[0]}},
-                              len(tokens), options[0])
-    for row, (out, out_lengths) in enumerate(alone):
-        np.testing.assert_array_equal(mixed["tokens"][row], out[row], err_msg=f"row {row}: {settings[row]}")
-        assert mixed["lengths"][row] == out_lengths[row]
-    assert mixed["lengths"][3] == lengths[3] + 2  # its max_new_tokens
-    assert mixed["lengths"][5] == lengths[5] + free_new[5].index(stop) + 1 < lengths[5] + MAX_NEW  # its stop id
+    mixed_rows = {"tokens": tokens, "prompt_length": lengths, "seed": np.full(len(tokens), 7, np.int32),
+                  **{name: np.concatenate([d[name] for d in drawn]) for name in drawn[0]}}
+    mixed = predictor.predict(mixed_rows, len(tokens), options[0])
     assert len(predictor._programs) == programs
+    # and on the mtf sampler's loop (these draws above ran compiled), which gives the compiled path's tokens
+    loop = predictor.predict(mixed_rows, len(tokens), dataclasses.replace(options[0], compiled=False))
+    for name, out in (("compiled", mixed), ("mtf loop", loop)):
+        for row, (tokens_alone, lengths_alone) in enumerate(alone):
+            np.testing.assert_array_equal(out["tokens"][row], tokens_alone[row], err_msg=f"{name}, row {row}")
+            assert out["lengths"][row] == lengths_alone[row], (name, row)
+        assert out["lengths"][3] == lengths[3] + 2  # its max_new_tokens
+        assert out["lengths"][5] == lengths[5] + free_new[5].index(stop) + 1 < lengths[5] + MAX_NEW  # its stop id
 
 
 @pytest.mark.slow
