@@ -42,6 +42,7 @@ ops, as --predict does on CPUs (infer/job.py); the default, xla, is what the har
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -85,25 +86,29 @@ def worker_ours(args, names: list | None = None) -> dict:
         attention_types=attention_types(args.n_layer), local_attention_radius=args.window, temperature=0.0,
         predict_batch_size=1, mesh_shape="all:1", layout="", kv_cache=not args.recompute_worker), "bench config")
     # prefill over the whole context (None), and with --prefill_bucket also over the prompt's bucket, as --predict
-    # and the harness run it (models/sampling.prefill_bucket); one program per generation length and prefill
+    # and the harness run it (models/sampling.prefill_bucket); one program per prefill
     prefills = {p: [None] + ([sampling.prefill_bucket(p, cfg.n_ctx)] if getattr(args, "prefill_bucket", False) else [])
                 for p in args.prompt_lengths}
     sessions = {}
     path = None
     for prefill in sorted({b for bs in prefills.values() for b in bs}, key=lambda b: b or 0):
+        options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=args.new_tokens[0], stop_id=None,
+                                                       temperature=0.0, prefill_length=prefill,
+                                                       compiled=not getattr(args, "mtf_loop_worker", False))
+        path = ("compiled" if compiled_decoding.unsupported(cfg, options) is None else "kv cache") \
+            if attention.uses_cache(cfg, options) else "full recompute"
+        # --predict's program (infer/run.Predictor's): the prompt length and the drawn options (greedy, the
+        # number of new tokens) fed, one graph for every prompt and generation length
+        placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
+        rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32),
+                **options.draw_rows(1)}
+        program = run.prediction_program(cfg, placement, rows, 1, options.program(sampled=False))
+        session = program.open(None)
+        fed = program.inputs.placeholders
         for new in args.new_tokens:
-            options = sampling.SamplingOptions.from_config(cfg, max_new_tokens=new, stop_id=None, temperature=0.0,
-                                                           prefill_length=prefill,
-                                                           compiled=not getattr(args, "mtf_loop_worker", False))
-            path = ("compiled" if compiled_decoding.unsupported(cfg, options) is None else "kv cache") \
-                if attention.uses_cache(cfg, options) else "full recompute"
-            # --predict's program, the prompt length fed: one graph for every prompt
-            placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
-            rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32)}
-            program = run.prediction_program(cfg, placement, rows, 1, options)
-            session = program.open(None)
-            fed = program.inputs.placeholders
-            sessions[prefill, new] = (session, program.lowered.outputs["tokens"], fed["tokens"], fed["prompt_length"])
+            draws = dataclasses.replace(options, max_new_tokens=new).draw_rows(1)
+            sessions[prefill, new] = (session, program.lowered.outputs["tokens"], fed["tokens"], fed["prompt_length"],
+                                      {fed[name]: value for name, value in draws.items()})
 
     rng = np.random.RandomState(0)
     results, first_call = {}, {}
@@ -113,10 +118,10 @@ def worker_ours(args, names: list | None = None) -> dict:
         ours = [(prefill, new) for prefill in prefills[p] for new in args.new_tokens]
         outputs = {}
         for key in ours:
-            session, fetch, tokens, length = sessions[key]
+            session, fetch, tokens, length, draws = sessions[key]
             for call in range(args.warmup):  # XLA compiles here, if at all: auto-clustering over several calls
                 start = time.perf_counter()
-                outputs[key] = session.run(fetch, {tokens: row, length: [p]})
+                outputs[key] = session.run(fetch, {tokens: row, length: [p], **draws})
                 first_call.setdefault(f"{p}/{key[0]}/{key[1]}", []).append(round(time.perf_counter() - start, 3))
             assert (outputs[key][0, :p] == row[0, :p]).all()
         for prefill, new in ours:  # the bucket's prefill changes nothing but the time
@@ -124,9 +129,9 @@ def worker_ours(args, names: list | None = None) -> dict:
         times, cpu = {}, {}
         for _ in range(args.repeats):  # N1 and N2, and each prefill, interleaved: each repeat sees the same machine
             for key in ours:
-                session, fetch, tokens, length = sessions[key]
+                session, fetch, tokens, length, draws = sessions[key]
                 start, start_cpu = time.perf_counter(), time.process_time()
-                session.run(fetch, {tokens: row, length: [p]})
+                session.run(fetch, {tokens: row, length: [p], **draws})
                 times.setdefault(key, []).append(time.perf_counter() - start)
                 cpu.setdefault(key, []).append(time.process_time() - start_cpu)
         results[str(p)] = per_token({new: times[None, new] for new in args.new_tokens}, args.new_tokens,

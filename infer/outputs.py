@@ -53,7 +53,7 @@ def predict_outputs(features: dict, mesh: mtf.Mesh, cfg: GPTConfig, dims: gpt.Di
     seeds = mtf.import_fully_replicated(mesh, tf.cast(seed, tf.int32), batch, "seed")
     options = options or sampling.SamplingOptions.from_config(cfg)
     draw = sampling.Draw.of(features, options, mesh, dims.batch)
-    return sampling.sample(tokens, lengths, seeds, cfg, dims, options.program(), draw)
+    return sampling.sample(tokens, lengths, seeds, cfg, dims, options.program(options.temperature != 0), draw)
 
 
 def predictions(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, features: dict, options=None,

@@ -21,8 +21,9 @@ every run, on every mesh layout, incremental or not.
 
 The options a draw changes (`DRAWN`: temperature, top-k, top-p, max_new_tokens, the stop id) are tensors with a
 row each, not part of the graph: infer/run.Predictor feeds them beside the prompts (`SamplingOptions.draw_rows`),
-so one program serves every setting of them (greedy and sampled, each task's generation settings) and a batch
-may mix them. The rest (entmax, the stop ids, the prefill, the path) shape the program.
+so one program serves every setting of them (each task's generation settings) and a batch may mix them; greedy
+batches take a program of their own (the argmax alone). The rest (entmax, the stop ids, the prefill, the path)
+shape the program.
 """
 from __future__ import annotations
 
@@ -72,10 +73,11 @@ class SamplingOptions:
         values["stop_id"] = NO_STOP if self.stop_id is None else self.stop_id
         return {name: np.full(count, values[name], dtype) for name, dtype in DRAWN.items()}
 
-    def program(self) -> "SamplingOptions":
+    def program(self, sampled: bool) -> "SamplingOptions":
         """These options without the drawn ones (None): what a program is built from and keyed by, the drawn
-        values fed per row to it."""
-        return dataclasses.replace(self, **{name: None for name in DRAWN})
+        values fed per row to it; but for rows that are all greedy (not `sampled`) a temperature of 0, which
+        builds the greedy program (the argmax alone: no noise over the vocabulary each token, docs/sampling.md)."""
+        return dataclasses.replace(self, **dict({name: None for name in DRAWN}, temperature=None if sampled else 0.0))
 
     def with_prefill_bucket(self, prompt_lengths, n_ctx: int) -> "SamplingOptions":
         """These options with the kv cache's prefill over the bucket of the longest of `prompt_lengths`

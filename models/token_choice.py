@@ -47,14 +47,17 @@ def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, posit
                      temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
     """logits [rows, vocab] float -> token ids [rows] int32, each row by its own temperature (0: greedy), top-k (0:
     none) and top-p (1: none), [rows] each, then Gumbel-max. `options` (models/sampling.SamplingOptions) gives
-    what shapes the program: `entmax_alpha`.
+    what shapes the program: `entmax_alpha`, and a temperature of 0 for a greedy program (the argmax alone).
 
     With `entmax_alpha` the draw is from entmax_α(logits / temperature) (models/entmax.py): the logits are
     replaced by its log-probabilities, NEG_INF outside its support, so no filter or draw can pick a token of
-    probability 0, and top-p measures entmax's probabilities. The filters' sort and the draw's noise run only
-    where some row needs them (conditionals), so a greedy batch costs an argmax."""
+    probability 0, and top-p measures entmax's probabilities. The filters' sort runs only where some row asks
+    for a filter (a conditional: a sort of the vocabulary a token is dear; a conditional around the noise's hash
+    cost more than the hash, docs/sampling.md)."""
     logits = tf.cast(logits, tf.float32)
     greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
+    if options.temperature == 0:  # a greedy program (SamplingOptions.program): no noise, no filters
+        return greedy
     drawn = temperature > 0
 
     def draw():
@@ -69,8 +72,7 @@ def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, posit
         gumbel = -tf.math.log(-tf.math.log(stateless_uniform(seeds, rows, position, vocab_size)))
         return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
 
-    chosen = tf.cond(tf.reduce_any(drawn), draw, lambda: greedy)
-    return tf.where(drawn, chosen, greedy)
+    return tf.where(drawn, draw(), greedy)
 
 
 def _filtered(logits: tf.Tensor, k: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:

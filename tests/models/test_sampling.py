@@ -184,10 +184,10 @@ def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greed
 
 
 @pytest.mark.slow
-def test_each_row_draws_by_its_own_options_and_one_program_serves_them_all(cfg, rows, greedy, sampled, predictor):
+def test_each_row_draws_by_its_own_options_with_no_program_built_for_them(cfg, rows, greedy, sampled, predictor):
     """The drawn options (models/sampling.DRAWN) are fed with the rows: a batch whose rows mix them gives each row
     the tokens a batch of its setting alone gives it, compiled and on the mtf loop, and the predictor builds no
-    program beyond the one that drew `greedy` and `sampled`. Guards the options' values fed over the rows' own, and
+    program beyond the two that drew `greedy` and `sampled` (a greedy batch's program is the argmax alone). Guards the options' values fed over the rows' own, and
     a drawn option built into the program."""
     tokens, lengths = rows
     programs = len(predictor._programs)

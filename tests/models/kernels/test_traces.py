@@ -46,17 +46,16 @@ def sample(options=SAMPLED, cfg=CFG) -> dict:
         return predictor.predict(ROWS, len(ROWS["tokens"]), options)
 
 
-@pytest.mark.slow  # six Predictors; the fast tier keeps the small program's cases and the key's
+@pytest.mark.slow  # five Predictors; the fast tier keeps the small program's cases and the key's
 def test_runs_of_the_model_read_the_decoders_trace_back_and_other_options_or_models_trace_their_own(
         cache, traced, monkeypatch):
-    """The compiled decoder, built by six Predictors in turn: the first traces and stores it; a run of the same
-    model in another folder reads it back (tracing nothing) and samples the same tokens, and so does greedy
-    sampling (a drawn option: fed, not traced); an option that shapes the program (remove_partial_sequences) and
-    a wider window each trace their own; then one Predictor (one graph) reads two programs back together, as the
-    harness's generations do. Bugs caught: the stored file never looked for; the call made without XLA's compile
-    mark; the options or the config's model left out of what the trace is made from, or its model_path kept in it
-    (every run folder traces again); the called functions stored under TensorFlow's counter names (while_body_<n>,
-    counted per process: two processes' files bring two bodies of one name into a graph)."""
+    """The compiled decoder, built by five Predictors in turn: the first traces and stores it; a run of the same
+    model in another folder reads it back (tracing nothing) and samples the same tokens; greedy sampling and a
+    wider window each trace their own; then one Predictor (one graph) reads the sampled and greedy programs back
+    together, as the harness's generations do. Bugs caught: the stored file never looked for; the call made
+    without XLA's compile mark; the options or the config's model left out of what the trace is made from, or its
+    model_path kept in it (every run folder traces again); the called functions stored under TensorFlow's counter
+    names (while_body_<n>, counted per process: two processes' files bring two bodies of one name into a graph)."""
     read = []
     call_library = traces._call_library
     monkeypatch.setattr(traces, "_call_library", lambda *a, **k: read.append(call_library(*a, **k)) or read[-1])
@@ -68,15 +67,13 @@ def test_runs_of_the_model_read_the_decoders_trace_back_and_other_options_or_mod
     assert read[1][0].op.get_attr("_XlaMustCompile")
     for name in sampled:
         np.testing.assert_array_equal(elsewhere[name], sampled[name])
-    greedy = sample(SamplingOptions.from_config(CFG, max_new_tokens=6, temperature=0.0))
-    assert len(traced) == 1 and len(read) == 3 and not np.array_equal(greedy["tokens"], sampled["tokens"])  # fed
-    cut_options = dataclasses.replace(SAMPLED, remove_partial_sequences=True)
-    cut = sample(cut_options)
-    assert len(traced) == 2 and not np.array_equal(cut["tokens"], sampled["tokens"])
+    greedy_options = SamplingOptions.from_config(CFG, max_new_tokens=6, temperature=0.0)
+    greedy = sample(greedy_options)
+    assert len(traced) == 2 and not np.array_equal(greedy["tokens"], sampled["tokens"])
     sample(cfg=dataclasses.replace(CFG, local_attention_radius=8))
     assert len(traced) == 3 and len(os.listdir(cache)) == 3
     with Predictor(CFG, placement_for(CFG)) as predictor:
-        for options, want in ((SAMPLED, sampled), (cut_options, cut)):
+        for options, want in ((SAMPLED, sampled), (greedy_options, greedy)):
             np.testing.assert_array_equal(predictor.predict(ROWS, len(ROWS["tokens"]), options)["tokens"],
                                           want["tokens"])
     assert len(traced) == 3 and all(outputs is not None for outputs in read[-2:])
