@@ -102,7 +102,7 @@ def worker_ours(args, names: list | None = None) -> dict:
         placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
         rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32),
                 **options.draw_rows(1)}
-        program = run.prediction_program(cfg, placement, rows, 1, options.program(sampled=False))
+        program = run.prediction_program(cfg, placement, rows, 1, options.program(options.draw_rows(1)))
         session = program.open(None)
         fed = program.inputs.placeholders
         for new in args.new_tokens:

@@ -53,7 +53,9 @@ def predict_outputs(features: dict, mesh: mtf.Mesh, cfg: GPTConfig, dims: gpt.Di
     seeds = mtf.import_fully_replicated(mesh, tf.cast(seed, tf.int32), batch, "seed")
     options = options or sampling.SamplingOptions.from_config(cfg)
     draw = sampling.Draw.of(features, options, mesh, dims.batch)
-    return sampling.sample(tokens, lengths, seeds, cfg, dims, options.program(options.temperature != 0), draw)
+    if options.max_new_tokens is not None:  # not yet a program's options (infer/run.Predictor makes those)
+        options = options.program(options.draw_rows(1))
+    return sampling.sample(tokens, lengths, seeds, cfg, dims, options, draw)
 
 
 def predictions(cfg: GPTConfig, mesh: mtf.Mesh, mesh_impl, features: dict, options=None,

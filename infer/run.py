@@ -90,9 +90,9 @@ class Predictor:
         """The outputs for every row of `rows` (see `predict`)."""
         rows = {name: np.asarray(value) for name, value in rows.items()}
         count = len(next(iter(rows.values())))
-        if isinstance(options, SamplingOptions):  # the drawn options fed per row: a program for greedy rows, one
-            rows = {**options.draw_rows(count), **rows}  # for rows that draw, whatever their settings
-            options = options.program(sampled=bool((rows["temperature"] > 0).any()))
+        if isinstance(options, SamplingOptions):  # the drawn options fed per row: a few programs for all settings
+            rows = {**options.draw_rows(count), **rows}
+            options = options.program(rows)
         if label:  # the graph's build, the restore and the first call's optimisation: seconds without output
             print(f"{label}: building the graph, {checkpoints.weights_origin(self.checkpoint)} ...", flush=True)
         program, session = self._program(rows, batch_size, options)

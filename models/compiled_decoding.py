@@ -43,6 +43,8 @@ from models.kernels.elementwise import _GELU_C
 from models.token_choice import choose_tokens_tf, is_one_of_tf
 from schema import GPTConfig
 
+NO_STOP = -1  # models/sampling.NO_STOP (which imports this module)
+
 PREFIXES = (256, 512, 1024)  # the cache prefixes a global layer's step reads (and the whole cache)
 _OPTIONS = {"no_weight_tie"}  # model options the compiled path computes (the rest fall back to the mtf loop)
 _PRECISIONS = {"float32", "bfloat16", "auto"}  # "auto" reaching a model unresolved builds in float32
@@ -296,7 +298,9 @@ def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_len
         value = tf.where(in_prompt, tokens_[:, position], tf.where(active, new, tf.fill([batch], options.padding_id)))
         tokens_ = xla.dynamic_update_slice(tokens_, value[:, None], [0, position])
         lengths_ = tf.where(active, tf.fill([batch], position + 1), lengths_)
-        finished = tf.logical_or(position + 1 >= limit, tf.equal(new, stop_id))
+        finished = position + 1 >= limit
+        if options.stop_id != NO_STOP:  # not a program for rows that never stop
+            finished = tf.logical_or(finished, tf.equal(new, stop_id))
         if options.stop_ids:
             finished = tf.logical_or(finished, is_one_of_tf(new, options.stop_ids))
         done_ = tf.maximum(done_, tf.cast(tf.logical_and(active, finished), tf.int32))

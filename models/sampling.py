@@ -21,9 +21,9 @@ every run, on every mesh layout, incremental or not.
 
 The options a draw changes (`DRAWN`: temperature, top-k, top-p, max_new_tokens, the stop id) are tensors with a
 row each, not part of the graph: infer/run.Predictor feeds them beside the prompts (`SamplingOptions.draw_rows`),
-so one program serves every setting of them (each task's generation settings) and a batch may mix them; greedy
-batches take a program of their own (the argmax alone). The rest (entmax, the stop ids, the prefill, the path)
-shape the program.
+so a few programs serve every setting of them (each task's generation settings) and a batch may mix them:
+greedy or drawing, filtering or not, stopping at a token or not (`SamplingOptions.program`), whatever the
+values. The rest (entmax, the stop ids, the prefill, the path) shape the program.
 """
 from __future__ import annotations
 
@@ -73,11 +73,20 @@ class SamplingOptions:
         values["stop_id"] = NO_STOP if self.stop_id is None else self.stop_id
         return {name: np.full(count, values[name], dtype) for name, dtype in DRAWN.items()}
 
-    def program(self, sampled: bool) -> "SamplingOptions":
-        """These options without the drawn ones (None): what a program is built from and keyed by, the drawn
-        values fed per row to it; but for rows that are all greedy (not `sampled`) a temperature of 0, which
-        builds the greedy program (the argmax alone: no noise over the vocabulary each token, docs/sampling.md)."""
-        return dataclasses.replace(self, **dict({name: None for name in DRAWN}, temperature=None if sampled else 0.0))
+    def program(self, drawn: dict) -> "SamplingOptions":
+        """These options without the drawn ones (None): what a program is built from and keyed by, the values of
+        `drawn` (draw_rows' arrays) fed per row to it; but where no row draws, a temperature of 0 (the greedy
+        program: the argmax alone), where no row filters, top_k 0 and top_p 1 (no sort of the vocabulary each
+        token), and where no row stops at a token, stop_id NO_STOP (no check). Conditionals in one program cost
+        more a token than these few programs (docs/sampling.md)."""
+        changes = {name: None for name in DRAWN}
+        if not (drawn["temperature"] > 0).any():
+            changes["temperature"] = 0.0
+        if not ((drawn["top_k"] > 0) | (drawn["top_p"] < 1)).any():
+            changes.update(top_k=0, top_p=1.0)
+        if (drawn["stop_id"] == NO_STOP).all():
+            changes["stop_id"] = NO_STOP
+        return dataclasses.replace(self, **changes)
 
     def with_prefill_bucket(self, prompt_lengths, n_ctx: int) -> "SamplingOptions":
         """These options with the kv cache's prefill over the bucket of the longest of `prompt_lengths`
@@ -217,7 +226,9 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
         write = mtf.one_hot(position, seq, dtype=tf.int32)
         tokens_ = tokens_ * (1 - write) + value * write
         lengths_ = mtf.where(active, mtf.zeros_like(lengths_) + position + 1, lengths_)
-        finished = mtf.logical_or(mtf.greater_equal(position + 1, limit), mtf.equal(new, draw.stop_id))
+        finished = mtf.greater_equal(position + 1, limit)
+        if options.stop_id != NO_STOP:  # not a program for rows that never stop
+            finished = mtf.logical_or(finished, mtf.equal(new, draw.stop_id))
         if options.stop_ids:
             finished = mtf.logical_or(finished, is_one_of(new, options.stop_ids))
         done_ = mtf.maximum(done_, mtf.cast(mtf.logical_and(active, finished), tf.int32))

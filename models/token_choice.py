@@ -47,32 +47,27 @@ def choose_tokens_tf(logits: tf.Tensor, seeds: tf.Tensor, rows: tf.Tensor, posit
                      temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
     """logits [rows, vocab] float -> token ids [rows] int32, each row by its own temperature (0: greedy), top-k (0:
     none) and top-p (1: none), [rows] each, then Gumbel-max. `options` (models/sampling.SamplingOptions) gives
-    what shapes the program: `entmax_alpha`, and a temperature of 0 for a greedy program (the argmax alone).
+    what shapes the program: `entmax_alpha`, a temperature of 0 for a greedy program (the argmax alone), top_k 0
+    and top_p 1 for one without filters (no sort).
 
     With `entmax_alpha` the draw is from entmax_α(logits / temperature) (models/entmax.py): the logits are
     replaced by its log-probabilities, NEG_INF outside its support, so no filter or draw can pick a token of
-    probability 0, and top-p measures entmax's probabilities. The filters' sort runs only where some row asks
-    for a filter (a conditional: a sort of the vocabulary a token is dear; a conditional around the noise's hash
-    cost more than the hash, docs/sampling.md)."""
+    probability 0, and top-p measures entmax's probabilities."""
     logits = tf.cast(logits, tf.float32)
     greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
     if options.temperature == 0:  # a greedy program (SamplingOptions.program): no noise, no filters
         return greedy
     drawn = temperature > 0
-
-    def draw():
-        vocab_size = logits.shape[-1]
-        scaled = logits / tf.where(drawn, temperature, tf.ones_like(temperature))[:, None]
-        if options.entmax_alpha is not None:
-            probs = entmax_tf(scaled, options.entmax_alpha)
-            scaled = tf.where(probs > 0, tf.math.log(probs), tf.fill(tf.shape(probs), NEG_INF))
+    vocab_size = logits.shape[-1]
+    scaled = logits / tf.where(drawn, temperature, tf.ones_like(temperature))[:, None]
+    if options.entmax_alpha is not None:
+        probs = entmax_tf(scaled, options.entmax_alpha)
+        scaled = tf.where(probs > 0, tf.math.log(probs), tf.fill(tf.shape(probs), NEG_INF))
+    if not (options.top_k == 0 and options.top_p == 1.0):  # not a program without filters
         k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, tf.fill(tf.shape(top_k), vocab_size))
-        filtering = tf.reduce_any(drawn & ((k < vocab_size) | (top_p < 1.0)))
-        scaled = tf.cond(filtering, lambda: _filtered(scaled, k, top_p), lambda: scaled)
-        gumbel = -tf.math.log(-tf.math.log(stateless_uniform(seeds, rows, position, vocab_size)))
-        return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
-
-    return tf.where(drawn, draw(), greedy)
+        scaled = _filtered(scaled, k, top_p)
+    gumbel = -tf.math.log(-tf.math.log(stateless_uniform(seeds, rows, position, vocab_size)))
+    return tf.where(drawn, tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32), greedy)
 
 
 def _filtered(logits: tf.Tensor, k: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:

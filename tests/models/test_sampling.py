@@ -186,19 +186,21 @@ def test_stop_token_max_new_tokens_and_remove_partial_sequences(cfg, rows, greed
 @pytest.mark.slow
 def test_each_row_draws_by_its_own_options_with_no_program_built_for_them(cfg, rows, greedy, sampled, predictor):
     """The drawn options (models/sampling.DRAWN) are fed with the rows: a batch whose rows mix them gives each row
-    the tokens a batch of its setting alone gives it, compiled and on the mtf loop, and the predictor builds no
-    program beyond the two that drew `greedy` and `sampled` (a greedy batch's program is the argmax alone). Guards the options' values fed over the rows' own, and
-    a drawn option built into the program."""
+    the tokens a batch of its setting alone gives it, compiled and on the mtf loop, and builds no program of its
+    own. Alone, the settings ran on each kind of program (SamplingOptions.program: greedy or drawn, filtered or
+    not, stopping or not); mixed, on the one that draws, filters and stops, built for row 2's setting, whose
+    filters leave the rows without any alone. Guards the options' values fed over the rows' own, a drawn option
+    built into the program, and the filters of a row without them."""
     tokens, lengths = rows
-    programs = len(predictor._programs)
     free_new = new_tokens(*greedy, lengths)
     stop = int(free_new[5][1])
-    settings = [SAMPLED, dict(temperature=1.0, top_k=3), dict(temperature=1.0, top_p=0.5),
-                dict(temperature=0.0, max_new_tokens=2), dict(temperature=0.0), dict(temperature=0.0, stop_id=stop)]
+    settings = [SAMPLED, dict(temperature=1.0, top_k=3), dict(temperature=1.0, top_p=0.5, stop_id=stop),
+                dict(temperature=1.0, max_new_tokens=2), dict(temperature=0.0), dict(temperature=0.0, stop_id=stop)]
     options = [SamplingOptions.from_config(cfg, **dict(dict(max_new_tokens=MAX_NEW, padding_id=PADDING), **setting))
                for setting in settings]
     alone = [sample(cfg, tokens, lengths, predictor=predictor, **dict(dict(max_new_tokens=MAX_NEW), **setting))
              for setting in settings]
+    programs = len(predictor._programs)
     drawn = [o.draw_rows(1) for o in options]
     mixed_rows = {"tokens": tokens, "prompt_length": lengths, "seed": np.full(len(tokens), 7, np.int32),
                   **{name: np.concatenate([d[name] for d in drawn]) for name in drawn[0]}}
