@@ -224,7 +224,9 @@ def test_workers_start_with_sigterm_held_until_it_ends_them(tmp_path, monkeypatc
         before = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
         real(*args)
         after = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        (seen / str(os.getpid())).write_text(json.dumps([before, after]))
+        part = seen / f"{os.getpid()}.part"  # renamed whole: a terminate() mid-write leaves no empty record
+        part.write_text(json.dumps([before, after]))
+        os.replace(part, seen / str(os.getpid()))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # with the second bug: the test fails, not hangs
 
     monkeypatch.setattr(ct, "_initialise_worker", recording)
@@ -232,7 +234,7 @@ def test_workers_start_with_sigterm_held_until_it_ends_them(tmp_path, monkeypatc
     run(tmp_path / "in", tmp_path / "out", files_per=2, processes=2)
     # a worker that the pool's terminate() reaches in its initialiser (the other did all the work) ends there
     # without a record: that is the case this guards, now ended instead of waited for
-    records = [json.loads(path.read_text()) for path in seen.iterdir()]
+    records = [json.loads(path.read_text()) for path in seen.iterdir() if path.suffix != ".part"]
     assert records and all(record == [True, False] for record in records), records
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
