@@ -287,11 +287,12 @@ class CheckpointLM(TemplateLM):
                 tokens = np.full([len(members), self.cfg.n_ctx], self.padding, np.int32)
                 for row, i in enumerate(members):
                     tokens[row, :len(prompts[i])] = prompts[i]
+                # Each row's draw from its request's seed alone (draw_row 0, not its place in the batch), so sampled
+                # requests share batches and draw what they would alone
                 features = {"tokens": tokens, "prompt_length": np.array([len(prompts[i]) for i in members], np.int32),
-                            "seed": np.array([seeds[i] for i in members], np.int32)}
-                # Sampled rows one at a time: the sampler's noise depends on the row within the batch too
-                rows = 1 if options.temperature > 0 else self.batch_size
-                out = self._predict(features, rows, options, on_batch=bar.update)
+                            "seed": np.array([seeds[i] for i in members], np.int32),
+                            "draw_row": np.zeros(len(members), np.int32)}
+                out = self._predict(features, self.batch_size, options, on_batch=bar.update)
                 for row, i in enumerate(members):
                     new = out["tokens"][row, len(prompts[i]):out["lengths"][row]]
                     text = postprocess_generated_text(self.tok_decode(new), until, None)

@@ -2,9 +2,10 @@
 
 `predict_outputs` turns a dict of features into mesh-tensorflow outputs:
 
-* sampling: {"tokens" [batch, n_ctx], "prompt_length" [batch], optional "seed" [batch] and each drawn option
+* sampling: {"tokens" [batch, n_ctx], "prompt_length" [batch], optional "seed" [batch], each drawn option
   (models/sampling.DRAWN: "temperature", "top_k", "top_p", "max_new_tokens", "stop_id" [batch], fed by
-  infer/run.Predictor; where absent, the sampling options' value for every row)}
+  infer/run.Predictor; where absent, the sampling options' value for every row) and "draw_row" [batch] (each
+  row's id in the draw's noise; where absent, its place in the batch)}
   -> {"tokens", "lengths"} (see models/sampling.py);
 * scoring (eval tasks): {"tokens" [batch, n_ctx], "targets" [batch, n_ctx]}
   -> {"token_loss": per-position cross-entropy, "token_correct": 1 where the argmax is the target};

@@ -271,9 +271,10 @@ def _step(model: _Model, token, position, caches):
 
 
 def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_lengths, seeds, temperature, top_k,
-             top_p, max_new_tokens, stop_id, *weights, native_products: bool = False):
+             top_p, max_new_tokens, stop_id, rows, *weights, native_products: bool = False):
     """models/sampling.sample's loop on TF tensors: tokens [batch, length] int32, prompt_lengths and seeds [batch]
-    int32, the drawn options [batch] each (models/sampling.DRAWN), the weights in the order of `names` ->
+    int32, the drawn options [batch] each (models/sampling.DRAWN), the rows' ids in the draw's noise [batch]
+    (models/sampling.Draw.row), the weights in the order of `names` ->
     (tokens, lengths) as `sample` returns them. The prefill runs over the first `span` positions;
     `native_products`: the step's products are the native library's."""
     model = _Model(cfg, dict(zip(names, weights)), native_products)
@@ -285,7 +286,6 @@ def generate(cfg: GPTConfig, options, span: int, names: list, tokens, prompt_len
     limit = tf.minimum(prompt_lengths + max_new_tokens, length)
     end = tf.reduce_max(limit)
     done = tf.cast(prompt_lengths >= limit, tf.int32)
-    rows = tf.range(batch)
 
     def cond(position, tokens_, done_, lengths_, *caches_):
         return tf.logical_and(position < end, tf.reduce_min(done_) < 1)
@@ -362,6 +362,6 @@ def sample(tokens: mtf.Tensor, prompt_lengths: mtf.Tensor, seeds: mtf.Tensor, cf
     gpt.logits(mtf.slice(tokens, 0, span, dims.sequence.name), cfg,
                dataclasses.replace(dims, sequence=mtf.Dimension(dims.sequence.name, span)), train=False)
     variables = [v for v in tokens.mesh.graph.all_variables if v.name.startswith("gpt2/")]
-    drawn = [draw.temperature, draw.top_k, draw.top_p, draw.max_new_tokens, draw.stop_id]
+    drawn = [draw.temperature, draw.top_k, draw.top_p, draw.max_new_tokens, draw.stop_id, draw.row]
     op = CompiledSampleOperation(cfg, options, span, tokens, prompt_lengths, seeds, drawn, variables)
     return {"tokens": op.outputs[0], "lengths": op.outputs[1]}

@@ -102,20 +102,28 @@ NO_STOP = -1  # a row's stop id when it has none (no token id is negative)
 
 @dataclass(frozen=True)
 class Draw:
-    """The drawn options as mtf tensors [batch] (see DRAWN)."""
+    """The drawn options as mtf tensors [batch] (see DRAWN), and each row's id in the draw's noise (`row`)."""
     temperature: mtf.Tensor
     top_k: mtf.Tensor
     top_p: mtf.Tensor
     max_new_tokens: mtf.Tensor
     stop_id: mtf.Tensor
+    row: mtf.Tensor
 
     @classmethod
     def of(cls, features: dict, options: SamplingOptions, mesh: mtf.Mesh, batch: mtf.Dimension) -> "Draw":
-        """The drawn options from `features` where they are fed, or else `options`' values for every row."""
+        """The drawn options from `features` where they are fed, or else `options`' values for every row. The row
+        id is the feature "draw_row" where fed (the harness feeds zeros: a request's sample is then its seed's
+        whatever rows run beside it, so sampled requests share a batch), else the row's place in the batch (rows
+        of one prompt and seed draw different samples)."""
         if any(name not in features for name in DRAWN):
             features = {**options.draw_rows(batch.size), **features}
-        return cls(**{name: mtf.import_fully_replicated(mesh, tf.cast(features[name], dtype), mtf.Shape([batch]), name)
-                      for name, dtype in DRAWN.items()})
+        shape = mtf.Shape([batch])
+        drawn = {name: mtf.import_fully_replicated(mesh, tf.cast(features[name], dtype), shape, name)
+                 for name, dtype in DRAWN.items()}
+        row = (mtf.import_fully_replicated(mesh, tf.cast(features["draw_row"], tf.int32), shape, "draw_row")
+               if "draw_row" in features else mtf.range(mesh, batch, tf.int32))
+        return cls(**drawn, row=row)
 
 
 def prefill_bucket(longest_prompt: int, n_ctx: int) -> int:
@@ -146,9 +154,8 @@ def choose_tokens(logits: mtf.Tensor, seeds: mtf.Tensor, position: mtf.Tensor, d
     onto each device first (a layout may split it), so each batch slice chooses from whole rows."""
     whole = mtf.Dimension("sampling_vocab", dims.vocab.size)
     rows_logits = mtf.replace_dimensions(logits, dims.vocab, whole)
-    rows = mtf.range(logits.mesh, dims.batch, tf.int32)
     return mtf.slicewise(lambda lg, sd, rw, pos, t, k, p: choose_tokens_tf(lg, sd, rw, pos, options, t, k, p),
-                         [rows_logits, seeds, rows, position, draw.temperature, draw.top_k, draw.top_p],
+                         [rows_logits, seeds, draw.row, position, draw.temperature, draw.top_k, draw.top_p],
                          output_shape=mtf.Shape([dims.batch]), output_dtype=tf.int32, splittable_dims=[dims.batch],
                          name="choose_tokens")
 

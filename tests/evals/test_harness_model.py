@@ -306,18 +306,21 @@ def test_each_group_of_generations_prefills_over_its_longest_prompts_bucket(chec
 @pytest.mark.slow
 def test_a_sampled_request_draws_the_same_sample_whichever_requests_run_beside_it(checkpoint_run):
     """A sampled generation (do_sample, temperature 1) is a function of the request and the config's seed alone:
-    the same whether its neighbours run too (as --limit changes them) or in another order; identical requests
-    (a task's `repeats`) draw different samples; another sampling_seed draws others.
-    Bugs caught: the seed taken from the request's place in its sorted group (np.arange, as before), sampled rows
-    batched (the sampler's noise depends on the row too), every repeat of a request given one seed."""
+    the same whether its neighbours run too (as --limit changes them) or in another order, though they share its
+    batch; identical requests (a task's `repeats`) draw different samples; another sampling_seed draws others.
+    Bugs caught: the seed taken from the request's place in its sorted group (np.arange, as before), the row's
+    place in its batch hashed into its draw (no "draw_row" fed), every repeat of a request given one seed."""
     from evals.harness_model import CheckpointLM
     from config import replace
     _, cfg = checkpoint_run
     settings = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
     prompts = ["import os\nimport sys\n", "def read_header(self, name):", "class Parser(object):", "x = ["]
     with checkpoint_lm(cfg, sampling_seed=11) as lm:
+        calls, predict = [], lm._predict
+        lm._predict = lambda rows, batch_size, *args, **kwargs: calls.append(
+            (len(rows["tokens"]), batch_size)) or predict(rows, batch_size, *args, **kwargs)
         all_four = lm.generate_until(instances("generate_until", [(p, dict(settings)) for p in prompts]))
-        assert len(set(all_four)) == 4 and all(all_four)
+        assert len(set(all_four)) == 4 and all(all_four) and calls == [(4, 4)]  # the four in one batch
         some = lm.generate_until(instances("generate_until", [(p, dict(settings)) for p in prompts[:0:-1]]))
         assert some == all_four[:0:-1]
         repeated = lm.generate_until(instances("generate_until", [(prompts[1], dict(settings))] * 3))
