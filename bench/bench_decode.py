@@ -100,9 +100,9 @@ def worker_ours(args, names: list | None = None) -> dict:
         # --predict's program (infer/run.Predictor's): the prompt length and the drawn options (greedy, the
         # number of new tokens) fed, one graph for every prompt and generation length
         placement = Placement(devices=tuple(names), kernels=getattr(args, "kernels", "xla"))
-        rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32),
-                **options.draw_rows(1)}
-        program = run.prediction_program(cfg, placement, rows, 1, options.program(options.draw_rows(1)))
+        drawn = options.draw_rows(1)
+        rows = {"tokens": np.zeros([1, cfg.n_ctx], np.int32), "prompt_length": np.zeros([1], np.int32), **drawn}
+        program = run.prediction_program(cfg, placement, rows, 1, options.program(drawn))
         session = program.open(None)
         fed = program.inputs.placeholders
         for new in args.new_tokens:

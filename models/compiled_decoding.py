@@ -40,10 +40,8 @@ from models.attention import uses_cache
 from models.kernels import native, traces
 from models.kernels.common import MASKED, widened, xla_kernels
 from models.kernels.elementwise import _GELU_C
-from models.token_choice import choose_tokens_tf, is_one_of_tf
+from models.token_choice import NO_STOP, choose_tokens_tf, is_one_of_tf
 from schema import GPTConfig
-
-NO_STOP = -1  # models/sampling.NO_STOP (which imports this module)
 
 PREFIXES = (256, 512, 1024)  # the cache prefixes a global layer's step reads (and the whole cache)
 _OPTIONS = {"no_weight_tie"}  # model options the compiled path computes (the rest fall back to the mtf loop)

@@ -37,7 +37,7 @@ import tensorflow.compat.v1 as tf
 
 from models import compiled_decoding, gpt, kv_cache
 from models.attention import uses_cache
-from models.token_choice import choose_tokens_tf, is_one_of_tf
+from models.token_choice import NO_STOP, choose_tokens_tf, is_one_of_tf
 from schema import ConfigError, GPTConfig, dimension_is_split
 
 
@@ -97,7 +97,6 @@ class SamplingOptions:
 # The options fed per row (the features of these names, with their dtypes) rather than built into the program.
 DRAWN = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "max_new_tokens": np.int32,
          "stop_id": np.int32}
-NO_STOP = -1  # a row's stop id when it has none (no token id is negative)
 
 
 @dataclass(frozen=True)

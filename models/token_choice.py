@@ -9,6 +9,7 @@ import tensorflow.compat.v1 as tf
 from models.entmax import entmax_tf
 
 NEG_INF = -1e10
+NO_STOP = -1  # a row's stop id when it has none (no token id is negative); both sampling loops test for it
 _MASK32 = 0xFFFFFFFF
 
 
