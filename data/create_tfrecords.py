@@ -27,12 +27,10 @@ Example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import glob as globlib
 import hashlib
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -53,6 +51,7 @@ from schema import DATASET_CONFIG_DIR as DEFAULT_DATASET_CONFIG_DIR, REPO_ROOT
 from data.documents import Document, check_whole, iter_documents, list_input_files
 from data.errors import DataError
 from data.tokenizer import LoadedTokenizer, load_tokenizer
+from data.workers import WorkerLost, Workers
 
 MODES = ("documents", "chunks")
 ENCODE_BATCH_DOCUMENTS = 64  # documents tokenized per call: small enough for a lively progress bar
@@ -419,7 +418,7 @@ def _groups(documents: Iterable[Document], files_per: int) -> Iterator[tuple]:
 
 
 def _process_groups(files, finished, tokenizer, settings, output_dir, processes, progress) -> Iterator[Summary]:
-    """Encode and write every unfinished group, in-process or in a pool of worker processes."""
+    """Encode and write every unfinished group, in-process or in worker processes (data/workers.py)."""
     started = time.monotonic()
     tokens_so_far = 0
 
@@ -440,7 +439,7 @@ def _process_groups(files, finished, tokenizer, settings, output_dir, processes,
                 index, documents = item
                 yield _encode_and_write_group(index, documents, tokenizer, settings, output_dir, show_progress)
         return
-    for part in _process_groups_in_pool(pending_groups, tokenizer, settings, output_dir, processes):
+    for part in _process_groups_in_workers(pending_groups, tokenizer, settings, output_dir, processes):
         show_progress(part.documents_read, part.tokens_written)
         yield part
 
@@ -534,47 +533,13 @@ def _write_examples(examples: list, output_dir: str, name: str, index: int) -> s
     return final
 
 
-# ----------------------------------------------------------------------------- worker pool
+# ----------------------------------------------------------------------------- worker processes
 
 _worker_state: dict = {}
 
 
-@contextlib.contextmanager
-def _sigterm_held():
-    """SIGTERM blocked in this thread inside, so that the workers forked there start with it blocked, and the
-    previous mask back after. A SIGTERM that reached a worker before its own handling was in place was lost:
-    CPython clears the signals a child received while it was being forked, and pool.terminate() sends SIGTERM as
-    soon as the work is done, which a slow fork (a parent of several GB) can outlast; the pool then waited for
-    that worker forever (the test suite hung there). Blocked, the signal waits for the worker to unblock it."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def _initialise_worker(tokenizer_path: str, pretrained: bool, settings: EncodingSettings, output_dir: str) -> None:
-    _quiet_on_interruption()
     _worker_state.update(tokenizer=load_tokenizer(tokenizer_path, pretrained), settings=settings, output_dir=output_dir)
-
-
-def _quiet_on_interruption() -> None:
-    """A worker leaves stopping to the parent, which terminates the pool and cleans up: Ctrl-C (SIGINT, sent to
-    the whole process group) is ignored here, SIGTERM (the pool's terminate()) ends the worker silently, and on
-    Linux the worker also gets SIGTERM if the parent dies (kill -9), instead of a BrokenPipeError traceback
-    when it next sends a result."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler (main's) is inherited through fork
-    # blocked since the fork (_sigterm_held): a SIGTERM sent meanwhile ends the worker now
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(1)
 
 
 def _work_on_group(item: tuple) -> Summary:
@@ -583,40 +548,25 @@ def _work_on_group(item: tuple) -> Summary:
     return _encode_and_write_group(index, documents, state["tokenizer"], state["settings"], state["output_dir"])
 
 
-def _process_groups_in_pool(pending_groups, tokenizer, settings, output_dir, processes) -> Iterator[Summary]:
-    """Encode groups in worker processes, at most two per worker in flight to bound memory.
+def _process_groups_in_workers(pending_groups, tokenizer, settings, output_dir, processes) -> Iterator[Summary]:
+    """Encode groups in worker processes, one group per worker at a time (memory: `processes` groups).
 
     Results come back in group order, so the summary and any error are deterministic.
     """
-    context = multiprocessing.get_context("fork")
     # The workers write with TensorFlow (_write_examples): imported here, once, every forked worker has it loaded.
     # Imported in each worker instead it cost each ~6 CPU s (python -c "import tensorflow", 2-core AVX-512 EPYC):
     # a 2-process run of 400 small documents took 10.6 CPU s, one process 6.7.
     from console.tensorflow_import import import_tensorflow
     import_tensorflow()
-    in_flight: list = []
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers inherit it: processes already use the cores
     try:
-        with _sigterm_held():  # until each worker can end on it (_quiet_on_interruption)
-            pool = context.Pool(processes, _initialise_worker, (tokenizer.path, tokenizer.pretrained, settings, output_dir))
-        with pool:
-            for item in pending_groups:
-                if isinstance(item, Summary):
-                    in_flight.append(item)
-                else:
-                    in_flight.append(pool.apply_async(_work_on_group, (item,)))
-                while len([job for job in in_flight if not isinstance(job, Summary)]) > 2 * processes or (in_flight and isinstance(in_flight[0], Summary)):
-                    yield _result(in_flight.pop(0))
-            while in_flight:
-                yield _result(in_flight.pop(0))
+        with Workers(processes, _initialise_worker, (tokenizer.path, tokenizer.pretrained, settings, output_dir),
+                     _work_on_group) as workers:
+            yield from workers.imap(pending_groups, passthrough=lambda item: isinstance(item, Summary))
     finally:
         if previous is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)  # later in-process encoding may use the Rust threads again
-
-
-def _result(job) -> Summary:
-    return job if isinstance(job, Summary) else job.get()
 
 
 def _nothing_written_message(summary: Summary, settings: EncodingSettings, input_dir: str) -> str:
@@ -833,6 +783,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as exc:  # a failed write: disk full, read-only folder
         print(f"error: {exc.filename or args.output_dir}: {exc.strerror or exc}; finished files are kept: free "
               f"the space or fix the folder, then rerun the same command to resume", file=sys.stderr)
+        return 1
+    except WorkerLost as exc:
+        print(f"error: {exc}; finished files are kept in {args.output_dir}: rerun the same command to resume "
+              f"(with fewer --processes or a smaller --files_per if memory ran out)", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated) as exc:
         print(f"interrupted: {_finished_count(args.output_dir, args.name)} finished files kept in {args.output_dir}; "

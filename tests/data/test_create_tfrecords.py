@@ -123,22 +123,20 @@ def test_processes_give_the_same_files(tmp_path):
 
 
 def test_workers_are_forked_with_tensorflow_loaded(tmp_path, monkeypatch):
-    """The pool's workers write with TensorFlow: the parent imports it before forking them, so a run pays one
+    """The workers write with TensorFlow: the parent imports it before forking them, so a run pays one
     import (~6 CPU s) instead of one per worker (tests/scenarios/test_bad_inputs.py's killed runs: 13 -> 7 CPU s
-    each). Guards that import removed: the pool is made before anything imports TensorFlow."""
-    import types
+    each). Guards that import removed: the workers are made before anything imports TensorFlow."""
     from console import tensorflow_import
     loaded = []
 
     class Forked(Exception):
-        """Stands in for the pool: how often TensorFlow was imported before it was made."""
+        """Stands in for the workers: how often TensorFlow was imported before they were made."""
 
-    class Context:
-        def Pool(self, *args, **kwargs):
-            raise Forked(len(loaded))
+    def workers(*args, **kwargs):
+        raise Forked(len(loaded))
 
     write_txt_folder(tmp_path / "in", [3, 3, 3, 3])
-    monkeypatch.setattr(ct, "multiprocessing", types.SimpleNamespace(get_context=lambda method: Context()))
+    monkeypatch.setattr(ct, "Workers", workers)
     monkeypatch.setattr(tensorflow_import, "import_tensorflow", lambda: loaded.append(1))
     with pytest.raises(Forked) as raised:
         run(tmp_path / "in", tmp_path / "out", processes=2)
@@ -209,34 +207,36 @@ def test_a_full_disk_is_one_line_keeps_the_finished_files_and_resumes(tmp_path, 
         assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
 
 
-def test_workers_start_with_sigterm_held_until_it_ends_them(tmp_path, monkeypatch):
-    """The pool's workers are forked with SIGTERM blocked and unblock it once it ends them (data/create_tfrecords.py,
-    `_sigterm_held`): a pool.terminate() that reached a worker still being forked was lost (CPython clears a
-    child's pending signals after the fork), and the pool waited for that worker forever (the whole suite hung
-    there once, its worker process at 3 GB). Bugs caught: the parent not blocking it (a worker's mask at its start
-    lacks it), a worker not unblocking it (its mask after the initialiser holds it: a terminate() would never end
-    it), the parent's mask not put back."""
-    seen = tmp_path / "masks"
-    seen.mkdir()
-    real = ct._initialise_worker
-
-    def recording(*args):
-        before = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        real(*args)
-        after = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        part = seen / f"{os.getpid()}.part"  # renamed whole: a terminate() mid-write leaves no empty record
-        part.write_text(json.dumps([before, after]))
-        os.replace(part, seen / str(os.getpid()))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # with the second bug: the test fails, not hangs
-
-    monkeypatch.setattr(ct, "_initialise_worker", recording)
+@pytest.mark.timeout(120)
+def test_a_worker_killed_by_the_system_is_one_line_keeps_the_finished_files_and_resumes(tmp_path, capsys, monkeypatch):
+    """The system kills a worker (out of memory) while it encodes the third group: one error line naming how it
+    ended and the way on, exit 1, the finished files kept, no temporary left; a rerun resumes to the files an
+    uninterrupted run writes. Bug caught: the run waited forever (multiprocessing.Pool's lost task)."""
     write_txt_folder(tmp_path / "in", [3, 4, 5, 6, 7, 8])
-    run(tmp_path / "in", tmp_path / "out", files_per=2, processes=2)
-    # a worker that the pool's terminate() reaches in its initialiser (the other did all the work) ends there
-    # without a record: that is the case this guards, now ended instead of waited for
-    records = [json.loads(path.read_text()) for path in seen.iterdir() if path.suffix != ".part"]
-    assert records and all(record == [True, False] for record in records), records
-    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    out = tmp_path / "out"
+    real_work = ct._work_on_group
+
+    def killed_on_the_third_group(item):
+        if item[0] == 2:
+            open(ct._temporary_path(str(out), "set", 2), "wb").write(b"half-written")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_work(item)
+
+    monkeypatch.setattr(ct, "_work_on_group", killed_on_the_third_group)
+    command = ["--input_dir", str(tmp_path / "in"), "--output_dir", str(out), "--name", "set", "--encoder_path",
+               TOKENIZER_PATH, "--minimum_size", "1", "--files_per", "2", "--processes", "2", "--quiet"]
+    assert ct.main(command) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: a worker process ended") and "SIGKILL" in lines[0], lines
+    assert "rerun" in lines[0] and "--processes" in lines[0]
+    assert not [name for name in os.listdir(out) if name.endswith(ct.TEMPORARY_SUFFIX)]
+    assert set(outputs(out)) <= {ct.output_file_name("set", 0, 2), ct.output_file_name("set", 1, 2)}
+    monkeypatch.setattr(ct, "_work_on_group", real_work)
+    assert ct.main(command) == 0
+    run(tmp_path / "in", tmp_path / "fresh", files_per=2)
+    assert outputs(out) == outputs(tmp_path / "fresh")
+    for name in outputs(out):
+        assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
