@@ -60,7 +60,8 @@ class Workers:
             for _ in range(count):
                 ours, theirs = context.Pipe()
                 inherited = [*self._connections, ours]  # the parent's ends, which this fork copies
-                process = context.Process(target=_serve, args=(theirs, inherited, initializer, initargs, work), daemon=True)
+                process = context.Process(target=_serve, args=(theirs, inherited, os.getpid(), initializer, initargs, work),
+                                          daemon=True)
                 self._processes.append(process)
                 self._connections.append(ours)
                 process.start()
@@ -147,7 +148,7 @@ class _Raised:
     """Marks a worker's answer that is an exception (a class, so it pickles as a reference)."""
 
 
-def _serve(connection, inherited: list, initializer: Callable, initargs: tuple, work: Callable) -> None:
+def _serve(connection, inherited: list, parent: int, initializer: Callable, initargs: tuple, work: Callable) -> None:
     """A worker's life: answer each item with work(item), or the exception it raised, until the parent goes.
 
     SIGINT and SIGTERM have been blocked since before the fork (Workers), so none reaches the parent's Python
@@ -161,7 +162,7 @@ def _serve(connection, inherited: list, initializer: Callable, initargs: tuple, 
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
         except (OSError, AttributeError):
             pass
-        if os.getppid() == 1:  # the parent died before prctl took effect
+        if os.getppid() != parent:  # the parent died before prctl took effect (not `== 1`: it may be PID 1)
             os._exit(1)
     for other in inherited:  # held here, an earlier worker's pipe would never reach its end of file
         other.close()

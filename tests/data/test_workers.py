@@ -109,3 +109,13 @@ def test_workers_are_forked_with_interruptions_held_then_ignore_them(monkeypatch
     interruptions = set(workers_module.INTERRUPTIONS)
     assert answers == [(interruptions, set(), [signal.SIG_IGN, signal.SIG_IGN])] * 2
     assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & interruptions  # the parent can be interrupted again
+
+
+def test_a_parent_that_is_pid_1_keeps_its_workers(monkeypatch):
+    """A container's first process (create_tfrecords as its command) is PID 1: a worker checks that its parent
+    is the one that forked it, not that its parent is not PID 1. Bug caught: `os.getppid() == 1` taken for a
+    dead parent (every worker ended at once, the run a WorkerLost)."""
+    import types
+    monkeypatch.setattr(workers_module, "os", types.SimpleNamespace(getpid=lambda: 1, getppid=lambda: 1, _exit=os._exit))
+    with Workers(2, no_setup, (), square_slowly) as workers:
+        assert list(workers.imap(range(4))) == [0, 1, 4, 9]
