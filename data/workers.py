@@ -27,7 +27,8 @@ PR_SET_PDEATHSIG = 1
 
 
 class WorkerLost(RuntimeError):
-    """A worker process ended while it had work (killed from outside: most often the system out of memory)."""
+    """A worker process could not be started, or ended while it had work (killed from outside: most often the
+    system out of memory)."""
 
 
 class RemoteTraceback(Exception):
@@ -60,15 +61,19 @@ class Workers:
             for _ in range(count):
                 ours, theirs = context.Pipe()
                 inherited = [*self._connections, ours]  # the parent's ends, which this fork copies
+                self._connections.append(ours)
                 process = context.Process(target=_serve, args=(theirs, inherited, os.getpid(), initializer, initargs, work),
                                           daemon=True)
-                self._processes.append(process)
-                self._connections.append(ours)
-                process.start()
-                theirs.close()  # so that workers forked later do not hold it
+                try:
+                    process.start()
+                finally:
+                    theirs.close()  # so that workers forked later do not hold it
+                self._processes.append(process)  # started: close() may kill and reap it
                 self._idle.append((process, ours))
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, OSError):  # fork's ENOMEM or EAGAIN: the memory or the process limit
+                raise WorkerLost(f"a worker process could not be started ({exc.strerror or exc})") from exc
             raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -119,3 +119,24 @@ def test_a_parent_that_is_pid_1_keeps_its_workers(monkeypatch):
     monkeypatch.setattr(workers_module, "os", types.SimpleNamespace(getpid=lambda: 1, getppid=lambda: 1, _exit=os._exit))
     with Workers(2, no_setup, (), square_slowly) as workers:
         assert list(workers.imap(range(4))) == [0, 1, 4, 9]
+
+
+def test_a_worker_that_cannot_be_started_is_a_worker_lost_and_the_started_ones_end(monkeypatch):
+    """fork() failing for the second worker (ENOMEM: a parent of many GB; EAGAIN: the process limit): a
+    WorkerLost naming the reason (main() prints it as one line), the first worker killed and reaped. Bug caught:
+    the process listed before it started (close() then fails on it with an AttributeError that hides the
+    reason)."""
+    import multiprocessing.context
+    real_start = multiprocessing.context.ForkProcess.start
+    started = []
+
+    def start(process):
+        if started:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        real_start(process)
+        started.append(process)
+
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", start)
+    with pytest.raises(WorkerLost, match=r"could not be started \(Cannot allocate memory\)"):
+        Workers(2, no_setup, (), square_slowly)
+    assert started[0].exitcode == -signal.SIGKILL
