@@ -40,6 +40,13 @@ def outputs(folder):
     return sorted((name for name in os.listdir(folder) if name.endswith(".tfrecords")), key=ct_natural)
 
 
+def assert_same_files(folder, other):
+    """The same output files, record for record."""
+    assert outputs(folder) == outputs(other)
+    for name in outputs(folder):
+        assert read_records(folder / name) == read_records(other / name)
+
+
 def ct_natural(name):
     return [int(part) for part in name.rsplit(".", 1)[0].split("_")[1:]]
 
@@ -117,9 +124,7 @@ def test_processes_give_the_same_files(tmp_path):
     write_txt_folder(tmp_path / "in", [3, 4, 5, 6, 7, 8, 9])
     run(tmp_path / "in", tmp_path / "one")
     run(tmp_path / "in", tmp_path / "two", processes=2)
-    assert outputs(tmp_path / "one") == outputs(tmp_path / "two")
-    for name in outputs(tmp_path / "one"):
-        assert read_records(tmp_path / "one" / name) == read_records(tmp_path / "two" / name)
+    assert_same_files(tmp_path / "one", tmp_path / "two")
 
 
 def test_workers_are_forked_with_tensorflow_loaded(tmp_path, monkeypatch):
@@ -169,9 +174,7 @@ def test_resume_keeps_finished_files_and_redoes_the_rest(tmp_path, monkeypatch):
     assert os.stat(out / outputs(out)[0]).st_mtime_ns == first_stat.st_mtime_ns
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
     run(tmp_path / "in", tmp_path / "fresh")
-    assert outputs(out) == outputs(tmp_path / "fresh")
-    for name in outputs(out):
-        assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
+    assert_same_files(out, tmp_path / "fresh")
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), where every write fails with ENOSPC")
@@ -202,9 +205,7 @@ def test_a_full_disk_is_one_line_keeps_the_finished_files_and_resumes(tmp_path, 
     monkeypatch.setattr(ct, "_temporary_path", real_path)
     assert ct.main(command) == 0
     run(tmp_path / "in", tmp_path / "fresh", files_per=2)
-    assert outputs(out) == outputs(tmp_path / "fresh")
-    for name in outputs(out):
-        assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
+    assert_same_files(out, tmp_path / "fresh")
 
 
 @pytest.mark.timeout(120)
@@ -234,9 +235,7 @@ def test_a_worker_killed_by_the_system_is_one_line_keeps_the_finished_files_and_
     monkeypatch.setattr(ct, "_work_on_group", real_work)
     assert ct.main(command) == 0
     run(tmp_path / "in", tmp_path / "fresh", files_per=2)
-    assert outputs(out) == outputs(tmp_path / "fresh")
-    for name in outputs(out):
-        assert read_records(out / name) == read_records(tmp_path / "fresh" / name)
+    assert_same_files(out, tmp_path / "fresh")
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
