@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 INTERRUPTIONS = (signal.SIGINT, signal.SIGTERM)
 PR_SET_PDEATHSIG = 1
@@ -38,9 +38,12 @@ class RemoteTraceback(Exception):
         return self.args[0]
 
 
-def ended_how(exitcode: int) -> str:
+def ended_how(exitcode: Optional[int]) -> str:
     if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-exitcode}"
         return f"killed by {name}" + (", most often the system out of memory" if name == "SIGKILL" else "")
     return f"exit code {exitcode}"
 

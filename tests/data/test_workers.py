@@ -140,3 +140,11 @@ def test_a_worker_that_cannot_be_started_is_a_worker_lost_and_the_started_ones_e
     with pytest.raises(WorkerLost, match=r"could not be started \(Cannot allocate memory\)"):
         Workers(2, no_setup, (), square_slowly)
     assert started[0].exitcode == -signal.SIGKILL
+
+
+def test_how_a_worker_ended_is_named_for_every_signal():
+    """A real-time signal has no name in `signal.Signals`: the line still says how the worker ended (bug: the
+    ValueError of the lookup replacing the WorkerLost)."""
+    assert workers_module.ended_how(-signal.SIGKILL) == "killed by SIGKILL, most often the system out of memory"
+    assert workers_module.ended_how(-signal.SIGRTMIN - 1) == f"killed by signal {signal.SIGRTMIN + 1}"
+    assert workers_module.ended_how(3) == "exit code 3"
