@@ -11,6 +11,7 @@ variables it holds, so model_path must be storage every host sees at the same pa
 
 The other tasks serve until the chief releases them: at exit (normal or by exception) the chief enqueues a
 token on a queue that each worker's own device holds, the worker's blocking dequeue returns, and it exits.
+The chief waits at most 30 s for those calls, then leaves all the same (`release_workers`).
 A worker whose chief never comes or dies without releasing it gives up after --worker_timeout seconds.
 
 Preemption: SIGTERM on the chief stops training after the current step with a checkpoint (train/loop.py). A
@@ -474,18 +475,35 @@ class ChiefStop(StopOnSignal):
 
 
 def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
-    """The chief: tell every other task it may exit (skips tasks that are gone)."""
+    """The chief: tell every other task it may exit, waiting at most `timeout_s` in all. The releases run on a
+    thread of their own that the chief stops waiting for: TensorFlow blocks without a limit when a worker is
+    gone (a new session's creation waits for every task, and closing a session whose call failed with
+    UnavailableError retries the task), and a chief leaving (main.leave, os._exit) must not wait on that. A worker
+    not released leaves at its --worker_timeout."""
     if cluster.size < 2:
         return
-    with tf.Graph().as_default():
-        enqueues = [_release_queue(cluster, task).enqueue(0) for task in range(1, cluster.size)]
-        config = tf.ConfigProto(allow_soft_placement=True)
-        with tf.Session(server.target, config=config) as session:
+    answered = threading.Event()
+
+    def release():
+        with tf.Graph().as_default():
+            enqueues = [_release_queue(cluster, task).enqueue(0) for task in range(1, cluster.size)]
+            session = tf.Session(server.target, config=tf.ConfigProto(allow_soft_placement=True))
+            failed = False
             for task, op in enumerate(enqueues, start=1):
                 try:
                     session.run(op, options=tf.RunOptions(timeout_in_ms=int(timeout_s * 1000)))
-                except tf.errors.OpError as e:  # that worker is already gone
-                    print(f"could not release worker {task}: {type(e).__name__}", file=sys.stderr)
+                except tf.errors.OpError as e:  # a worker that ended first (even just after taking its release)
+                    failed = True
+                    print(f"could not release worker {task} ({type(e).__name__}): it has ended or cannot be "
+                          f"reached", file=sys.stderr, flush=True)
+            answered.set()
+            if not failed:  # a failed session's close can block (above); the process is leaving anyway
+                session.close()
+
+    threading.Thread(target=release, name="release_workers", daemon=True).start()
+    if not answered.wait(timeout_s):
+        print(f"could not release the workers within {timeout_s:.0f} s (a worker is gone or cannot be reached); "
+              f"leaving: a worker not released leaves at its --worker_timeout", file=sys.stderr, flush=True)
 
 
 # The (cluster, server) of each cluster this process leads as the chief, until its workers are released.

@@ -204,3 +204,64 @@ print("serve returned")
     assert result.returncode == 3, result.stdout + result.stderr[-2000:]
     assert "no release from the chief within 1 s, and TensorFlow's wait did not return" in result.stdout
     assert "serve returned" not in result.stdout
+
+
+# A chief's server and its release of worker 1, timed; the worker's address is `ports[1]`.
+RELEASING_CHIEF = """
+import sys, time
+import tensorflow.compat.v1 as tf
+from devices import cluster
+ports = [int(p) for p in sys.argv[1:3]]
+pair = cluster.Cluster(workers=tuple(f"127.0.0.1:{{p}}" for p in ports), task_index=0)
+server = cluster.start_server(pair, ["device:CPU:0"])
+{before}
+start = time.monotonic()
+cluster.release_workers(pair, server, timeout_s={timeout})
+print(f"released in {{time.monotonic() - start:.1f}} s", flush=True)
+cluster.exit_process(0)
+"""
+
+
+def _release_seconds(result) -> float:
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    return float(result.stdout.split("released in ")[1].split()[0])
+
+
+@pytest.mark.slow
+def test_a_chief_whose_worker_never_came_leaves_at_the_release_timeout():
+    """The chief's release of a worker that is not there: TensorFlow's session creation waits for every task
+    without a limit (its call's deadline is not honoured), so the chief stops waiting at the release's timeout and
+    leaves with a line saying so. Bug caught: releasing on the chief's own thread (the chief never exits)."""
+    ports = loopback_ports(2)
+    result = run_python(RELEASING_CHIEF.format(before="", timeout=3), *map(str, ports), timeout=120)
+    assert _release_seconds(result) < 10
+    assert "could not release the workers within 3 s" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_chief_whose_worker_ends_during_its_release_leaves_at_once():
+    """The failure CI met (stop 63): worker 1 ends while the chief's release call to it is in flight (there it had
+    taken the release and exited before the call's answer). The call fails with UnavailableError, and closing
+    the session after that blocks inside TensorFlow: the chief reports the worker and leaves without waiting on
+    the close. Here the worker's release queue is filled first, so the release waits until the worker ends (8 s
+    after its server starts). Bug caught: the session closed before the chief stops waiting (it then leaves only
+    at the 90 s timeout)."""
+    ports = loopback_ports(2)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, time\nfrom devices import cluster\n"
+         f"me = cluster.Cluster(workers=('127.0.0.1:{ports[0]}', '127.0.0.1:{ports[1]}'), task_index=1)\n"
+         "cluster.start_server(me, ['device:CPU:0'])\ntime.sleep(8)\nos._exit(0)\n"],
+        cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO))
+    fill = """
+with tf.Graph().as_default():
+    queue = cluster._release_queue(pair, 1)
+    filling = tf.Session(server.target)
+    filling.run([queue.enqueue(0) for _ in range(pair.size)])  # full: the release's enqueue waits
+"""
+    try:
+        result = run_python(RELEASING_CHIEF.format(before=fill, timeout=90), *map(str, ports), timeout=200)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert _release_seconds(result) < 30
+    assert "could not release worker 1 (UnavailableError): it has ended or cannot be reached" in result.stderr
