@@ -13,6 +13,8 @@ The other tasks serve until the chief releases them: at exit (normal or by excep
 token on a queue that each worker's own device holds, the worker's blocking dequeue returns, and it exits.
 The chief waits at most 30 s for those calls, then leaves all the same (`release_workers`).
 A worker whose chief never comes or dies without releasing it gives up after --worker_timeout seconds.
+A worker that ends before it is released (killed, its host gone) ends the chief with an error line
+(devices/worker_watch.py): TensorFlow would leave the chief's step waiting for it without a limit.
 
 Preemption: SIGTERM on the chief stops training after the current step with a checkpoint (train/loop.py). A
 worker that gets SIGTERM keeps serving (the chief's save needs it: each host saves the variables it holds), asks
@@ -49,6 +51,7 @@ import tensorflow.compat.v1 as tf
 
 from schema import ConfigError
 from devices import gpus
+from devices.worker_watch import WorkerWatch
 from devices.placement import DeviceError, DeviceRequest, Placement, configure, cpu_devices, normalize
 from execution.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
@@ -506,7 +509,7 @@ def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
               f"leaving: a worker not released leaves at its --worker_timeout", file=sys.stderr, flush=True)
 
 
-# The (cluster, server) of each cluster this process leads as the chief, until its workers are released.
+# The (cluster, server, watch) of each cluster this process leads as the chief, until its workers are released.
 _held: list = []
 
 
@@ -516,8 +519,18 @@ def release_held_workers() -> bool:
     shutdown can block on its threads, so such a process leaves with os._exit (main.leave)."""
     held = bool(_held)
     while _held:
-        release_workers(*_held.pop())
+        cluster, server, watch = _held.pop()
+        watch.stop()  # released workers end: no longer a failure
+        release_workers(cluster, server)
     return held
+
+
+def _worker_gone(task: int, address: str, reason: str) -> None:
+    """The chief's end when a worker it holds is gone (WorkerWatch): its step cannot finish, nor can a save."""
+    print(f"error: worker {task} ({address}) is gone: its server stopped answering ({reason}), and the chief cannot "
+          f"go on without its devices and the variables it holds: start every task again to resume from the last "
+          f"checkpoint", file=sys.stderr, flush=True)
+    exit_process(1)
 
 
 def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected: int):
@@ -531,7 +544,8 @@ def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected
     server = start_server(cluster, local_devices)
     if not _held:
         atexit.register(release_held_workers)
-    _held.append((cluster, server))
+    watch = WorkerWatch({task: cluster.workers[task] for task in range(1, cluster.size)}, _worker_gone).start()
+    _held.append((cluster, server, watch))
     return ClusterPlacement(devices=tuple(mesh_devices), master=server.target, hosts=tuple(cluster.host_devices()),
                             default_device=cluster.task_device(0)), server
 

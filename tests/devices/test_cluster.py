@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,7 +15,7 @@ from ports import loopback_ports
 from modelpath import checkpoints
 from devices import cluster as cluster_lib
 from devices.placement import DeviceError
-from workspace import REPO, make_workspace, run_python, start_main
+from workspace import REPO, make_workspace, run_python, start_main, wait_for_line
 
 
 def flags(**given):
@@ -265,3 +266,31 @@ with tf.Graph().as_default():
         worker.wait()
     assert _release_seconds(result) < 30
     assert "could not release worker 1 (UnavailableError): it has ended or cannot be reached" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_chief_whose_worker_is_killed_mid_training_ends_with_one_error_line(tmp_path):
+    """A worker killed -9 while the chief trains (its host lost): TensorFlow leaves the chief's step waiting for it
+    without a limit, so the chief's watch (devices/worker_watch.py) finds the worker gone and ends the chief
+    with one error line and exit code 1, seconds later. Bug caught: the watch never started (the chief hangs)."""
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
+                            steps_per_checkpoint=100000, mesh_shape="x:2", layout="batch:x")
+    workers = ",".join(f"127.0.0.1:{p}" for p in loopback_ports(2))
+    worker = start_main("--model", config, "--workers", workers, "--task_index", "1", merge_stderr=True)
+    chief = start_main("--model", config, "--workers", workers, "--task_index", "0", "--peak_tflops", "1",
+                       merge_stderr=True)
+    try:
+        wait_for_line(chief, r"step +1/")
+        time.sleep(2)  # mid-training, and seen by the watch (a worker never seen is not judged)
+        worker.kill()
+        worker.wait()
+        chief_out = chief.communicate(timeout=90)[0]
+    finally:
+        for p in (worker, chief):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    address = workers.split(",")[1]
+    assert chief.returncode == 1, chief_out[-3000:]
+    assert (f"error: worker 1 ({address}) is gone: its server stopped answering (connection refused)"
+            in chief_out), chief_out[-3000:]
