@@ -1,8 +1,8 @@
 """The chief's watch on its workers. A worker that ends before the chief releases it (killed, its host gone) leaves
 the chief waiting inside TensorFlow without a limit, in its step or in closing the session whose step failed: seen,
 a worker killed -9 mid-training and the chief silent for 240 s and on, holding its launcher's allocation. So a thread connects to each worker's server every
-second; a worker that answered once and then misses `misses` connections in a row is gone, and the
-chief is told (`on_gone`: it ends with one error line). Nothing can be saved then: the step in flight needs the
+second; a worker that answered once and then refuses connections three times in a row (nothing listens on its
+port), or answers none for a minute (its host down or cut off), is gone, and the chief is told (`on_gone`: it ends with one error line). Nothing can be saved then: the step in flight needs the
 worker's devices, and each host saves the variables it holds; the run resumes from its last checkpoint.
 
 A worker not yet seen is not judged: the chief's session waits for every task to start, since launchers start
@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Callable, Optional
 
-# A refused connection (the host is up, the process is not) takes MISSES rounds, ~3 s; a host that does not answer
-# at all, MISSES connection timeouts more (~18 s). Often, so a worker that ends soon after it started serving has
-# been seen first; a connection costs the worker nothing it would notice.
+# A refused connection says the host is up and nothing listens on the port: the server is gone (a TF server never
+# stops listening), judged after MISSES rounds, ~3 s. Anything else (a timeout, an unreachable network, a name that
+# does not resolve) may pass, so it is judged only after UNREACHABLE_S without an answer. Rounds come often, so a
+# worker that ends soon after it started serving has been seen first; a connection costs the worker nothing.
 INTERVAL_S = 1.0      # between rounds of connections
-MISSES = 3            # missed rounds in a row that make a worker gone
+MISSES = 3            # missed rounds in a row, at the least, that make a worker gone
+UNREACHABLE_S = 60.0  # without an answer, for reasons other than a refused connection
 CONNECT_TIMEOUT_S = 5.0
+REFUSED = "connection refused"
 
 
 def missed(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Optional[str]:
@@ -30,6 +34,8 @@ def missed(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Optional[str]:
             return None
     except socket.timeout:
         return "timed out"
+    except ConnectionRefusedError:
+        return REFUSED
     except OSError as e:
         return (e.strerror or type(e).__name__).lower()
 
@@ -39,9 +45,11 @@ class WorkerWatch:
     `on_gone(task, address, reason)` once, for the first worker found gone, and stops watching."""
 
     def __init__(self, workers: dict, on_gone: Callable[[int, str, str], None], interval_s: float = INTERVAL_S,
-                 misses: int = MISSES, connect_timeout_s: float = CONNECT_TIMEOUT_S):
+                 misses: int = MISSES, unreachable_s: float = UNREACHABLE_S,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S):
         self.workers, self.on_gone = dict(workers), on_gone
-        self.interval_s, self.misses, self.connect_timeout_s = interval_s, misses, connect_timeout_s
+        self.interval_s, self.misses, self.unreachable_s = interval_s, misses, unreachable_s
+        self.connect_timeout_s = connect_timeout_s
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="worker_watch", daemon=True)
 
@@ -54,17 +62,18 @@ class WorkerWatch:
         self._stopped.set()
 
     def _watch(self) -> None:
-        seen, misses = set(), {task: 0 for task in self.workers}
+        answered, misses = {}, {task: 0 for task in self.workers}  # the time of each worker's last answer
         while not self._stopped.wait(self.interval_s):
             for task, address in self.workers.items():
                 reason = missed(address, self.connect_timeout_s)
                 if self._stopped.is_set():
                     return
                 if reason is None:
-                    seen.add(task)
+                    answered[task] = time.monotonic()
                     misses[task] = 0
-                elif task in seen:
+                elif task in answered:
                     misses[task] += 1
-                    if misses[task] >= self.misses:
+                    silent_s = time.monotonic() - answered[task]
+                    if misses[task] >= self.misses and (reason == REFUSED or silent_s >= self.unreachable_s):
                         self.on_gone(task, address, reason)
                         return

@@ -5,6 +5,7 @@ import socket
 import time
 
 from devices import cluster as cluster_lib
+from devices import worker_watch
 from devices.worker_watch import WorkerWatch, missed
 
 
@@ -75,3 +76,19 @@ def test_the_chief_stops_its_watch_before_it_releases_the_workers(monkeypatch):
     monkeypatch.setattr(cluster_lib, "_held", [("cluster", "server", Watch())])
     assert cluster_lib.release_held_workers() is True
     assert events == ["stop", "release"]
+
+
+def test_a_worker_that_does_not_answer_is_judged_only_after_the_unreachable_time(monkeypatch):
+    """A timeout (or a name that does not resolve) may pass, unlike a refused connection: a short silence is
+    not judged, a long one is. Bug caught: every reason judged after `misses` rounds (a network blip of three
+    seconds would end a long run)."""
+    address = "10.0.0.2:2222"  # never connected to: the connections' outcomes are the test's
+    answer = {"now": None}
+    monkeypatch.setattr(worker_watch, "missed", lambda address, timeout: answer["now"])
+
+    def go_silent(watch):
+        answer["now"] = "timed out"
+
+    assert reports({1: address}, go_silent, unreachable_s=5) == []  # 8 rounds: 0.4 s of silence
+    answer["now"] = None
+    assert reports({1: address}, go_silent, rounds=30, unreachable_s=0.5) == [(1, address, "timed out")]
