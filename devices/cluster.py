@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import os
 import re
@@ -339,8 +340,27 @@ def start_server(cluster: Cluster, local_devices: list):
     """This host's server, with as many CPU devices as local_devices names (device:CPU:i splits the CPU)."""
     cpus = max([normalize(d)[1] + 1 for d in local_devices if normalize(d)[0] == "CPU"] or [1])
     config = tf.ConfigProto(device_count={"CPU": cpus}, allow_soft_placement=True)
-    return tf.distribute.Server(cluster.cluster_def(), job_name=JOB, task_index=cluster.task_index, config=config,
-                                start=True)
+    try:
+        return tf.distribute.Server(cluster.cluster_def(), job_name=JOB, task_index=cluster.task_index,
+                                    config=config, start=True)
+    except tf.errors.OpError as e:  # "Could not start gRPC server": most often the port is taken
+        address = cluster.workers[cluster.task_index]
+        port = int(address.rsplit(":", 1)[1])
+        why = f"port {port} is in use by another process" if _port_taken(port) else e.message
+        raise DeviceError(f"task {cluster.task_index} could not start its server at {address} ({why}): stop what "
+                          f"holds the port, or give this task another one (in --workers or the cluster file; "
+                          f"--cluster_port under SLURM)") from e
+
+
+def _port_taken(port: int) -> bool:
+    """Whether another process holds `port` on this host (a TF server listens on every interface)."""
+    import socket
+    with socket.socket() as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
 
 
 def _release_queue(cluster: Cluster, task: int):

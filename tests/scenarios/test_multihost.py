@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import re
+import socket
 import subprocess
 
 import numpy as np
@@ -172,3 +173,22 @@ def test_conflicting_flags_are_one_line_errors(capsys):
     assert "needs --cluster" in capsys.readouterr().err
     assert main.main(["--model", "default", "--device_memory", "80GB"]) == 1
     assert "goes with --dry_run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", [0, 1])
+def test_a_task_whose_port_is_taken_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, task):
+    """TensorFlow says only "Could not start gRPC server" (a traceback, before): the line names the task, its
+    address and what holds the port. Bug caught: start_server's OpError not turned into a DeviceError."""
+    config = make_workspace(tmp_path, mesh_shape="x:2", layout="batch:x")
+    ports = free_ports(2)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", ports[task]))
+        holder.listen(1)
+        code = main.main(["--model", config, "--workers", ",".join(f"127.0.0.1:{p}" for p in ports),
+                          "--task_index", str(task)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.strip() == (f"error: task {task} could not start its server at 127.0.0.1:{ports[task]} (port "
+                           f"{ports[task]} is in use by another process): stop what holds the port, or give this task "
+                           f"another one (in --workers or the cluster file; --cluster_port under SLURM)")
+    assert not os.path.exists(tmp_path / "run")
