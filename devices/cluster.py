@@ -12,7 +12,8 @@ variables it holds, so model_path must be storage every host sees at the same pa
 The other tasks serve until the chief releases them: at exit (normal or by exception) the chief enqueues a
 token on a queue that each worker's own device holds, the worker's blocking dequeue returns, and it exits.
 The chief waits at most 30 s for those calls, then leaves all the same (`release_workers`).
-A worker whose chief never comes or dies without releasing it gives up after --worker_timeout seconds.
+A worker whose chief never comes gives up after --worker_timeout seconds; one whose chief answered and then
+went away (killed, its host lost) leaves seconds later (devices/worker_watch.py), exit code 3 for both.
 A worker that ends before it is released (killed, its host gone) ends the chief with an error line
 (devices/worker_watch.py): TensorFlow would leave the chief's step waiting for it without a limit.
 
@@ -394,14 +395,17 @@ WATCHDOG_GRACE = 5.0
 
 def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     """A non-chief task: hold this host's devices for the chief until it releases us. 0 when released,
-    3 when the timeout passed first, 143 when released after a SIGTERM (which asked the chief to stop)."""
+    3 when the timeout passed first or the chief is gone (it answered, then stopped: WorkerWatch), 143 when
+    released after a SIGTERM (which asked the chief to stop)."""
     log(f"worker {cluster.task_index} of {cluster.size} serving at {cluster.workers[cluster.task_index]}; "
         f"waiting for the chief ({cluster.workers[0]})", flush=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     me = f"/job:{JOB}/task:{cluster.task_index}"
+    chief_gone = []  # (task, address, reason), once the chief has answered and then stopped (WorkerWatch)
     with tf.Graph().as_default(), \
             DeferredSignal("the chief saves a checkpoint (it was asked to stop) and then releases this worker") as term, \
-            _watchdog(cluster, timeout, term, log):
+            _watchdog(cluster, timeout, term, log), \
+            _watching({0: cluster.workers[0]}, lambda *gone: chief_gone.append(gone)):
         dequeue = _release_queue(cluster, cluster.task_index).dequeue()
         # Only this task's devices: a session over the whole cluster would first wait for every other task.
         config = tf.ConfigProto(device_filters=[me])
@@ -424,10 +428,26 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
                     log(f"worker {cluster.task_index}: released by the chief", flush=True)
                     return 0
                 except tf.errors.DeadlineExceededError:
+                    if chief_gone:  # it cannot come back for this run: the step it ran needed this host
+                        _, address, reason = chief_gone[0]
+                        log(f"worker {cluster.task_index}: the chief ({address}) is gone: its server stopped "
+                            f"answering ({reason}); exiting unreleased: start every task again to resume from the "
+                            f"last checkpoint", flush=True)
+                        return exit_code(term.received) if term.received else 3
                     if deadline is not None and time.monotonic() >= deadline:
                         log(f"worker {cluster.task_index}: no release from the chief within {timeout:.0f} s; "
                             f"exiting", flush=True)
                         return exit_code(term.received) if term.received else 3
+
+
+@contextlib.contextmanager
+def _watching(tasks: dict, on_gone):
+    """A WorkerWatch on `tasks` while inside."""
+    watch = WorkerWatch(tasks, on_gone).start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
 
 
 @contextlib.contextmanager

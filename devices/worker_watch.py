@@ -1,13 +1,18 @@
-"""The chief's watch on its workers. A worker that ends before the chief releases it (killed, its host gone) leaves
-the chief waiting inside TensorFlow without a limit, in its step or in closing the session whose step failed: seen,
-a worker killed -9 mid-training and the chief silent for 240 s and on, holding its launcher's allocation. So a thread connects to each worker's server every
-second; a worker that answered once and then refuses connections three times in a row (nothing listens on its
-port), or answers none for a minute (its host down or cut off), is gone, and the chief is told (`on_gone`: it ends with one error line). Nothing can be saved then: the step in flight needs the
-worker's devices, and each host saves the variables it holds; the run resumes from its last checkpoint.
+"""The watch on a cluster's other tasks: the chief's on its workers, and each worker's on its chief.
 
-A worker not yet seen is not judged: the chief's session waits for every task to start, since launchers start
-them in any order. A connection is a TCP connect to the server's port, closed at once: it needs the worker's
-process to be there, not its attention, so a busy worker answers."""
+A worker that ends before the chief releases it (killed, its host gone) leaves the chief waiting inside
+TensorFlow without a limit, in its step or in closing the session whose step failed: seen, a worker killed -9
+mid-training and the chief silent for 240 s and on, holding its launcher's allocation. A worker whose chief is
+gone waits for a release that cannot come. So a thread connects to each watched server every second; a task that
+answered once and then refuses connections three times in a row (nothing listens on its port), or answers none
+for a minute (its host down or cut off), is gone, and `on_gone` is told: the chief ends with one error line
+(devices/cluster._worker_gone), a worker leaves with exit code 3 (devices/cluster.serve). Nothing can be saved
+then: a step needs every host's devices, and each host saves the variables it holds; the run resumes from its
+last checkpoint.
+
+A task not yet reached is not judged: tasks start in any order (the chief's session waits for its workers). A
+connection is a TCP connect to the server's port, closed at once: it needs the process to be there, not its
+attention, so a busy task answers."""
 from __future__ import annotations
 
 import socket

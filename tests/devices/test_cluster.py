@@ -294,3 +294,31 @@ def test_a_chief_whose_worker_is_killed_mid_training_ends_with_one_error_line(tm
     assert chief.returncode == 1, chief_out[-3000:]
     assert (f"error: worker 1 ({address}) is gone: its server stopped answering (connection refused)"
             in chief_out), chief_out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_worker_whose_chief_is_killed_mid_training_leaves_with_a_line(tmp_path):
+    """The chief killed -9 while it trains: its worker, which waits for a release by default (no
+    --worker_timeout), would hold its host for good; its watch finds the chief gone and it leaves with exit code
+    3 and a line saying why. Bug caught: the worker not looking at its watch's finding (it waits on)."""
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
+                            steps_per_checkpoint=100000, mesh_shape="x:2", layout="batch:x")
+    workers = ",".join(f"127.0.0.1:{p}" for p in loopback_ports(2))
+    worker = start_main("--model", config, "--workers", workers, "--task_index", "1", merge_stderr=True)
+    chief = start_main("--model", config, "--workers", workers, "--task_index", "0", "--peak_tflops", "1",
+                       merge_stderr=True)
+    try:
+        wait_for_line(chief, r"step +1/")
+        time.sleep(2)  # mid-training, and seen by the worker's watch
+        chief.kill()
+        chief.wait()
+        worker_out = worker.communicate(timeout=90)[0]
+    finally:
+        for p in (worker, chief):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    chief_address = workers.split(",")[0]
+    assert worker.returncode == 3, worker_out[-3000:]
+    assert (f"worker 1: the chief ({chief_address}) is gone: its server stopped answering (connection refused); "
+            f"exiting unreleased" in worker_out), worker_out[-3000:]
