@@ -80,19 +80,21 @@ pytest_plugins = ["cpu_durations"]  # `--cpu-durations=N`: the tests and files t
 # starts last and runs alone while the other worker idles. The order follows CI's own figures (`.ci/run` ends with
 # every file's CPU seconds: tests/cpu_durations.py) from a fresh clone's run on a 2-core Zen 4 EPYC (2026-12-06,
 # f7d66de: the fine-tune 70, sampling 67, the loop 47, the real ladder 40, training options 38, preemption 33,
-# compiled decoding 33 (30 since its oracle steps in a loop, ~41 with the loaded-program process: moved up), HF conversions 32, model options 30, the selfcheck 30, the bf16 oracle 29, precision 27,
+# compiled decoding 33 (30 since its oracle steps in a loop, ~41 with the loaded-program process: moved up), the cluster
+# 59 since its lost-task tests (2026-12-07), HF conversions 32, model options 30, the selfcheck 30, the bf16 oracle 29, precision 27,
 # attention kernels 25, the TPU pods 23, the input pipeline 23, the decoder's stored traces ~18, multi-host 21, checkpoint safety 20,
-# run_experiment 20, the cluster 19, the ladder's fits 18, bad inputs 17, the harness 17, the dry run 15, predict
+# run_experiment 20, the ladder's fits 18, bad inputs 17, the harness 17, the dry run 15, predict
 # and export 15, the harness model 14, infer's runner 14, the optimizers 14, the ladder's worker 14, the model 13,
 # decode kernels 13, GPT-Neo's configs 12); the files not named here are smaller and run after them.
 # `--no-loadscope-reorder` keeps this order.
-FIRST_FILES = ("scenarios/test_finetune.py", "models/test_sampling.py", "train/test_loop.py", "ladder/test_run.py",
+FIRST_FILES = ("scenarios/test_finetune.py", "models/test_sampling.py", "train/test_loop.py", "devices/test_cluster.py",
+               "ladder/test_run.py",
                "models/test_compiled_decoding.py", "train/test_training_options.py", "execution/test_preemption.py",
                "tools/test_hf.py", "models/test_model_options.py", "selfcheck/test_job.py",
                "train/test_bf16_training.py", "devices/test_precision.py", "models/kernels/test_attention.py",
                "devices/test_tpu.py", "data/test_inputs.py", "models/kernels/test_traces.py",
                "scenarios/test_multihost.py",
-               "scenarios/test_checkpoint_safety.py", "test_run_experiment.py", "devices/test_cluster.py",
+               "scenarios/test_checkpoint_safety.py", "test_run_experiment.py",
                "ladder/test_fit.py", "scenarios/test_bad_inputs.py", "evals/test_harness.py", "plan/test_dry_run.py",
                "scenarios/test_predict_export.py", "evals/test_harness_model.py", "infer/test_run.py",
                "models/test_optimizers.py", "ladder/test_worker.py", "models/test_gpt.py",
