@@ -13,9 +13,9 @@ The other tasks serve until the chief releases them: at exit (normal or by excep
 token on a queue that each worker's own device holds, the worker's blocking dequeue returns, and it exits.
 The chief waits at most 30 s for those calls, then leaves all the same (`release_workers`).
 A worker whose chief never comes gives up after --worker_timeout seconds; one whose chief answered and then
-went away (killed, its host lost) leaves seconds later (devices/worker_watch.py), exit code 3 for both.
+went away (killed, its host lost) leaves seconds later (devices/task_watch.py), exit code 3 for both.
 A worker that ends before it is released (killed, its host gone) ends the chief with an error line
-(devices/worker_watch.py): TensorFlow would leave the chief's step waiting for it without a limit.
+(devices/task_watch.py): TensorFlow would leave the chief's step waiting for it without a limit.
 
 Preemption: SIGTERM on the chief stops training after the current step with a checkpoint (train/loop.py). A
 worker that gets SIGTERM keeps serving (the chief's save needs it: each host saves the variables it holds), asks
@@ -53,7 +53,7 @@ import tensorflow.compat.v1 as tf
 
 from schema import ConfigError
 from devices import gpus
-from devices.worker_watch import WorkerWatch
+from devices.task_watch import TaskWatch
 from devices.placement import DeviceError, DeviceRequest, Placement, configure, cpu_devices, normalize
 from execution.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
@@ -395,13 +395,13 @@ WATCHDOG_GRACE = 5.0
 
 def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     """A non-chief task: hold this host's devices for the chief until it releases us. 0 when released,
-    3 when the timeout passed first or the chief is gone (it answered, then stopped: WorkerWatch), 143 when
+    3 when the timeout passed first or the chief is gone (it answered, then stopped: TaskWatch), 143 when
     released after a SIGTERM (which asked the chief to stop)."""
     log(f"worker {cluster.task_index} of {cluster.size} serving at {cluster.workers[cluster.task_index]}; "
         f"waiting for the chief ({cluster.workers[0]})", flush=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     me = f"/job:{JOB}/task:{cluster.task_index}"
-    chief_gone = []  # (task, address, reason), once the chief has answered and then stopped (WorkerWatch)
+    chief_gone = []  # (task, address, reason), once the chief has answered and then stopped (TaskWatch)
     with tf.Graph().as_default(), \
             DeferredSignal("the chief saves a checkpoint (it was asked to stop) and then releases this worker") as term, \
             _watchdog(cluster, timeout, term, log), \
@@ -442,8 +442,8 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
 
 @contextlib.contextmanager
 def _watching(tasks: dict, on_gone):
-    """A WorkerWatch on `tasks` while inside."""
-    watch = WorkerWatch(tasks, on_gone).start()
+    """A TaskWatch on `tasks` while inside."""
+    watch = TaskWatch(tasks, on_gone).start()
     try:
         yield watch
     finally:
@@ -566,7 +566,7 @@ def release_held_workers() -> bool:
 
 
 def _worker_gone(task: int, address: str, reason: str) -> None:
-    """The chief's end when a worker it holds is gone (WorkerWatch): its step cannot finish, nor can a save."""
+    """The chief's end when a worker it holds is gone (TaskWatch): its step cannot finish, nor can a save."""
     print(f"error: worker {task} ({address}) is gone: its server stopped answering ({reason}), and the chief cannot "
           f"go on without its devices and the variables it holds: start every task again to resume from the last "
           f"checkpoint", file=sys.stderr, flush=True)
@@ -584,7 +584,7 @@ def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected
     server = start_server(cluster, local_devices)
     if not _held:
         atexit.register(release_held_workers)
-    watch = WorkerWatch({task: cluster.workers[task] for task in range(1, cluster.size)}, _worker_gone).start()
+    watch = TaskWatch({task: cluster.workers[task] for task in range(1, cluster.size)}, _worker_gone).start()
     _held.append((cluster, server, watch))
     return ClusterPlacement(devices=tuple(mesh_devices), master=server.target, hosts=tuple(cluster.host_devices()),
                             default_device=cluster.task_device(0)), server

@@ -271,7 +271,7 @@ with tf.Graph().as_default():
 @pytest.mark.slow
 def test_a_chief_whose_worker_is_killed_mid_training_ends_with_one_error_line(tmp_path):
     """A worker killed -9 while the chief trains (its host lost): TensorFlow leaves the chief's step waiting for it
-    without a limit, so the chief's watch (devices/worker_watch.py) finds the worker gone and ends the chief
+    without a limit, so the chief's watch (devices/task_watch.py) finds the worker gone and ends the chief
     with one error line and exit code 1, seconds later. Bug caught: the watch never started (the chief hangs)."""
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
                             steps_per_checkpoint=100000, mesh_shape="x:2", layout="batch:x")

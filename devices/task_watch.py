@@ -23,9 +23,9 @@ from typing import Callable, Optional
 # A refused connection says the host is up and nothing listens on the port: the server is gone (a TF server never
 # stops listening), judged after MISSES rounds, ~3 s. Anything else (a timeout, an unreachable network, a name that
 # does not resolve) may pass, so it is judged only after UNREACHABLE_S without an answer. Rounds come often, so a
-# worker that ends soon after it started serving has been seen first; a connection costs the worker nothing.
+# task that ends soon after it started serving has been seen first; a connection costs the task nothing.
 INTERVAL_S = 1.0      # between rounds of connections
-MISSES = 3            # missed rounds in a row, at the least, that make a worker gone
+MISSES = 3            # missed rounds in a row, at the least, that make a task gone
 UNREACHABLE_S = 60.0  # without an answer, for reasons other than a refused connection
 CONNECT_TIMEOUT_S = 5.0
 REFUSED = "connection refused"
@@ -45,31 +45,31 @@ def missed(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Optional[str]:
         return (e.strerror or type(e).__name__).lower()
 
 
-class WorkerWatch:
-    """Watches `workers` ({task: "host:port"}) from a daemon thread until `stop`; calls
-    `on_gone(task, address, reason)` once, for the first worker found gone, and stops watching."""
+class TaskWatch:
+    """Watches `tasks` ({task: "host:port"}) from a daemon thread until `stop`; calls
+    `on_gone(task, address, reason)` once, for the first task found gone, and stops watching."""
 
-    def __init__(self, workers: dict, on_gone: Callable[[int, str, str], None], interval_s: float = INTERVAL_S,
+    def __init__(self, tasks: dict, on_gone: Callable[[int, str, str], None], interval_s: float = INTERVAL_S,
                  misses: int = MISSES, unreachable_s: float = UNREACHABLE_S,
                  connect_timeout_s: float = CONNECT_TIMEOUT_S):
-        self.workers, self.on_gone = dict(workers), on_gone
+        self.tasks, self.on_gone = dict(tasks), on_gone
         self.interval_s, self.misses, self.unreachable_s = interval_s, misses, unreachable_s
         self.connect_timeout_s = connect_timeout_s
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="worker_watch", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="task_watch", daemon=True)
 
-    def start(self) -> "WorkerWatch":
+    def start(self) -> "TaskWatch":
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """No more judgements: the chief is releasing its workers, which then end."""
+        """No more judgements: the watched tasks are about to end as they should (the chief releasing its workers)."""
         self._stopped.set()
 
     def _watch(self) -> None:
-        answered, misses = {}, {task: 0 for task in self.workers}  # the time of each worker's last answer
+        answered, misses = {}, {task: 0 for task in self.tasks}  # the time of each task's last answer
         while not self._stopped.wait(self.interval_s):
-            for task, address in self.workers.items():
+            for task, address in self.tasks.items():
                 reason = missed(address, self.connect_timeout_s)
                 if self._stopped.is_set():
                     return

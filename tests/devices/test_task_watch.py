@@ -1,12 +1,13 @@
-"""The chief's watch on its workers (devices/worker_watch.py) on real loopback sockets: a worker that answered and
-then stopped is reported once, one never seen is not judged, and a stopped watch judges nothing. The chief's end
-when a worker is killed mid-training is in test_cluster.py."""
+"""The watch on a cluster's other tasks (devices/task_watch.py) on real loopback sockets: a task that answered and
+then stopped is reported once, one never reached is not judged, a silence short of the unreachable time is not
+judged, and a stopped watch judges nothing. The chief's end when a worker is killed mid-training, and a worker's
+when its chief is, are in test_cluster.py."""
 import socket
 import time
 
 from devices import cluster as cluster_lib
-from devices import worker_watch
-from devices.worker_watch import WorkerWatch, missed
+from devices import task_watch
+from devices.task_watch import TaskWatch, missed
 
 
 def listening():
@@ -24,10 +25,10 @@ def unused_address():
     return address
 
 
-def reports(watch_workers, act, rounds=8, **options):
+def reports(tasks, act, rounds=8, **options):
     """The watch's calls to on_gone, `rounds` rounds after `act()` (done once the watch has run two rounds)."""
     calls, interval = [], 0.05
-    watch = WorkerWatch(watch_workers, lambda *call: calls.append(call), interval_s=interval, misses=3,
+    watch = TaskWatch(tasks, lambda *call: calls.append(call), interval_s=interval, misses=3,
                         connect_timeout_s=1, **options).start()
     time.sleep(2.5 * interval)
     act(watch)
@@ -84,7 +85,7 @@ def test_a_worker_that_does_not_answer_is_judged_only_after_the_unreachable_time
     seconds would end a long run)."""
     address = "10.0.0.2:2222"  # never connected to: the connections' outcomes are the test's
     answer = {"now": None}
-    monkeypatch.setattr(worker_watch, "missed", lambda address, timeout: answer["now"])
+    monkeypatch.setattr(task_watch, "missed", lambda address, timeout: answer["now"])
 
     def go_silent(watch):
         answer["now"] = "timed out"
