@@ -179,5 +179,10 @@ def leave(code: int) -> None:
 if __name__ == "__main__":
     from console.stderr_filter import quiet_tensorflow
     quiet_tensorflow()  # before TensorFlow is imported: its C++ start-up chatter stays off the console
-    code = main()
-    leave(code)  # a multi-host chief releases its workers and leaves with os._exit
+    try:
+        code = main()
+    except Exception:  # one no job turns into a line (a bug, an error of TensorFlow's): its traceback, then leave
+        import traceback
+        traceback.print_exc()
+        code = 1
+    leave(code)  # a multi-host chief releases its workers and leaves with os._exit, even after a traceback

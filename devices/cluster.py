@@ -517,7 +517,11 @@ class ChiefStop(StopOnSignal):
         self._session.close()
 
 
-def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
+# How long a leaving chief waits, in all, for its workers to take their releases.
+RELEASE_TIMEOUT_S = 30.0
+
+
+def release_workers(cluster: Cluster, server, timeout_s: Optional[float] = None) -> None:
     """The chief: tell every other task it may exit, waiting at most `timeout_s` in all. The releases run on a
     thread of their own that the chief stops waiting for: TensorFlow blocks without a limit when a worker is
     gone (a new session's creation waits for every task, and closing a session whose call failed with
@@ -525,6 +529,7 @@ def release_workers(cluster: Cluster, server, timeout_s: float = 30.0) -> None:
     not released leaves at its --worker_timeout."""
     if cluster.size < 2:
         return
+    timeout_s = RELEASE_TIMEOUT_S if timeout_s is None else timeout_s
     answered = threading.Event()
 
     def release():

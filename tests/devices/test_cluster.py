@@ -322,3 +322,35 @@ def test_a_worker_whose_chief_is_killed_mid_training_leaves_with_a_line(tmp_path
     assert worker.returncode == 3, worker_out[-3000:]
     assert (f"worker 1: the chief ({chief_address}) is gone: its server stopped answering (connection refused); "
             f"exiting unreleased" in worker_out), worker_out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_chief_whose_job_raises_still_releases_and_exits(tmp_path):
+    """An exception no job turns into a line (a bug; an error of TensorFlow's, such as a GPU out of memory on a
+    worker) in a chief: its traceback, then main.leave as after any run, so the process ends although interpreter
+    shutdown would block (here a thread that never ends; a TF gRPC server's can). Bug caught: main.py's
+    `__main__` leaving the exception to Python (the chief blocks after its traceback)."""
+    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], mesh_shape="x:2",
+                            layout="batch:x")
+    lingering = tmp_path / "lingering"
+    lingering.mkdir()
+    (lingering / "sitecustomize.py").write_text(LINGERING_THREAD)
+    ports = loopback_ports(2)
+    code = f"""
+import runpy, sys
+import jobs
+from devices import cluster
+def boom(*args):
+    raise RuntimeError("a job's unexpected error")
+jobs.Training.run = boom
+cluster.RELEASE_TIMEOUT_S = 2  # its worker never came
+sys.argv = ["main.py", "--model", {config!r}, "--workers", "127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
+            "--task_index", "0"]
+runpy.run_path("main.py", run_name="__main__")
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=f"{REPO}{os.pathsep}{lingering}")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
+                            timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert "RuntimeError: a job's unexpected error" in result.stderr
+    assert "could not release the workers within 2 s" in result.stderr
