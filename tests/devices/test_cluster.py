@@ -240,24 +240,28 @@ def test_a_chief_whose_worker_never_came_leaves_at_the_release_timeout():
 
 
 @pytest.mark.slow
-def test_a_chief_whose_worker_ends_during_its_release_leaves_at_once():
+def test_a_chief_whose_worker_ends_during_its_release_leaves_at_once(tmp_path):
     """The failure CI met (stop 63): worker 1 ends while the chief's release call to it is in flight (there it had
     taken the release and exited before the call's answer). The call fails with UnavailableError, and closing
     the session after that blocks inside TensorFlow: the chief reports the worker and leaves without waiting on
-    the close. Here the worker's release queue is filled first, so the release waits until the worker ends (8 s
-    after its server starts). Bug caught: the session closed before the chief stops waiting (it then leaves only
-    at the 90 s timeout)."""
+    the close. Here the worker's release queue is filled first, so the release waits; the worker ends 2 s after
+    the chief says it filled the queue. Bug caught: the session closed before the chief stops waiting (it then
+    leaves only at the 90 s timeout)."""
     ports = loopback_ports(2)
+    filled = tmp_path / "filled"
     worker = subprocess.Popen(
         [sys.executable, "-c", "import os, sys, time\nfrom devices import cluster\n"
          f"me = cluster.Cluster(workers=('127.0.0.1:{ports[0]}', '127.0.0.1:{ports[1]}'), task_index=1)\n"
-         "cluster.start_server(me, ['device:CPU:0'])\ntime.sleep(8)\nos._exit(0)\n"],
+         "cluster.start_server(me, ['device:CPU:0'])\n"
+         f"end = time.monotonic() + 150\nwhile not os.path.exists({str(filled)!r}) and time.monotonic() < end:\n"
+         "    time.sleep(0.1)\ntime.sleep(2)\nos._exit(0)\n"],
         cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO))
-    fill = """
+    fill = f"""
 with tf.Graph().as_default():
     queue = cluster._release_queue(pair, 1)
     filling = tf.Session(server.target)
     filling.run([queue.enqueue(0) for _ in range(pair.size)])  # full: the release's enqueue waits
+open({str(filled)!r}, "w").close()  # the worker ends 2 s later, the release's call in flight
 """
     try:
         result = run_python(RELEASING_CHIEF.format(before=fill, timeout=90), *map(str, ports), timeout=200)
