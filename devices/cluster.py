@@ -405,7 +405,7 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
     with tf.Graph().as_default(), \
             DeferredSignal("the chief saves a checkpoint (it was asked to stop) and then releases this worker") as term, \
             _watchdog(cluster, timeout, term, log), \
-            _watching({0: cluster.workers[0]}, lambda *gone: chief_gone.append(gone)):
+            TaskWatch({0: cluster.workers[0]}, lambda *gone: chief_gone.append(gone)):
         dequeue = _release_queue(cluster, cluster.task_index).dequeue()
         # Only this task's devices: a session over the whole cluster would first wait for every other task.
         config = tf.ConfigProto(device_filters=[me])
@@ -433,21 +433,16 @@ def serve(cluster: Cluster, server, timeout: Optional[float], log=print) -> int:
                         log(f"worker {cluster.task_index}: the chief ({address}) is gone: its server stopped "
                             f"answering ({reason}); exiting unreleased: start every task again to resume from the "
                             f"last checkpoint", flush=True)
-                        return exit_code(term.received) if term.received else 3
+                        return _unreleased_exit_code(term)
                     if deadline is not None and time.monotonic() >= deadline:
                         log(f"worker {cluster.task_index}: no release from the chief within {timeout:.0f} s; "
                             f"exiting", flush=True)
-                        return exit_code(term.received) if term.received else 3
+                        return _unreleased_exit_code(term)
 
 
-@contextlib.contextmanager
-def _watching(tasks: dict, on_gone):
-    """A TaskWatch on `tasks` while inside."""
-    watch = TaskWatch(tasks, on_gone).start()
-    try:
-        yield watch
-    finally:
-        watch.stop()
+def _unreleased_exit_code(term) -> int:
+    """A worker leaving without its release: 3, or the code of the signal it got (143 after SIGTERM)."""
+    return exit_code(term.received) if term.received else 3
 
 
 @contextlib.contextmanager
@@ -462,7 +457,7 @@ def _watchdog(cluster: Cluster, timeout: Optional[float], term, log):
     def leave():
         log(f"worker {cluster.task_index}: no release from the chief within {timeout:.0f} s, and TensorFlow's wait "
             f"did not return within {WATCHDOG_GRACE:.0f} s more; exiting", flush=True)
-        exit_process(exit_code(term.received) if term.received else 3)
+        exit_process(_unreleased_exit_code(term))
 
     timer = threading.Timer(timeout + WATCHDOG_GRACE, leave)
     timer.daemon = True

@@ -46,7 +46,7 @@ def missed(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Optional[str]:
 
 
 class TaskWatch:
-    """Watches `tasks` ({task: "host:port"}) from a daemon thread until `stop`; calls
+    """Watches `tasks` ({task: "host:port"}) from a daemon thread until `stop` (or the end of a `with`); calls
     `on_gone(task, address, reason)` once, for the first task found gone, and stops watching."""
 
     def __init__(self, tasks: dict, on_gone: Callable[[int, str, str], None], interval_s: float = INTERVAL_S,
@@ -65,6 +65,12 @@ class TaskWatch:
     def stop(self) -> None:
         """No more judgements: the watched tasks are about to end as they should (the chief releasing its workers)."""
         self._stopped.set()
+
+    def __enter__(self) -> "TaskWatch":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def _watch(self) -> None:
         answered, misses = {}, {task: 0 for task in self.tasks}  # the time of each task's last answer

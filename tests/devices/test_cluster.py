@@ -272,30 +272,38 @@ open({str(filled)!r}, "w").close()  # the worker ends 2 s later, the release's c
     assert "could not release worker 1 (UnavailableError): it has ended or cannot be reached" in result.stderr
 
 
-@pytest.mark.slow
-def test_a_chief_whose_worker_is_killed_mid_training_ends_with_one_error_line(tmp_path):
-    """A worker killed -9 while the chief trains (its host lost): TensorFlow leaves the chief's step waiting for it
-    without a limit, so the chief's watch (devices/task_watch.py) finds the worker gone and ends the chief
-    with one error line and exit code 1, seconds later. Bug caught: the watch never started (the chief hangs)."""
+def train_then_kill(tmp_path, victim: int) -> tuple:
+    """Two tasks on loopback train without end; two seconds after the chief's step 1 (mid-training, and seen by
+    both tasks' watches: a task never reached is not judged), task `victim` is killed -9. Returns the other
+    task's (exit code, output) once it ends (90 s at most), and the victim's address."""
     config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
                             steps_per_checkpoint=100000, mesh_shape="x:2", layout="batch:x")
-    workers = ",".join(f"127.0.0.1:{p}" for p in loopback_ports(2))
-    worker = start_main("--model", config, "--workers", workers, "--task_index", "1", merge_stderr=True)
-    chief = start_main("--model", config, "--workers", workers, "--task_index", "0", "--peak_tflops", "1",
-                       merge_stderr=True)
+    addresses = [f"127.0.0.1:{p}" for p in loopback_ports(2)]
+    worker = start_main("--model", config, "--workers", ",".join(addresses), "--task_index", "1", merge_stderr=True)
+    chief = start_main("--model", config, "--workers", ",".join(addresses), "--task_index", "0", "--peak_tflops",
+                       "1", merge_stderr=True)
+    killed, survivor = (chief, worker) if victim == 0 else (worker, chief)
     try:
         wait_for_line(chief, r"step +1/")
-        time.sleep(2)  # mid-training, and seen by the watch (a worker never seen is not judged)
-        worker.kill()
-        worker.wait()
-        chief_out = chief.communicate(timeout=90)[0]
+        time.sleep(2)
+        killed.kill()
+        killed.wait()
+        out = survivor.communicate(timeout=90)[0]
     finally:
         for p in (worker, chief):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    address = workers.split(",")[1]
-    assert chief.returncode == 1, chief_out[-3000:]
+    return survivor.returncode, out, addresses[victim]
+
+
+@pytest.mark.slow
+def test_a_chief_whose_worker_is_killed_mid_training_ends_with_one_error_line(tmp_path):
+    """A worker killed -9 while the chief trains (its host lost): TensorFlow leaves the chief's step waiting for it
+    without a limit, so the chief's watch (devices/task_watch.py) finds the worker gone and ends the chief
+    with one error line and exit code 1, seconds later. Bug caught: the watch never started (the chief hangs)."""
+    code, chief_out, address = train_then_kill(tmp_path, victim=1)
+    assert code == 1, chief_out[-3000:]
     assert (f"error: worker 1 ({address}) is gone: its server stopped answering (connection refused)"
             in chief_out), chief_out[-3000:]
 
@@ -305,25 +313,8 @@ def test_a_worker_whose_chief_is_killed_mid_training_leaves_with_a_line(tmp_path
     """The chief killed -9 while it trains: its worker, which waits for a release by default (no
     --worker_timeout), would hold its host for good; its watch finds the chief gone and it leaves with exit code
     3 and a line saying why. Bug caught: the worker not looking at its watch's finding (it waits on)."""
-    config = make_workspace(tmp_path, n_layer=1, attention_types=[[["global"], 1]], train_steps=100000,
-                            steps_per_checkpoint=100000, mesh_shape="x:2", layout="batch:x")
-    workers = ",".join(f"127.0.0.1:{p}" for p in loopback_ports(2))
-    worker = start_main("--model", config, "--workers", workers, "--task_index", "1", merge_stderr=True)
-    chief = start_main("--model", config, "--workers", workers, "--task_index", "0", "--peak_tflops", "1",
-                       merge_stderr=True)
-    try:
-        wait_for_line(chief, r"step +1/")
-        time.sleep(2)  # mid-training, and seen by the worker's watch
-        chief.kill()
-        chief.wait()
-        worker_out = worker.communicate(timeout=90)[0]
-    finally:
-        for p in (worker, chief):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    chief_address = workers.split(",")[0]
-    assert worker.returncode == 3, worker_out[-3000:]
+    code, worker_out, chief_address = train_then_kill(tmp_path, victim=0)
+    assert code == 3, worker_out[-3000:]
     assert (f"worker 1: the chief ({chief_address}) is gone: its server stopped answering (connection refused); "
             f"exiting unreleased" in worker_out), worker_out[-3000:]
 
