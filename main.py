@@ -79,6 +79,13 @@ def main(argv=None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except tf.errors.UnavailableError as e:  # a multi-host step that lost a task (killed, its host gone)
+        from devices.cluster import lost_task
+        line = lost_task(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 1
     except Interrupted as e:  # the first Ctrl-C or SIGTERM: the step in progress finished and was saved
         print(str(e), file=sys.stderr)
         return e.exit_code

@@ -53,7 +53,7 @@ import tensorflow.compat.v1 as tf
 
 from schema import ConfigError
 from devices import gpus
-from devices.task_watch import TaskWatch
+from devices.task_watch import REFUSED, TaskWatch, missed
 from devices.placement import DeviceError, DeviceRequest, Placement, configure, cpu_devices, normalize
 from execution.preemption import DeferredSignal, StopOnSignal, exit_code, name as signal_name
 
@@ -566,11 +566,39 @@ def release_held_workers() -> bool:
 
 
 def _worker_gone(task: int, address: str, reason: str) -> None:
-    """The chief's end when a worker it holds is gone (TaskWatch): its step cannot finish, nor can a save."""
+    """The chief's end when a worker it holds is gone (TaskWatch, or a session call that failed for it:
+    `lost_task`): its step cannot finish, nor can a save. The other workers leave when they find the chief gone."""
     print(f"error: worker {task} ({address}) is gone: its server stopped answering ({reason}), and the chief cannot "
           f"go on without its devices and the variables it holds: start every task again to resume from the last "
           f"checkpoint", file=sys.stderr, flush=True)
     exit_process(1)
+
+
+# A session call's UnavailableError names the task it lost: "UNAVAILABLE: From /job:worker/replica:0/task:1:\n..."
+_LOST = re.compile(r"From /job:\w+/replica:\d+/task:(\d+):\s*\n?\s*([^\n]+)")
+PROBES, PROBE_INTERVAL_S = 3, 0.5  # a dying worker's port may take a moment to close
+
+
+def lost_task(error: tf.errors.UnavailableError) -> Optional[str]:
+    """The chief's end when one of its session calls failed with UnavailableError, as a step does when a worker is
+    killed while the step waits on it (the other way it goes is a step that waits for good: TaskWatch). A worker
+    that now refuses connections ends the chief as the watch would (`_worker_gone`: its line, exit code 1, no
+    release). Otherwise the line for main.py to print; None in a process that leads no cluster."""
+    if not _held:
+        return None
+    cluster = _held[-1][0]
+    for probe in range(PROBES):
+        for task in range(1, cluster.size):
+            reason = missed(cluster.workers[task])
+            if reason == REFUSED:
+                _worker_gone(task, cluster.workers[task], reason)
+        time.sleep(PROBE_INTERVAL_S)
+    found = _LOST.search(error.message or "")
+    said = (f"task {found.group(1)}: {found.group(2).strip()}" if found
+            else (error.message or "").strip().split("\n")[0])
+    return (f"a task of the cluster could not be reached during a session call ({said}): check that every task is "
+            f"running and that the hosts reach each other, then start every task again to resume from the last "
+            f"checkpoint")
 
 
 def chief_placement(cluster: Cluster, local_devices: list, mesh_devices_expected: int):

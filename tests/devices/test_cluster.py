@@ -301,11 +301,74 @@ def train_then_kill(tmp_path, victim: int) -> tuple:
 def test_a_chief_whose_worker_is_killed_mid_training_ends_with_one_error_line(tmp_path):
     """A worker killed -9 while the chief trains (its host lost): TensorFlow leaves the chief's step waiting for it
     without a limit, so the chief's watch (devices/task_watch.py) finds the worker gone and ends the chief
-    with one error line and exit code 1, seconds later. Bug caught: the watch never started (the chief hangs)."""
+    with one error line and exit code 1, seconds later; or, killed while the step waits on it, the step fails
+    with UnavailableError (`lost_task`, below), and the chief ends the same way. Bug caught: the watch never
+    started (the chief hangs)."""
     code, chief_out, address = train_then_kill(tmp_path, victim=1)
     assert code == 1, chief_out[-3000:]
     assert (f"error: worker 1 ({address}) is gone: its server stopped answering (connection refused)"
             in chief_out), chief_out[-3000:]
+    assert "Traceback" not in chief_out, chief_out[-3000:]
+
+
+# What a chief's step raised when its worker was killed while the step waited on it (a suite run, 2026-12-07)
+SOCKET_CLOSED = ("Graph execution error:\n\n=====================\nUNAVAILABLE: From /job:worker/replica:0/task:1:\n"
+                 "Socket closed\nAdditional GRPC error information from remote target /job:worker/replica:0/task:1")
+
+
+def leading(monkeypatch, workers):
+    """This process as the chief of a cluster of `workers` ("host:port", the chief's first), its exit recorded
+    (SystemExit) instead of made; no probe waits between rounds."""
+    cluster = cluster_lib.Cluster(workers=tuple(workers), task_index=0)
+    monkeypatch.setattr(cluster_lib, "_held", [(cluster, None, None)])
+    monkeypatch.setattr(cluster_lib, "PROBE_INTERVAL_S", 0.0)
+    monkeypatch.setattr(cluster_lib, "exit_process", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+
+
+def test_a_step_that_lost_a_killed_worker_ends_the_chief_as_its_watch_would(monkeypatch, capsys):
+    """A step that failed with UnavailableError while a worker now refuses connections: the watch's line and exit
+    code 1, not a traceback. Bug caught: main.py leaving UnavailableError to Python (seen: a traceback, then 30 s
+    spent releasing the dead worker)."""
+    import tensorflow.compat.v1 as tf
+    import main
+    from tests.devices.test_task_watch import listening, unused_address
+    chief, chief_address = listening()
+    gone = unused_address()
+    leading(monkeypatch, [chief_address, gone])
+    monkeypatch.setattr(main, "run", lambda args: (_ for _ in ()).throw(
+        tf.errors.UnavailableError(None, None, SOCKET_CLOSED)))
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main.main(["--model", "any"])
+    finally:
+        chief.close()
+    assert exited.value.code == 1
+    assert (f"error: worker 1 ({gone}) is gone: its server stopped answering (connection refused)"
+            in capsys.readouterr().err)
+
+
+def test_a_step_that_lost_a_task_still_answering_is_one_line_naming_the_task(monkeypatch, capsys):
+    """UnavailableError while every worker still answers (a network cut, a task restarting): one `error:` line
+    naming the task and what TensorFlow said, exit code 1, and the workers released as after any run. Outside a
+    cluster's chief the error is not ours to explain and goes up as it came."""
+    import tensorflow.compat.v1 as tf
+    import main
+    from tests.devices.test_task_watch import listening
+    servers = [listening() for _ in range(2)]
+    error = tf.errors.UnavailableError(None, None, SOCKET_CLOSED)
+    monkeypatch.setattr(main, "run", lambda args: (_ for _ in ()).throw(error))
+    with pytest.raises(tf.errors.UnavailableError):
+        main.main(["--model", "any"])  # no cluster held
+    leading(monkeypatch, [address for _, address in servers])
+    try:
+        assert main.main(["--model", "any"]) == 1
+    finally:
+        for server, _ in servers:
+            server.close()
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: a task of the cluster could not be reached during a session call (task 1: Socket closed): check "
+        "that every task is running and that the hosts reach each other, then start every task again to resume "
+        "from the last checkpoint")
 
 
 @pytest.mark.slow
