@@ -54,6 +54,16 @@ if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "
     os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, [
         os.environ.get("TF_XLA_FLAGS", ""), f"--tf_xla_persistent_cache_directory={_run_folder('tests-xla-cache-')}"]))
 
+# XLA compiles the suite's kernels with LLVM at -O0: the suite's models are tiny, so compiling is most of what XLA
+# costs it and running the kernels little (a cold 2-device tiny training: 5.3-6.1 -> 4.3-5.0 CPU s, 2-core Zen 4
+# EPYC, 2026-12-07). XLA's own passes and fusions are the same; the machine code is unoptimised (its last bits
+# may differ where -O3 would fuse a multiply and an add), and every test compares within its tolerance or between
+# two programs of the run. Users, the benches, selfcheck and the quick start get XLA's default. A run whose
+# XLA_FLAGS name a level keeps it.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                                     "--xla_backend_optimization_level=0"]))
+
 # lm-eval's index of its own tasks (evals/task_index.py) likewise goes to a folder of the run's, not the user's.
 if "GPT_NEO_TASK_INDEX_CACHE" not in os.environ:
     os.environ["GPT_NEO_TASK_INDEX_CACHE"] = _run_folder("tests-task-index-")
