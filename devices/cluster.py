@@ -574,28 +574,31 @@ def _worker_gone(task: int, address: str, reason: str) -> None:
     exit_process(1)
 
 
-# A session call's UnavailableError names the task it lost: "UNAVAILABLE: From /job:worker/replica:0/task:1:\n..."
+# A session call's UnavailableError names the tasks whose calls failed ("UNAVAILABLE: From
+# /job:worker/replica:0/task:1:\nSocket closed"), the chief's own (task 0) among them when a transfer to it broke off
 _LOST = re.compile(r"From /job:\w+/replica:\d+/task:(\d+):\s*\n?\s*([^\n]+)")
 PROBES, PROBE_INTERVAL_S = 3, 0.5  # a dying worker's port may take a moment to close
+PROBE_TIMEOUT_S = 1.0              # per connection: a host that is down must not hold the chief's end for long
 
 
 def lost_task(error: tf.errors.UnavailableError) -> Optional[str]:
     """The chief's end when one of its session calls failed with UnavailableError, as a step does when a worker is
     killed while the step waits on it (the other way it goes is a step that waits for good: TaskWatch). A worker
-    that now refuses connections ends the chief as the watch would (`_worker_gone`: its line, exit code 1, no
-    release). Otherwise the line for main.py to print; None in a process that leads no cluster."""
+    the error names (any worker, if it names none) that now refuses connections ends the chief as the watch would
+    (`_worker_gone`: its line, exit code 1, no release). Otherwise the line for main.py to print; None in a process
+    that leads no cluster."""
     if not _held:
         return None
     cluster = _held[-1][0]
-    for probe in range(PROBES):
-        for task in range(1, cluster.size):
-            reason = missed(cluster.workers[task])
-            if reason == REFUSED:
-                _worker_gone(task, cluster.workers[task], reason)
+    named = [(int(task), said.strip()) for task, said in _LOST.findall(error.message or "")
+             if 0 < int(task) < cluster.size]
+    for _ in range(PROBES):
+        for task in dict(named) or range(1, cluster.size):
+            if missed(cluster.workers[task], PROBE_TIMEOUT_S) == REFUSED:
+                _worker_gone(task, cluster.workers[task], REFUSED)
         time.sleep(PROBE_INTERVAL_S)
-    found = _LOST.search(error.message or "")
-    said = (f"task {found.group(1)}: {found.group(2).strip()}" if found
-            else (error.message or "").strip().split("\n")[0])
+    said = (f"task {named[0][0]}: {named[0][1]}" if named
+            else next((line.strip() for line in (error.message or "").splitlines() if line.strip()), "no message"))
     return (f"a task of the cluster could not be reached during a session call ({said}): check that every task is "
             f"running and that the hosts reach each other, then start every task again to resume from the last "
             f"checkpoint")

@@ -313,7 +313,9 @@ def test_a_chief_whose_worker_is_killed_mid_training_ends_with_one_error_line(tm
 
 # What a chief's step raised when its worker was killed while the step waited on it (a suite run, 2026-12-07)
 SOCKET_CLOSED = ("Graph execution error:\n\n=====================\nUNAVAILABLE: From /job:worker/replica:0/task:1:\n"
-                 "Socket closed\nAdditional GRPC error information from remote target /job:worker/replica:0/task:1")
+                 "Socket closed\nAdditional GRPC error information from remote target /job:worker/replica:0/task:1 "
+                 "while calling /tensorflow.WorkerService/RunGraph:\nUNAVAILABLE: From /job:worker/replica:0/task:0:\n"
+                 "Socket closed\n")
 
 
 def leading(monkeypatch, workers):
@@ -325,10 +327,13 @@ def leading(monkeypatch, workers):
     monkeypatch.setattr(cluster_lib, "exit_process", lambda code: (_ for _ in ()).throw(SystemExit(code)))
 
 
-def test_a_step_that_lost_a_killed_worker_ends_the_chief_as_its_watch_would(monkeypatch, capsys):
+@pytest.mark.parametrize("message", [SOCKET_CLOSED, SOCKET_CLOSED.replace("task:1", "task:0"), "Socket closed"],
+                         ids=["as_seen", "only_the_chief_named", "no_task_named"])
+def test_a_step_that_lost_a_killed_worker_ends_the_chief_as_its_watch_would(monkeypatch, capsys, message):
     """A step that failed with UnavailableError while a worker now refuses connections: the watch's line and exit
-    code 1, not a traceback. Bug caught: main.py leaving UnavailableError to Python (seen: a traceback, then 30 s
-    spent releasing the dead worker)."""
+    code 1, not a traceback, whichever tasks the error names (the chief's own is no worker to probe) or none.
+    Bug caught: main.py leaving UnavailableError to Python (seen: a traceback, then 30 s spent releasing the dead
+    worker)."""
     import tensorflow.compat.v1 as tf
     import main
     from tests.devices.test_task_watch import listening, unused_address
@@ -336,7 +341,7 @@ def test_a_step_that_lost_a_killed_worker_ends_the_chief_as_its_watch_would(monk
     gone = unused_address()
     leading(monkeypatch, [chief_address, gone])
     monkeypatch.setattr(main, "run", lambda args: (_ for _ in ()).throw(
-        tf.errors.UnavailableError(None, None, SOCKET_CLOSED)))
+        tf.errors.UnavailableError(None, None, message)))
     try:
         with pytest.raises(SystemExit) as exited:
             main.main(["--model", "any"])
