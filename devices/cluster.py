@@ -592,11 +592,13 @@ def lost_task(error: tf.errors.UnavailableError) -> Optional[str]:
     cluster = _held[-1][0]
     named = [(int(task), said.strip()) for task, said in _LOST.findall(error.message or "")
              if 0 < int(task) < cluster.size]
-    for _ in range(PROBES):
-        for task in dict(named) or range(1, cluster.size):
+    probed = sorted({task for task, _ in named}) or range(1, cluster.size)
+    for round_ in range(PROBES):
+        if round_:
+            time.sleep(PROBE_INTERVAL_S)
+        for task in probed:
             if missed(cluster.workers[task], PROBE_TIMEOUT_S) == REFUSED:
                 _worker_gone(task, cluster.workers[task], REFUSED)
-        time.sleep(PROBE_INTERVAL_S)
     said = (f"task {named[0][0]}: {named[0][1]}" if named
             else next((line.strip() for line in (error.message or "").splitlines() if line.strip()), "no message"))
     return (f"a task of the cluster could not be reached during a session call ({said}): check that every task is "
